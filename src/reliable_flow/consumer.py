@@ -1,0 +1,315 @@
+"""The consumer: a persistent inbox, and strictly ordered apply per flow."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+from . import envelope
+from .crash import crash_point
+from .db import DEFAULT_BUSY_TIMEOUT, Database, PathLike
+from .errors import InvalidEnvelope, WrongFile
+from .protocol import Protocol, Rejected
+from .schema import CONSUMER
+from .statuses import (
+    ApplyResult,
+    ApplyStatus,
+    BlockReason,
+    DrainResult,
+    DrainStop,
+    ReceiveResult,
+    ReceiveStatus,
+)
+
+__all__ = ["Consumer", "read_effects", "read_inbox", "read_projection"]
+
+DEFAULT_NAME = "default"
+
+
+def _check_flow_id(flow_id: object) -> str:
+    # Same rules as the envelope's flow_id, so a typo'd argument is an error
+    # rather than a silent "idle".
+    return envelope.make(
+        event_id="x", flow_id=flow_id, seq=1, kind="x", schema=1, payload={}
+    ).flow_id
+
+
+def _check_limit(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class Consumer:
+    """Owns a consumer file: the inbox, the projection and the effect records.
+
+    ``schemas`` are the payload versions this consumer can decode (default:
+    the protocol's ``consumer_schemas``); events in other versions are still
+    accepted and stored unchanged, and block with ``unsupported_schema`` until
+    a consumer that knows the version opens the same file.
+
+    ``name`` identifies this consumer towards producers, which keep delivery
+    state per name; it is fixed when the file is created (default
+    ``"default"``).  One object per thread; after ``fork()`` call
+    :meth:`reopen` in the child.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        protocol: Protocol,
+        *,
+        schemas: Collection[int] | None = None,
+        name: str | None = None,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
+        if not isinstance(protocol, Protocol):
+            raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
+        self.protocol = protocol
+        if schemas is None:
+            chosen = frozenset(protocol.consumer_schemas or ())
+        else:
+            if isinstance(schemas, (str, bytes)) or not isinstance(schemas, Collection):
+                raise ValueError(f"schemas must be a collection of ints, got {schemas!r}")
+            chosen = frozenset(schemas)
+            unknown = sorted(chosen - protocol.schemas.keys(), key=repr)
+            if unknown or not chosen:
+                raise ValueError(
+                    f"schemas must be a non-empty subset of protocol {protocol.name!r}'s schemas "
+                    f"{sorted(protocol.schemas)}; got {sorted(chosen, key=repr)}"
+                )
+        self.schemas: frozenset[int] = chosen
+        if name is not None:
+            try:
+                _check_flow_id(name)
+            except InvalidEnvelope as exc:
+                raise ValueError(f"name {exc.problem}") from None
+        new_name = name or DEFAULT_NAME
+
+        def on_create(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO meta(key, value) VALUES (?, ?)",
+                [("protocol", protocol.name), ("name", new_name), ("uid", uuid.uuid4().hex)],
+            )
+
+        self._db = Database(path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create)
+        info = self._db.meta()
+        problem = None
+        if info.get("protocol") != protocol.name:
+            problem = f"was created for protocol {info.get('protocol')!r}, not {protocol.name!r}"
+        elif name is not None and info.get("name") != name:
+            problem = f"belongs to consumer {info.get('name')!r}, not {name!r}"
+        if problem:
+            self._db.close()
+            raise WrongFile(f"{self._db.path} {problem}")
+        self.name: str = info["name"]
+        self.uid: str = info["uid"]
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    # -- receive --------------------------------------------------------------------
+
+    def receive(self, envelope_in: dict[str, Any] | str | bytes) -> ReceiveResult:
+        """Store an event durably, once; the consumer owns it after ``accepted``.
+
+        Guarantees: ``accepted`` is returned only after COMMIT, so the event
+        survives any later crash.  The same event id with the same canonical
+        body is ``duplicate`` (nothing written); with another body
+        ``id_conflict``; a new id in a (flow, seq) slot already taken is
+        ``sequence_conflict``.  A schema this consumer cannot decode is still
+        accepted, unchanged.  Malformed input raises ``InvalidEnvelope``.
+        """
+        env = envelope.parse(envelope_in)
+        with self._db.write() as conn:
+            row = conn.execute("SELECT body FROM inbox WHERE event_id = ?", (env.event_id,)).fetchone()
+            if row is not None:
+                if row[0] == env.body:
+                    return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
+                return ReceiveResult(
+                    ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
+                    "an event with this id and a different body is already in the inbox",
+                )
+            other = conn.execute(
+                "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", (env.flow_id, env.seq)
+            ).fetchone()
+            if other is not None:
+                return ReceiveResult(
+                    ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
+                    f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other[0]!r}",
+                )
+            conn.execute(
+                "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)",
+                (env.event_id, env.flow_id, env.seq, env.body),
+            )
+            crash_point("receive.after_inbox_insert")
+        crash_point("receive.after_commit")
+        return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+
+    # -- apply ----------------------------------------------------------------------
+
+    def apply_next(self, flow_id: str) -> ApplyResult:
+        """Apply exactly the next step of ``flow_id`` (seq = last_seq + 1), or say why not.
+
+        Guarantees: ``applied`` means projection, effect record and the
+        inbox row's ``applied`` mark were committed in one transaction, so a
+        step leaves at most one effect.  ``gap``: seq last_seq + 1 has not
+        arrived but a later one has; ``idle``: nothing to do.  ``blocked``:
+        the event cannot be applied (``reason`` says why); the row is marked
+        blocked and is examined again on every call, so a consumer that
+        knows more schemas applies it unchanged later.  SQL errors roll back
+        and propagate.
+        """
+        flow_id = _check_flow_id(flow_id)
+        with self._db.write() as conn:
+            proj = conn.execute(
+                "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
+            ).fetchone()
+            state, last_seq, data = (
+                (self.protocol.initial, 0, {}) if proj is None else (proj[0], proj[1], json.loads(proj[2]))
+            )
+            seq = last_seq + 1
+            row = conn.execute(
+                "SELECT event_id, body FROM inbox WHERE flow_id = ? AND seq = ?", (flow_id, seq)
+            ).fetchone()
+            if row is None:
+                later = conn.execute(
+                    "SELECT 1 FROM inbox WHERE flow_id = ? AND seq > ? LIMIT 1", (flow_id, seq)
+                ).fetchone()
+                if later is not None:
+                    return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived")
+                return ApplyResult(ApplyStatus.IDLE, flow_id, seq)
+            event_id, body = row
+            event = json.loads(body)
+            try:
+                if event["schema"] not in self.schemas:
+                    raise Rejected(
+                        BlockReason.UNSUPPORTED_SCHEMA,
+                        f"schema {event['schema']} is not decoded by this consumer "
+                        f"(decodes {sorted(self.schemas)})",
+                    )
+                new_data = self.protocol.next_data(state, data, event["kind"], event["schema"], event["payload"])
+            except Rejected as rejected:
+                conn.execute(
+                    "UPDATE inbox SET state = 'blocked', reason = ? WHERE event_id = ?",
+                    (rejected.reason.value, event_id),
+                )
+                return ApplyResult(
+                    ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail
+                )
+            new_state = event["kind"]
+            view = self.protocol.project(new_state, new_data)
+            conn.execute(
+                "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
+                "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view",
+                (flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view)),
+            )
+            crash_point("apply.after_projection")
+            conn.execute(
+                "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)",
+                (event_id, flow_id, seq, new_state),
+            )
+            conn.execute(
+                "UPDATE inbox SET state = 'applied', reason = NULL WHERE event_id = ?", (event_id,)
+            )
+            crash_point("apply.after_effect")
+        crash_point("apply.after_commit")
+        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id)
+
+    def drain(self, flow_id: str, limit: int = 100) -> DrainResult:
+        """Apply ``flow_id``'s next steps until a gap, a block, idle, or ``limit`` applies.
+
+        Each apply is its own transaction, so an interruption keeps
+        everything applied so far.  ``stop`` is ``limit`` as soon as
+        ``limit`` events were applied, without looking further.
+        """
+        limit = _check_limit("limit", limit)
+        applied = 0
+        last: ApplyResult | None = None
+        while applied < limit:
+            last = self.apply_next(flow_id)
+            if last.status != ApplyStatus.APPLIED:
+                return DrainResult(flow_id, applied, DrainStop(last.status.value), last)
+            applied += 1
+        return DrainResult(flow_id, applied, DrainStop.LIMIT, last)
+
+    def process_all(self, limit: int = 1000) -> dict[str, DrainResult]:
+        """Drain every flow that has unapplied inbox rows; ``limit`` is per flow.
+
+        A gap or a blocked event stops only its own flow; the others go on.
+        """
+        limit = _check_limit("limit", limit)
+        flows = [
+            r[0] for r in self._db.conn.execute(
+                "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
+            )
+        ]
+        return {flow_id: self.drain(flow_id, limit) for flow_id in flows}
+
+    # -- reads ----------------------------------------------------------------------
+
+    def projection(self, flow_id: str) -> dict[str, Any] | None:
+        """``{"state", "last_seq", **protocol.project(...)}`` as applied, or None."""
+        return read_projection(self._db.conn, flow_id)
+
+    def effects(self, flow_id: str) -> list[dict[str, Any]]:
+        """The flow's effect records in the order they were applied."""
+        return read_effects(self._db.conn, flow_id)
+
+    def inbox(self, flow_id: str) -> list[dict[str, Any]]:
+        """The flow's inbox rows by seq: ``event_id``, ``seq``, ``state``, ``reason``."""
+        return read_inbox(self._db.conn, flow_id)
+
+    def flows(self) -> list[str]:
+        """Ids of every flow with at least one inbox row, sorted."""
+        return [r[0] for r in self._db.conn.execute("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._db.close()
+
+    def reopen(self) -> None:
+        """Open a new connection in the current process (use after fork())."""
+        self._db.reopen()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Consumer({self._db.path!r}, {self.protocol.name}, name={self.name!r})"
+
+
+def read_projection(conn: sqlite3.Connection, flow_id: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        "SELECT state, last_seq, view FROM projection WHERE flow_id = ?", (flow_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    return {"state": row[0], "last_seq": row[1], **json.loads(row[2])}
+
+
+def read_effects(conn: sqlite3.Connection, flow_id: str) -> list[dict[str, Any]]:
+    return [
+        {"event_id": r[0], "flow_id": r[1], "seq": r[2], "kind": r[3]}
+        for r in conn.execute(
+            "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = ? ORDER BY id", (flow_id,)
+        )
+    ]
+
+
+def read_inbox(conn: sqlite3.Connection, flow_id: str) -> list[dict[str, Any]]:
+    return [
+        {"event_id": r[0], "seq": r[1], "state": r[2], "reason": r[3]}
+        for r in conn.execute(
+            "SELECT event_id, seq, state, reason FROM inbox WHERE flow_id = ? ORDER BY seq", (flow_id,)
+        )
+    ]

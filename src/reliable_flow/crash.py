@@ -1,0 +1,41 @@
+"""Crash points: named boundaries where a test can make the process die.
+
+Set ``RELIABLE_FLOW_CRASH_AT=<point>`` and the process calls
+``os._exit(73)`` when it reaches that point: no ``finally`` blocks, no
+``atexit``, no COMMIT or ROLLBACK, just like a kill.  The variable is read
+once at import, so an unset variable costs one ``is None`` test per point.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["CRASH_EXIT_CODE", "CRASH_POINTS", "ENV_VAR", "crash_point"]
+
+ENV_VAR = "RELIABLE_FLOW_CRASH_AT"
+CRASH_EXIT_CODE = 73
+
+CRASH_POINTS = (
+    "advance.after_flow_write",
+    "advance.after_outbox_insert",
+    "advance.after_commit",
+    "receive.after_inbox_insert",
+    "receive.after_commit",
+    "relay.after_mark",
+    "relay.after_commit",
+    "apply.after_projection",
+    "apply.after_effect",
+    "apply.after_commit",
+)
+
+_armed = os.environ.get(ENV_VAR) or None
+if _armed is not None and _armed not in CRASH_POINTS:
+    # A misspelt point would silently never fire and make a crash test pass
+    # for the wrong reason, so refuse it loudly.
+    raise ValueError(f"{ENV_VAR}={_armed!r} is not a crash point; choose one of {', '.join(CRASH_POINTS)}")
+
+
+def crash_point(name: str) -> None:
+    """Exit the process with code 73 if ``name`` is the armed crash point."""
+    if _armed is not None and _armed == name:
+        os._exit(CRASH_EXIT_CODE)

@@ -1,0 +1,232 @@
+"""Connections and transactions: the only module that talks to sqlite3 directly
+about pragmas, locking, file identity and migrations.
+
+Every write goes through :meth:`Database.write`, an explicit
+``BEGIN IMMEDIATE`` ... ``COMMIT``: the write lock is taken *before* the
+guarding reads, so a read-check-write can never interleave with another
+writer.  The connection runs with ``isolation_level=None`` so Python never
+opens or commits a transaction behind our back.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Union
+
+from .errors import (
+    CommitOutcomeUnknown,
+    SchemaTooNew,
+    SQLiteTooOld,
+    StorageError,
+    WrongFile,
+    WrongProcess,
+)
+from .schema import CONSUMER, PRODUCER, FileKind
+
+__all__ = ["DEFAULT_BUSY_TIMEOUT", "Database", "MIN_SQLITE", "PathLike", "check_sqlite_version"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+MIN_SQLITE = (3, 24, 0)
+# Long enough that six processes queueing for the write lock, each holding it
+# for a few fsyncs, never see "database is locked" (see docs/operations.md).
+DEFAULT_BUSY_TIMEOUT = 30.0
+
+_KINDS_BY_ID = {kind.application_id: kind for kind in (PRODUCER, CONSUMER)}
+
+
+def check_sqlite_version(version: tuple[int, int, int] = sqlite3.sqlite_version_info) -> None:
+    """Raise :class:`SQLiteTooOld` unless the linked SQLite is at least 3.24 (UPSERT)."""
+    if tuple(version) < MIN_SQLITE:
+        have = ".".join(map(str, version))
+        raise SQLiteTooOld(
+            f"reliable_flow needs SQLite >= 3.24.0 (for UPSERT); this Python's sqlite3 "
+            f"module is linked against SQLite {have}"
+        )
+
+
+class Database:
+    """One connection to one reliable_flow file, owned by the opening process.
+
+    ``on_create(conn)`` runs inside the transaction that creates the tables of
+    a new file, so a file is never seen half-initialised.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        kind: FileKind,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        on_create: Callable[[sqlite3.Connection], None] | None = None,
+        create: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        check_sqlite_version()
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or busy_timeout < 0:
+            raise ValueError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
+        self.path = os.fspath(path)
+        if not isinstance(self.path, str) or self.path in ("", ":memory:") or self.path.startswith("file:"):
+            raise ValueError(f"path must name a file on disk, got {path!r}")
+        self.kind = kind
+        self._busy_timeout = float(busy_timeout)
+        self._on_create = on_create
+        self._create = create and not readonly
+        self._readonly = readonly
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        self._conn = self._open()
+
+    # -- opening --------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        if not self._create and not Path(self.path).is_file():
+            raise FileNotFoundError(f"no {self.kind.name} file at {self.path}")
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open {self.path}: {exc}") from exc
+        try:
+            self._identify(conn)
+            if self._readonly:
+                self._check_current(conn)
+                conn.execute("PRAGMA query_only=ON")
+                return conn
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StorageError(f"{self.path}: could not switch to WAL journal mode (got {mode!r})")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _identify(self, conn: sqlite3.Connection) -> None:
+        """Refuse, before writing a byte, any file that is not ours or is too new."""
+        want = self.kind
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            raise StorageError(f"cannot read {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise WrongFile(f"{self.path} is not a SQLite database, so not a reliable_flow {want.name} file") from exc
+        if app_id == want.application_id:
+            if version > want.version:
+                raise SchemaTooNew(
+                    f"{self.path} has {want.name} schema version {version}; this reliable_flow "
+                    f"understands up to {want.version}. Upgrade reliable_flow to open it."
+                )
+            return
+        if app_id == 0 and version == 0 and objects == 0:
+            if not self._create:
+                raise WrongFile(f"{self.path} is an empty database, not a reliable_flow {want.name} file")
+            return  # a new, empty file: ours to initialise
+        other = _KINDS_BY_ID.get(app_id)
+        if other is not None:
+            raise WrongFile(f"{self.path} is a reliable_flow {other.name} file, not a {want.name} file")
+        raise WrongFile(
+            f"{self.path} is a SQLite database but not a reliable_flow {want.name} file "
+            f"(application_id={app_id}, {objects} schema objects); refusing to modify it"
+        )
+
+    def _check_current(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != self.kind.version:
+            raise WrongFile(
+                f"{self.path} has {self.kind.name} schema version {version}, older than "
+                f"{self.kind.version}; open it once as a {self.kind.name.capitalize()} to upgrade it"
+            )
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] >= self.kind.version:
+            return
+        with _transaction(conn):
+            # Re-read under the write lock: another process may have just
+            # created or upgraded the file.
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version >= self.kind.version:
+                return
+            if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise WrongFile(f"{self.path} gained foreign tables while being opened; refusing it")
+            for statements in self.kind.migrations[version:]:
+                for statement in statements:
+                    conn.execute(statement)
+            if version == 0:
+                conn.execute(f"PRAGMA application_id = {int(self.kind.application_id)}")
+                if self._on_create is not None:
+                    self._on_create(conn)
+            conn.execute(f"PRAGMA user_version = {int(self.kind.version)}")
+
+    # -- use --------------------------------------------------------------------
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection, after checking this is still the process that opened it."""
+        if os.getpid() != self._pid:
+            raise WrongProcess(
+                f"this {self.kind.name} object for {self.path} was opened in process {self._pid} "
+                f"and is used in process {os.getpid()} (after fork?); call reopen() first"
+            )
+        if self._conn is None:
+            raise StorageError(f"the {self.kind.name} file {self.path} is closed; call reopen()")
+        return self._conn
+
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """``with db.write() as conn:`` one BEGIN IMMEDIATE transaction."""
+        return _transaction(self.conn)
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every SELECT inside sees the same snapshot."""
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    def meta(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def close(self) -> None:
+        """Close the connection (only in the process that opened it)."""
+        if self._conn is not None and os.getpid() == self._pid:
+            self._conn.close()
+        self._conn = None
+
+    def reopen(self) -> None:
+        """Open a fresh connection in this process; use it in a child after fork()."""
+        if os.getpid() == self._pid and self._conn is not None:
+            self._conn.close()
+        self._conn = None  # never close a connection inherited across fork()
+        self._pid = os.getpid()
+        self._conn = self._open()
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        # Some errors (SQLITE_FULL, IOERR) end the transaction themselves; a
+        # blind ROLLBACK would then fail and hide the real error.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise CommitOutcomeUnknown(
+            f"COMMIT failed ({exc}); the write may or may not be durable. Retrying the "
+            f"same call with the same event id is safe."
+        ) from exc

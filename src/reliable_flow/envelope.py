@@ -1,0 +1,254 @@
+"""The envelope: validation and canonical JSON (SPEC section 4).
+
+An envelope is a flat JSON object::
+
+    {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved",
+     "schema": 1, "payload": {"amount": 3}, "meta": {"trace": "t-9"}}
+
+Validation is the same on both sides (``advance`` builds one, ``receive``
+checks one it did not build) and rejects anything outside the rules with
+:class:`InvalidEnvelope` naming the field.  The canonical body is the
+sorted-key compact UTF-8 JSON; it is what is stored, and two events are "the
+same" only if their canonical bodies are equal as whole strings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .errors import InvalidEnvelope
+
+__all__ = [
+    "Envelope",
+    "MAX_BODY_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_INT",
+    "MAX_SCHEMA",
+    "canonical",
+    "check_expected_seq",
+    "make",
+    "parse",
+]
+
+MAX_ID_CHARS = 128
+MAX_INT = 2**53 - 1
+MAX_SCHEMA = 1000
+MAX_PAYLOAD_KEYS = 32
+MAX_KEY_CHARS = 64
+MAX_TEXT_CHARS = 4096
+MAX_META_ENTRIES = 8
+MAX_BODY_BYTES = 16 * 1024
+
+REQUIRED = ("event_id", "flow_id", "seq", "kind", "schema", "payload")
+ALLOWED = frozenset(REQUIRED + ("meta",))
+
+Scalar = Union[None, bool, int, float, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A validated envelope and its canonical body."""
+
+    event_id: str
+    flow_id: str
+    seq: int
+    kind: str
+    schema: int
+    payload: dict[str, Scalar]
+    meta: dict[str, str]
+    body: str
+
+
+def _utf8(field: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidEnvelope(field, "must be valid Unicode (lone surrogate found)") from None
+
+
+def _has_control(value: str) -> bool:
+    return any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in value)
+
+
+def _check_name(field: str, value: object) -> str:
+    """Ids and kind: str, 1-128 characters, no control characters."""
+    if not isinstance(value, str):
+        raise InvalidEnvelope(field, f"must be a string, got {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_ID_CHARS:
+        raise InvalidEnvelope(field, f"must be 1 to {MAX_ID_CHARS} characters, got {len(value)}")
+    if _has_control(value):
+        raise InvalidEnvelope(field, "must not contain control characters")
+    _utf8(field, value)
+    return value
+
+
+def _check_int(field: str, value: object, low: int, high: int, high_text: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidEnvelope(field, f"must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidEnvelope(field, f"must be between {low} and {high_text}, got {value}")
+    return value
+
+
+def check_expected_seq(value: object) -> int:
+    """``expected_seq`` of ``advance``: an int >= 0 (not bool) whose successor is a valid seq."""
+    return _check_int("expected_seq", value, 0, MAX_INT - 1, "2**53-2")
+
+
+def _check_value(field: str, value: object) -> Scalar:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -MAX_INT <= value <= MAX_INT:
+            raise InvalidEnvelope(field, "integers must be within +-(2**53-1)")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidEnvelope(field, "floats must be finite")
+        return value
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT_CHARS:
+            raise InvalidEnvelope(field, f"strings must be at most {MAX_TEXT_CHARS} characters")
+        _utf8(field, value)
+        return value
+    raise InvalidEnvelope(
+        field,
+        f"must be null, bool, int, float or str (no nested objects or lists), "
+        f"got {type(value).__name__}",
+    )
+
+
+def _check_key(field: str, key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidEnvelope(field, f"keys must be strings, got {type(key).__name__}")
+    if not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise InvalidEnvelope(field, f"keys must be 1 to {MAX_KEY_CHARS} characters, got {key!r}")
+    _utf8(field, key)
+    return key
+
+
+def _check_payload(value: object) -> dict[str, Scalar]:
+    if not isinstance(value, Mapping):
+        raise InvalidEnvelope("payload", f"must be an object, got {type(value).__name__}")
+    if len(value) > MAX_PAYLOAD_KEYS:
+        raise InvalidEnvelope("payload", f"must have at most {MAX_PAYLOAD_KEYS} keys, got {len(value)}")
+    out: dict[str, Scalar] = {}
+    for key, item in value.items():
+        name = _check_key("payload", key)
+        out[name] = _check_value(f"payload.{name}", item)
+    return out
+
+
+def _check_meta(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidEnvelope("meta", f"must be an object or null, got {type(value).__name__}")
+    if len(value) > MAX_META_ENTRIES:
+        raise InvalidEnvelope("meta", f"must have at most {MAX_META_ENTRIES} entries, got {len(value)}")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        name = _check_key("meta", key)
+        field = f"meta.{name}"
+        if not isinstance(item, str):
+            raise InvalidEnvelope(field, f"must be a string, got {type(item).__name__}")
+        if len(item) > MAX_TEXT_CHARS:
+            raise InvalidEnvelope(field, f"must be at most {MAX_TEXT_CHARS} characters")
+        _utf8(field, item)
+        out[name] = item
+    return out
+
+
+def canonical(obj: Mapping[str, Any]) -> str:
+    """Sorted-key compact JSON, non-ASCII kept as UTF-8 text."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def make(
+    *,
+    event_id: object,
+    flow_id: object,
+    seq: object,
+    kind: object,
+    schema: object,
+    payload: object,
+    meta: object = None,
+) -> Envelope:
+    """Validate the fields of one envelope and compute its canonical body.
+
+    An empty ``meta`` is the same as no ``meta``: both leave the key out of
+    the body, so they never make two otherwise equal events differ.
+    """
+    fields: dict[str, Any] = {
+        "event_id": _check_name("event_id", event_id),
+        "flow_id": _check_name("flow_id", flow_id),
+        "seq": _check_int("seq", seq, 1, MAX_INT, "2**53-1"),
+        "kind": _check_name("kind", kind),
+        "schema": _check_int("schema", schema, 1, MAX_SCHEMA, str(MAX_SCHEMA)),
+        "payload": _check_payload(payload),
+    }
+    checked_meta = _check_meta(meta)
+    if checked_meta:
+        fields["meta"] = checked_meta
+    body = canonical(fields)
+    size = len(body.encode("utf-8"))
+    if size > MAX_BODY_BYTES:
+        raise InvalidEnvelope("envelope", f"canonical body is {size} bytes; at most {MAX_BODY_BYTES}")
+    return Envelope(body=body, meta=checked_meta, **{k: v for k, v in fields.items() if k != "meta"})
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidEnvelope("envelope", f"JSON constant {name} is not allowed")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InvalidEnvelope(key, "appears twice in the JSON object")
+        out[key] = value
+    return out
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise InvalidEnvelope("envelope", f"is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidEnvelope("envelope", "is nested too deeply") from None
+
+
+def parse(envelope: object) -> Envelope:
+    """Validate an envelope given as a mapping, JSON text or UTF-8 bytes."""
+    if isinstance(envelope, (bytes, bytearray)):
+        try:
+            envelope = bytes(envelope).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidEnvelope("envelope", "bytes are not valid UTF-8") from None
+    if isinstance(envelope, str):
+        if len(envelope) > 4 * MAX_BODY_BYTES:
+            # Early cap so a huge text is refused before it is parsed.
+            raise InvalidEnvelope("envelope", f"JSON text longer than {4 * MAX_BODY_BYTES} characters")
+        envelope = _loads(envelope)
+    if not isinstance(envelope, Mapping):
+        raise InvalidEnvelope("envelope", f"must be an object, got {type(envelope).__name__}")
+    for key in envelope:
+        if key not in ALLOWED:
+            raise InvalidEnvelope(str(key), "is not an envelope field")
+    for key in REQUIRED:
+        if key not in envelope:
+            raise InvalidEnvelope(key, "is required")
+    return make(
+        event_id=envelope["event_id"],
+        flow_id=envelope["flow_id"],
+        seq=envelope["seq"],
+        kind=envelope["kind"],
+        schema=envelope["schema"],
+        payload=envelope["payload"],
+        meta=envelope.get("meta"),
+    )

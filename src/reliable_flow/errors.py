@@ -1,0 +1,100 @@
+"""Every exception reliable_flow raises on purpose.
+
+A status (``duplicate``, ``stale``, ``gap`` ...) is an answer; an exception
+means the call could not give one: the input was malformed, or the storage
+failed.  Storage errors chain the original :class:`sqlite3.Error`.
+
+::
+
+    ReliableFlowError
+     +-- InvalidEnvelope (also ValueError)     bad input; nothing was stored
+     +-- UnknownEvent (also LookupError)       relay(event_id=...) names no outbox event
+     +-- WrongFile                             not a file of the expected kind
+     |    +-- SchemaTooNew                     written by a newer reliable_flow
+     +-- ConsumerMismatch                      two consumer files share one name
+     +-- SQLiteTooOld                          linked SQLite is older than 3.24
+     +-- WrongProcess                          object used after fork()
+     +-- StorageError                          SQLite failed underneath us
+          +-- CommitOutcomeUnknown             COMMIT itself failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommitOutcomeUnknown",
+    "ConsumerMismatch",
+    "InvalidEnvelope",
+    "ReliableFlowError",
+    "SQLiteTooOld",
+    "SchemaTooNew",
+    "StorageError",
+    "UnknownEvent",
+    "WrongFile",
+    "WrongProcess",
+]
+
+
+class ReliableFlowError(Exception):
+    """Root of every exception this package raises on purpose."""
+
+
+class InvalidEnvelope(ReliableFlowError, ValueError):
+    """An envelope or an argument broke the envelope rules.
+
+    ``field`` names the offending field, dotted for nested ones
+    (``payload.amount``, ``meta.trace``); ``envelope`` means the whole
+    input (not an object, not JSON, too large).  Nothing was stored.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class UnknownEvent(ReliableFlowError, LookupError):
+    """An explicit ``event_id`` that is not in the producer's outbox."""
+
+
+class WrongFile(ReliableFlowError):
+    """The path is not a reliable_flow file of the kind that was asked for.
+
+    Raised before anything is written: a foreign file is never converted.
+    """
+
+
+class SchemaTooNew(WrongFile):
+    """The file was written by a newer reliable_flow than this one."""
+
+
+class ConsumerMismatch(ReliableFlowError):
+    """A consumer's name is already bound, in the producer, to another file.
+
+    Delivery state is kept per consumer name; letting a second file use the
+    name would make events look accepted by a file that never stored them.
+    """
+
+
+class SQLiteTooOld(ReliableFlowError):
+    """The sqlite3 module is linked against SQLite older than 3.24."""
+
+
+class WrongProcess(ReliableFlowError):
+    """A Producer or Consumer was used in a process other than its opener.
+
+    SQLite connections must not cross ``fork()``.  Call ``reopen()`` in the
+    child to get a fresh connection there.
+    """
+
+
+class StorageError(ReliableFlowError):
+    """SQLite failed underneath an operation; the transaction was rolled back."""
+
+
+class CommitOutcomeUnknown(StorageError):
+    """COMMIT itself failed, so the write may or may not be durable.
+
+    Retrying the same call with the same event id is safe: the retry returns
+    ``existing`` / ``duplicate`` / the already-applied state if the first
+    attempt did reach the disk, and does the work once if it did not.
+    """

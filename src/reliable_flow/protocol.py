@@ -1,0 +1,264 @@
+"""Protocols: the business rules a flow follows, supplied by user code.
+
+A protocol says which states exist, which steps are legal from each state,
+what a payload must look like in each schema version, and how a step changes
+the flow's data.  The library enforces it on both sides: ``advance`` refuses
+an illegal step before anything is committed, and ``apply_next`` blocks an
+event that breaks it instead of guessing.
+
+A step's ``kind`` names the state the flow moves to.  A minimal protocol::
+
+    from reliable_flow.protocol import Protocol, exact, integer
+
+    COUNTER = Protocol(
+        name="counter",
+        initial="idle",
+        transitions={"idle": ["running"], "running": ["running", "done"]},
+        schemas={1: exact({"n": integer(1, 100)})},
+    )
+
+Rules that depend on earlier steps go in ``step``; what the consumer shows as
+its projection goes in ``project``.  Both are plain functions of plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .statuses import BlockReason
+
+__all__ = [
+    "Check",
+    "Decoder",
+    "PayloadError",
+    "Protocol",
+    "Rejected",
+    "boolean",
+    "by_kind",
+    "exact",
+    "integer",
+    "number",
+    "optional",
+    "text",
+]
+
+Data = dict[str, Any]
+Check = Callable[[str, Any], Any]
+Decoder = Callable[[str, Mapping[str, Any]], Data]
+Step = Callable[[str, str, Data, Data], Data]
+Project = Callable[[str, Data], Data]
+
+
+class PayloadError(ValueError):
+    """Raised by decoders and ``step`` functions: the payload breaks a rule."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"payload.{field}: {problem}")
+
+
+class Rejected(Exception):
+    """Internal: why a step is refused (becomes a status, never escapes)."""
+
+    def __init__(self, reason: BlockReason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(detail)
+
+
+# -- field checks -----------------------------------------------------------------
+
+
+def integer(low: int, high: int) -> Check:
+    """An int (not bool) in ``low..high``."""
+
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PayloadError(name, f"must be an int, got {type(value).__name__}")
+        if not low <= value <= high:
+            raise PayloadError(name, f"must be between {low} and {high}, got {value}")
+        return value
+
+    return check
+
+
+def number(low: float, high: float) -> Check:
+    """An int or float (not bool) in ``low..high``."""
+
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PayloadError(name, f"must be a number, got {type(value).__name__}")
+        if not low <= value <= high:
+            raise PayloadError(name, f"must be between {low} and {high}, got {value}")
+        return value
+
+    return check
+
+
+def text(min_len: int = 1, max_len: int = 4096, choices: Collection[str] | None = None) -> Check:
+    """A string of ``min_len..max_len`` characters, optionally one of ``choices``."""
+    allowed = frozenset(choices) if choices is not None else None
+
+    def check(name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise PayloadError(name, f"must be a string, got {type(value).__name__}")
+        if not min_len <= len(value) <= max_len:
+            raise PayloadError(name, f"must be {min_len} to {max_len} characters, got {len(value)}")
+        if allowed is not None and value not in allowed:
+            raise PayloadError(name, f"must be one of {sorted(allowed)}, got {value!r}")
+        return value
+
+    return check
+
+
+def boolean() -> Check:
+    """A JSON true or false."""
+
+    def check(name: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise PayloadError(name, f"must be true or false, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def optional(inner: Check) -> Check:
+    """Marks a field of :func:`exact` that may be absent (absent stays absent)."""
+
+    def check(name: str, value: Any) -> Any:
+        return inner(name, value)
+
+    check.optional = True  # type: ignore[attr-defined]
+    return check
+
+
+# -- decoders ---------------------------------------------------------------------
+
+
+def exact(fields: Mapping[str, Check], *, rename: Mapping[str, str] | None = None) -> Decoder:
+    """A payload with exactly these keys (optional ones may be absent), each checked.
+
+    ``rename`` maps payload keys to the names the protocol's ``step`` sees, so
+    two schema versions can spell a field differently and decode to one shape.
+    """
+    names = dict(rename or {})
+    required = {k for k, c in fields.items() if not getattr(c, "optional", False)}
+
+    def decode(kind: str, payload: Mapping[str, Any]) -> Data:
+        for key in payload:
+            if key not in fields:
+                raise PayloadError(key, "is not allowed here")
+        for key in sorted(required):
+            if key not in payload:
+                raise PayloadError(key, "is required")
+        return {names.get(k, k): fields[k](k, v) for k, v in payload.items()}
+
+    return decode
+
+
+def by_kind(decoders: Mapping[str, Decoder]) -> Decoder:
+    """A decoder per step kind, for protocols whose payload differs by step."""
+    table = dict(decoders)
+
+    def decode(kind: str, payload: Mapping[str, Any]) -> Data:
+        try:
+            inner = table[kind]
+        except KeyError:
+            raise PayloadError("*", f"no payload rule for kind {kind!r}") from None
+        return inner(kind, payload)
+
+    return decode
+
+
+def _merge(state: str, kind: str, value: Data, data: Data) -> Data:
+    return {**data, **value}
+
+
+def _same(state: str, data: Data) -> Data:
+    return dict(data)
+
+
+# -- the protocol -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A flow's rules.
+
+    name: stored in every file created for the protocol; opening a file with
+        another protocol is refused.
+    initial: the state of a flow before its first event.
+    transitions: ``{state: [kind, ...]}``; a kind is the state it leads to.
+    schemas: ``{schema_version: decoder}``; a decoder turns a payload into
+        the value ``step`` sees, raising :class:`PayloadError` if it breaks a rule.
+    step: ``step(state, kind, value, data) -> new data``; may raise
+        :class:`PayloadError` for rules that depend on earlier steps.
+        Default: merge ``value`` into ``data``.
+    project: ``project(state, data) -> dict`` of the fields the consumer's
+        ``projection()`` shows besides state and last_seq.  Default: ``data``.
+    consumer_schemas: versions a ``Consumer`` decodes unless told otherwise
+        (default: all of ``schemas``).  Producers always accept all.
+    """
+
+    name: str
+    initial: str
+    transitions: Mapping[str, Collection[str]]
+    schemas: Mapping[int, Decoder]
+    step: Step = _merge
+    project: Project = _same
+    consumer_schemas: Collection[int] | None = None
+    states: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("Protocol name must be a non-empty string")
+        if not isinstance(self.initial, str) or not self.initial:
+            raise ValueError("Protocol initial must be a non-empty string")
+        table: dict[str, frozenset[str]] = {}
+        for source, kinds in dict(self.transitions).items():
+            if isinstance(kinds, str):
+                raise ValueError(f"transitions[{source!r}] must be a collection of kinds, not a string")
+            table[source] = frozenset(kinds)
+        schemas = dict(self.schemas)
+        if not schemas:
+            raise ValueError("Protocol needs at least one schema")
+        for version, decoder in schemas.items():
+            if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= 1000:
+                raise ValueError(f"schema versions must be ints 1..1000, got {version!r}")
+            if not callable(decoder):
+                raise ValueError(f"schemas[{version}] must be a decoder function")
+        wanted = frozenset(schemas if self.consumer_schemas is None else self.consumer_schemas)
+        if not wanted <= schemas.keys():
+            raise ValueError(f"consumer_schemas {sorted(wanted - schemas.keys())} are not in schemas")
+        states = {self.initial} | set(table) | {k for kinds in table.values() for k in kinds}
+        object.__setattr__(self, "transitions", table)
+        object.__setattr__(self, "schemas", schemas)
+        object.__setattr__(self, "consumer_schemas", wanted)
+        object.__setattr__(self, "states", frozenset(states))
+
+    def next_data(self, state: str, data: Data, kind: str, schema: int, payload: Mapping[str, Any]) -> Data:
+        """The flow's data after this step, or :class:`Rejected` saying why not.
+
+        Order: transition, then schema known, then payload rules; the same on
+        the producer and consumer side.
+        """
+        if kind not in self.transitions.get(state, ()):
+            allowed = sorted(self.transitions.get(state, ()))
+            raise Rejected(
+                BlockReason.INVALID_TRANSITION,
+                f"{kind!r} is not a legal step from state {state!r} (allowed: {allowed})",
+            )
+        decoder = self.schemas.get(schema)
+        if decoder is None:
+            raise Rejected(
+                BlockReason.INVALID_PAYLOAD,
+                f"schema {schema} is not defined by protocol {self.name!r} (known: {sorted(self.schemas)})",
+            )
+        try:
+            value = decoder(kind, payload)
+            return self.step(state, kind, value, data)
+        except PayloadError as exc:
+            raise Rejected(BlockReason.INVALID_PAYLOAD, str(exc)) from None

@@ -1,0 +1,109 @@
+"""SQL schema of both file kinds, as ordered migrations.
+
+Each file kind has an ``application_id`` that marks the file as ours and a
+tuple of migrations; migration *i* (1-based) brings ``PRAGMA user_version``
+from *i-1* to *i*.  Later releases append migrations and never edit old ones,
+so a file written by any earlier version upgrades in place on open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .statuses import DeliveryState, InboxState
+
+__all__ = ["CONSUMER", "FileKind", "PRODUCER"]
+
+
+@dataclass(frozen=True)
+class FileKind:
+    name: str
+    application_id: int
+    migrations: tuple[tuple[str, ...], ...]
+
+    @property
+    def version(self) -> int:
+        return len(self.migrations)
+
+
+def _in(values: tuple[str, ...]) -> str:
+    return "(" + ",".join(f"'{v}'" for v in values) + ")"
+
+
+PRODUCER = FileKind(
+    name="producer",
+    application_id=0x52460001,  # "RF" 1
+    migrations=(
+        (
+            # Facts about the file itself: the protocol it was created for.
+            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+            """CREATE TABLE flow(
+                flow_id TEXT PRIMARY KEY,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                state TEXT NOT NULL,
+                data TEXT NOT NULL
+            )""",
+            # pos gives every event a total commit order for fair, cheap scans.
+            """CREATE TABLE outbox(
+                pos INTEGER PRIMARY KEY AUTOINCREMENT,
+                event_id TEXT NOT NULL UNIQUE,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                body TEXT NOT NULL,
+                UNIQUE (flow_id, seq)
+            )""",
+            # One row per consumer name ever relayed to; uid pins the file.
+            """CREATE TABLE consumer(
+                name TEXT PRIMARY KEY,
+                uid TEXT NOT NULL UNIQUE
+            ) WITHOUT ROWID""",
+            # Delivery state of each event towards each consumer.
+            f"""CREATE TABLE delivery(
+                consumer TEXT NOT NULL REFERENCES consumer(name),
+                pos INTEGER NOT NULL REFERENCES outbox(pos),
+                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN {_in(DeliveryState.values())}),
+                last_status TEXT,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (consumer, pos)
+            ) WITHOUT ROWID""",
+            "CREATE INDEX delivery_pending ON delivery(consumer, pos) WHERE state = 'pending'",
+        ),
+    ),
+)
+
+CONSUMER = FileKind(
+    name="consumer",
+    application_id=0x52460002,  # "RF" 2
+    migrations=(
+        (
+            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+            f"""CREATE TABLE inbox(
+                event_id TEXT PRIMARY KEY,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                body TEXT NOT NULL,
+                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN {_in(InboxState.values())}),
+                reason TEXT,
+                UNIQUE (flow_id, seq)
+            )""",
+            # Flows with work left; small, since applied rows drop out of it.
+            "CREATE INDEX inbox_open ON inbox(flow_id, seq) WHERE state <> 'applied'",
+            """CREATE TABLE projection(
+                flow_id TEXT PRIMARY KEY,
+                state TEXT NOT NULL,
+                last_seq INTEGER NOT NULL CHECK (last_seq >= 1),
+                data TEXT NOT NULL,
+                view TEXT NOT NULL
+            )""",
+            # UNIQUE(event_id) is the last line of defence against a double effect.
+            """CREATE TABLE effect(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                event_id TEXT NOT NULL UNIQUE,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                UNIQUE (flow_id, seq)
+            )""",
+        ),
+    ),
+)
