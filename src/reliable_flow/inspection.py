@@ -1,0 +1,111 @@
+"""``reliable-flow inspect``: what an operator needs to see in the two files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .db import PathLike
+from .snapshot import snapshot
+
+__all__ = ["format_report", "inspect_files"]
+
+
+def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str, Any]:
+    """A summary of both files, read without writing to either.
+
+    Keys: ``producer`` (flow and event counts, per consumer the pending and
+    set-aside events), ``consumer`` (inbox counts by state, blocked events
+    with reasons, flows stopped at a gap).
+    """
+    snap = snapshot(producer_path, consumer_path)
+    prod, cons = snap["producer"], snap["consumer"]
+
+    events = [e for entries in prod["outbox"].values() for e in entries]
+    consumers = sorted({name for e in events for name in e["deliveries"]})
+    per_consumer: dict[str, Any] = {}
+    for name in consumers:
+        pending, set_aside, accepted = [], [], 0
+        for e in events:
+            d = e["deliveries"].get(name)
+            if d is None:
+                continue
+            ref = {"event_id": e["event_id"], "flow_id": e["flow_id"], "seq": e["seq"]}
+            if d["state"] == "accepted":
+                accepted += 1
+            elif d["state"] == "set_aside":
+                set_aside.append({**ref, "last_status": d["last_status"], "attempts": d["attempts"]})
+            else:
+                pending.append(ref)
+        per_consumer[name] = {"accepted": accepted, "pending": pending, "set_aside": set_aside}
+
+    counts = {"pending": 0, "blocked": 0, "applied": 0}
+    blocked, gaps = [], []
+    for flow_id, rows in cons["inbox"].items():
+        for row in rows:
+            counts[row["state"]] += 1
+            if row["state"] == "blocked":
+                blocked.append({"flow_id": flow_id, "event_id": row["event_id"], "seq": row["seq"],
+                                "reason": row["reason"]})
+        projection = cons["projections"].get(flow_id)
+        next_seq = (projection["last_seq"] if projection else 0) + 1
+        present = {row["seq"] for row in rows}
+        waiting = sorted(s for s in present if s > next_seq)
+        if next_seq not in present and waiting:
+            gaps.append({"flow_id": flow_id, "missing_seq": next_seq, "waiting": waiting})
+
+    return {
+        "producer": {
+            "protocol": prod["protocol"],
+            "flows": len(prod["flows"]),
+            "events": len(events),
+            "unbound_events": sum(1 for e in events if not e["deliveries"]),
+            "consumers": per_consumer,
+        },
+        "consumer": {
+            "protocol": cons["protocol"],
+            "name": cons["name"],
+            "flows": len(cons["inbox"]),
+            "inbox": counts,
+            "blocked": blocked,
+            "gaps": gaps,
+        },
+    }
+
+
+def _rows(items: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    return ["    " + "  ".join(f"{k}={item[k]}" for k in keys) for item in items]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report of :func:`inspect_files` as plain text for a terminal."""
+    p, c = report["producer"], report["consumer"]
+    lines = [
+        f"producer ({p['protocol']}): {p['flows']} flows, {p['events']} events",
+    ]
+    if p["unbound_events"]:
+        lines.append(f"  {p['unbound_events']} events not yet bound to any consumer (no relay has run)")
+    for name, d in p["consumers"].items():
+        lines.append(
+            f"  to consumer {name!r}: {d['accepted']} accepted, {len(d['pending'])} undelivered, "
+            f"{len(d['set_aside'])} set aside"
+        )
+        lines += _rows(d["pending"][:20], ["event_id", "flow_id", "seq"])
+        if len(d["pending"]) > 20:
+            lines.append(f"    ... {len(d['pending']) - 20} more undelivered")
+        if d["set_aside"]:
+            lines.append("  set aside (conflict; needs an operator, see docs/operations.md):")
+            lines += _rows(d["set_aside"], ["event_id", "flow_id", "seq", "last_status", "attempts"])
+    inbox = c["inbox"]
+    lines.append(
+        f"consumer {c['name']!r} ({c['protocol']}): {c['flows']} flows; inbox {inbox['pending']} pending, "
+        f"{inbox['blocked']} blocked, {inbox['applied']} applied"
+    )
+    if c["blocked"]:
+        lines.append("  blocked (the flow stops here until fixed or upgraded):")
+        lines += _rows(c["blocked"], ["flow_id", "seq", "event_id", "reason"])
+    if c["gaps"]:
+        lines.append("  gaps (waiting for a missing seq):")
+        lines += _rows(c["gaps"], ["flow_id", "missing_seq", "waiting"])
+    if not c["blocked"] and not c["gaps"]:
+        lines.append("  no blocked events, no gaps")
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""The code blocks in docs/ are run, so the documentation cannot rot."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_concepts_example_prints_what_its_comments_say(tmp_path: Path) -> None:
+    (block,) = _python_blocks(DOCS / "concepts.md")
+    script = tmp_path / "three_ledgers.py"
+    script.write_text(block, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "{'state': 'released', 'seq': 3, 'amount': 3}"
+    assert lines[1:3] == ["accepted", "accepted"]
+    assert lines[3] == "None"
+    assert "applied=1" in lines[4] and "stop=<DrainStop.GAP: 'gap'>" in lines[4]
+    assert lines[5:7] == ["accepted", "idle"]
+    assert lines[7] == "{'state': 'released', 'last_seq': 3, 'held': 0}"
+    assert lines[8] == "['reserved', 'confirmed', 'released']"
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_every_docs_page_links_only_to_existing_pages(page: Path) -> None:
+    for target in re.findall(r"\]\(([^)#:]+\.md)\)", page.read_text(encoding="utf-8")):
+        assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
