@@ -104,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agent_tasks_") as tmp:
         where = Path(args[0] if args else tmp)
         where.mkdir(parents=True, exist_ok=True)
-        with Producer(where / "agent.db", AGENT_TASK) as producer, Consumer(
-            where / "observer.db", AGENT_TASK
-        ) as consumer:
+        with (
+            Producer(where / "agent.db", AGENT_TASK) as producer,
+            Consumer(where / "observer.db", AGENT_TASK) as consumer,
+        ):
             for seq, (kind, payload) in enumerate(LIFECYCLE):
                 event_id = f"T1-{seq + 1}"
                 r = producer.advance(event_id, "T1", expected_seq=seq, kind=kind, payload=payload)

@@ -20,9 +20,10 @@ STEPS = [("A1", "reserved"), ("A2", "confirmed"), ("A3", "released")]
 
 
 def run(where: Path) -> None:
-    with Producer(where / "producer.db", RESERVATION) as producer, Consumer(
-        where / "consumer.db", RESERVATION
-    ) as consumer:
+    with (
+        Producer(where / "producer.db", RESERVATION) as producer,
+        Consumer(where / "consumer.db", RESERVATION) as consumer,
+    ):
         print("advance: flow state and its outbox event are committed in one transaction")
         for seq, (event_id, kind) in enumerate(STEPS):
             r = producer.advance(event_id, "A", expected_seq=seq, kind=kind, payload={"amount": 3})

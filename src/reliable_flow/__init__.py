@@ -19,19 +19,25 @@ from .consumer import Consumer
 from .errors import (
     CommitOutcomeUnknown,
     ConsumerMismatch,
+    DatabaseBusy,
+    InboxFull,
     InvalidEnvelope,
+    NotResolvable,
+    ReadOnlyStorage,
     ReliableFlowError,
     SchemaTooNew,
     SQLiteTooOld,
     StorageError,
+    StorageFull,
     UnknownEvent,
     WrongFile,
     WrongProcess,
 )
 from .producer import Producer
 from .protocol import PayloadError, Protocol
-from .relay import relay
+from .relay import DeliveryPolicy, relay, relay_batch
 from .snapshot import snapshot
+from .worker import Worker, WorkerStats
 from .statuses import (
     AdvanceResult,
     AdvanceStatus,
@@ -44,6 +50,7 @@ from .statuses import (
     InboxState,
     ReceiveResult,
     ReceiveStatus,
+    RelayBatchResult,
     RelayResult,
     RelayStatus,
 )
@@ -59,26 +66,36 @@ __all__ = [
     "CommitOutcomeUnknown",
     "Consumer",
     "ConsumerMismatch",
+    "DatabaseBusy",
+    "DeliveryPolicy",
     "DeliveryState",
     "DrainResult",
     "DrainStop",
+    "InboxFull",
     "InboxState",
     "InvalidEnvelope",
+    "NotResolvable",
     "PayloadError",
     "Producer",
     "Protocol",
+    "ReadOnlyStorage",
     "ReceiveResult",
     "ReceiveStatus",
+    "RelayBatchResult",
     "RelayResult",
     "RelayStatus",
     "ReliableFlowError",
     "SQLiteTooOld",
     "SchemaTooNew",
     "StorageError",
+    "StorageFull",
     "UnknownEvent",
+    "Worker",
+    "WorkerStats",
     "WrongFile",
     "WrongProcess",
     "__version__",
     "relay",
+    "relay_batch",
     "snapshot",
 ]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from . import envelope
 from .crash import crash_point
 from .db import DEFAULT_BUSY_TIMEOUT, Database, PathLike
-from .errors import InvalidEnvelope, WrongFile
+from .errors import InboxFull, InvalidEnvelope
 from .protocol import Protocol, Rejected
 from .schema import CONSUMER
 from .statuses import (
@@ -27,6 +27,11 @@ from .statuses import (
 __all__ = ["Consumer", "read_effects", "read_inbox", "read_projection"]
 
 DEFAULT_NAME = "default"
+
+# The hot queries, named so tests can check their plans use an index.
+NEXT_ROW = "SELECT event_id, body FROM inbox WHERE flow_id = ? AND seq = ?"
+GAP_PROBE = "SELECT 1 FROM inbox WHERE flow_id = ? AND seq > ? LIMIT 1"
+OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
 
 
 def _check_flow_id(flow_id: object) -> str:
@@ -55,6 +60,10 @@ class Consumer:
     state per name; it is fixed when the file is created (default
     ``"default"``).  One object per thread; after ``fork()`` call
     :meth:`reopen` in the child.
+
+    ``max_inbox``: if set, ``receive`` raises :class:`InboxFull` (storing
+    nothing) for a new event while that many rows are unapplied, unless the
+    event is the next step of its flow (so a full inbox cannot deadlock).
     """
 
     def __init__(
@@ -65,10 +74,14 @@ class Consumer:
         schemas: Collection[int] | None = None,
         name: str | None = None,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        max_inbox: int | None = None,
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
+        if max_inbox is not None and (isinstance(max_inbox, bool) or not isinstance(max_inbox, int) or max_inbox < 1):
+            raise ValueError(f"max_inbox must be None or an int >= 1, got {max_inbox!r}")
         self.protocol = protocol
+        self.max_inbox = max_inbox
         if schemas is None:
             chosen = frozenset(protocol.consumer_schemas or ())
         else:
@@ -95,16 +108,17 @@ class Consumer:
                 [("protocol", protocol.name), ("name", new_name), ("uid", uuid.uuid4().hex)],
             )
 
-        self._db = Database(path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create)
+        def check_meta(meta: dict[str, str]) -> str | None:
+            if meta.get("protocol") != protocol.name:
+                return f"was created for protocol {meta.get('protocol')!r}, not {protocol.name!r}"
+            if name is not None and meta.get("name") != name:
+                return f"belongs to consumer {meta.get('name')!r}, not {name!r}"
+            return None
+
+        self._db = Database(
+            path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta
+        )
         info = self._db.meta()
-        problem = None
-        if info.get("protocol") != protocol.name:
-            problem = f"was created for protocol {info.get('protocol')!r}, not {protocol.name!r}"
-        elif name is not None and info.get("name") != name:
-            problem = f"belongs to consumer {info.get('name')!r}, not {name!r}"
-        if problem:
-            self._db.close()
-            raise WrongFile(f"{self._db.path} {problem}")
         self.name: str = info["name"]
         self.uid: str = info["uid"]
 
@@ -122,33 +136,80 @@ class Consumer:
         body is ``duplicate`` (nothing written); with another body
         ``id_conflict``; a new id in a (flow, seq) slot already taken is
         ``sequence_conflict``.  A schema this consumer cannot decode is still
-        accepted, unchanged.  Malformed input raises ``InvalidEnvelope``.
+        accepted, unchanged.  Malformed input raises ``InvalidEnvelope``; a
+        full inbox (``max_inbox``) raises ``InboxFull``.
         """
         env = envelope.parse(envelope_in)
         with self._db.write() as conn:
-            row = conn.execute("SELECT body FROM inbox WHERE event_id = ?", (env.event_id,)).fetchone()
-            if row is not None:
-                if row[0] == env.body:
-                    return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
-                return ReceiveResult(
-                    ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
-                    "an event with this id and a different body is already in the inbox",
-                )
-            other = conn.execute(
-                "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", (env.flow_id, env.seq)
-            ).fetchone()
-            if other is not None:
-                return ReceiveResult(
-                    ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
-                    f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other[0]!r}",
-                )
-            conn.execute(
-                "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)",
-                (env.event_id, env.flow_id, env.seq, env.body),
+            result = self._receive_in(conn, env)
+        if result.status == ReceiveStatus.ACCEPTED:
+            crash_point("receive.after_commit")
+        return result
+
+    def receive_many(self, envelopes: Sequence[dict[str, Any] | str | bytes]) -> list[ReceiveResult]:
+        """Receive several events in one transaction; one result per event, in order.
+
+        Same checks and statuses as :meth:`receive`.  Every envelope is
+        validated before anything is stored: one malformed envelope raises
+        ``InvalidEnvelope`` and stores none.  If the inbox fills up
+        (``max_inbox``) part-way, the events before it are stored and the
+        returned list is shorter than the input: the rest were refused and
+        not stored.  If the very first one is refused, ``InboxFull`` is raised.
+        """
+        parsed = [envelope.parse(e) for e in envelopes]
+        results: list[ReceiveResult] = []
+        with self._db.write() as conn:
+            for env in parsed:
+                try:
+                    results.append(self._receive_in(conn, env))
+                except InboxFull:
+                    if not results:
+                        raise
+                    break
+        if any(r.status == ReceiveStatus.ACCEPTED for r in results):
+            crash_point("receive.after_commit")
+        return results
+
+    def _receive_in(self, conn: sqlite3.Connection, env: envelope.Envelope) -> ReceiveResult:
+        row = conn.execute("SELECT body FROM inbox WHERE event_id = ?", (env.event_id,)).fetchone()
+        if row is not None:
+            if row[0] == env.body:
+                return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
+            return ReceiveResult(
+                ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
+                "an event with this id and a different body is already in the inbox",
             )
-            crash_point("receive.after_inbox_insert")
-        crash_point("receive.after_commit")
+        other = conn.execute(
+            "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", (env.flow_id, env.seq)
+        ).fetchone()
+        if other is not None:
+            return ReceiveResult(
+                ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
+                f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other[0]!r}",
+            )
+        if self.max_inbox is not None:
+            self._check_room(conn, env.flow_id, env.seq)
+        conn.execute(
+            "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)",
+            (env.event_id, env.flow_id, env.seq, env.body),
+        )
+        crash_point("receive.after_inbox_insert")
         return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+
+    def _check_room(self, conn: sqlite3.Connection, flow_id: str, seq: int) -> None:
+        cap = self.max_inbox
+        used = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state <> 'applied' LIMIT ?)", (cap,)
+        ).fetchone()[0]
+        if used < cap:  # type: ignore[operator]
+            return
+        row = conn.execute("SELECT last_seq FROM projection WHERE flow_id = ?", (flow_id,)).fetchone()
+        if seq == (row[0] if row else 0) + 1:
+            return  # the flow's very next step: refusing it could deadlock a full inbox
+        raise InboxFull(
+            f"{self.path} holds {used} unapplied events (max_inbox={cap}); "
+            f"event {flow_id!r} seq {seq} refused, nothing stored"
+        )
 
     # -- apply ----------------------------------------------------------------------
 
@@ -162,94 +223,110 @@ class Consumer:
         the event cannot be applied (``reason`` says why); the row is marked
         blocked and is examined again on every call, so a consumer that
         knows more schemas applies it unchanged later.  SQL errors roll back
-        and propagate.
+        and propagate.  Retrying after ``CommitOutcomeUnknown`` is safe: if
+        the step had committed, the retry looks at the following seq.
         """
         flow_id = _check_flow_id(flow_id)
         with self._db.write() as conn:
-            proj = conn.execute(
-                "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
-            ).fetchone()
-            state, last_seq, data = (
-                (self.protocol.initial, 0, {}) if proj is None else (proj[0], proj[1], json.loads(proj[2]))
-            )
-            seq = last_seq + 1
-            row = conn.execute(
-                "SELECT event_id, body FROM inbox WHERE flow_id = ? AND seq = ?", (flow_id, seq)
-            ).fetchone()
-            if row is None:
-                later = conn.execute(
-                    "SELECT 1 FROM inbox WHERE flow_id = ? AND seq > ? LIMIT 1", (flow_id, seq)
-                ).fetchone()
-                if later is not None:
-                    return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived")
-                return ApplyResult(ApplyStatus.IDLE, flow_id, seq)
-            event_id, body = row
-            event = json.loads(body)
-            try:
-                if event["schema"] not in self.schemas:
-                    raise Rejected(
-                        BlockReason.UNSUPPORTED_SCHEMA,
-                        f"schema {event['schema']} is not decoded by this consumer "
-                        f"(decodes {sorted(self.schemas)})",
-                    )
-                new_data = self.protocol.next_data(state, data, event["kind"], event["schema"], event["payload"])
-            except Rejected as rejected:
-                conn.execute(
-                    "UPDATE inbox SET state = 'blocked', reason = ? WHERE event_id = ?",
-                    (rejected.reason.value, event_id),
+            result = self._apply_in(conn, flow_id)
+        if result.status == ApplyStatus.APPLIED:
+            crash_point("apply.after_commit")
+        return result
+
+    def _apply_in(self, conn: sqlite3.Connection, flow_id: str) -> ApplyResult:
+        """One apply step inside the caller's transaction."""
+        proj = conn.execute(
+            "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
+        ).fetchone()
+        state, last_seq, data = (
+            (self.protocol.initial, 0, {}) if proj is None else (proj[0], proj[1], json.loads(proj[2]))
+        )
+        seq = last_seq + 1
+        row = conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
+        if row is None:
+            if conn.execute(GAP_PROBE, (flow_id, seq)).fetchone() is not None:
+                return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived")
+            return ApplyResult(ApplyStatus.IDLE, flow_id, seq)
+        event_id, body = row
+        event = json.loads(body)
+        try:
+            if event["schema"] not in self.schemas:
+                raise Rejected(
+                    BlockReason.UNSUPPORTED_SCHEMA,
+                    f"schema {event['schema']} is not decoded by this consumer (decodes {sorted(self.schemas)})",
                 )
-                return ApplyResult(
-                    ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail
-                )
-            new_state = event["kind"]
-            view = self.protocol.project(new_state, new_data)
+            new_data = self.protocol.next_data(state, data, event["kind"], event["schema"], event["payload"])
+        except Rejected as rejected:
             conn.execute(
-                "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
-                "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view",
-                (flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view)),
+                "UPDATE inbox SET state = 'blocked', reason = ? WHERE event_id = ?",
+                (rejected.reason.value, event_id),
             )
-            crash_point("apply.after_projection")
-            conn.execute(
-                "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)",
-                (event_id, flow_id, seq, new_state),
-            )
-            conn.execute(
-                "UPDATE inbox SET state = 'applied', reason = NULL WHERE event_id = ?", (event_id,)
-            )
-            crash_point("apply.after_effect")
-        crash_point("apply.after_commit")
+            return ApplyResult(ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail)
+        new_state = event["kind"]
+        view = self.protocol.view(new_state, new_data)
+        conn.execute(
+            "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
+            "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view",
+            (flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view)),
+        )
+        crash_point("apply.after_projection")
+        conn.execute(
+            "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)",
+            (event_id, flow_id, seq, new_state),
+        )
+        conn.execute("UPDATE inbox SET state = 'applied', reason = NULL WHERE event_id = ?", (event_id,))
+        crash_point("apply.after_effect")
         return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id)
 
-    def drain(self, flow_id: str, limit: int = 100) -> DrainResult:
+    def drain(self, flow_id: str, limit: int = 100, *, batch_size: int = 1) -> DrainResult:
         """Apply ``flow_id``'s next steps until a gap, a block, idle, or ``limit`` applies.
 
-        Each apply is its own transaction, so an interruption keeps
-        everything applied so far.  ``stop`` is ``limit`` as soon as
-        ``limit`` events were applied, without looking further.
+        ``batch_size`` applies share one transaction (default 1: each apply
+        commits on its own); an interruption keeps every committed batch.
+        ``stop`` is ``limit`` as soon as ``limit`` events were applied,
+        without looking further; otherwise it says exactly where the
+        single-step path would have stopped.
         """
-        limit = _check_limit("limit", limit)
-        applied = 0
-        last: ApplyResult | None = None
-        while applied < limit:
-            last = self.apply_next(flow_id)
-            if last.status != ApplyStatus.APPLIED:
-                return DrainResult(flow_id, applied, DrainStop(last.status.value), last)
-            applied += 1
-        return DrainResult(flow_id, applied, DrainStop.LIMIT, last)
+        flow_id = _check_flow_id(flow_id)
+        return self._drain_flows([flow_id], limit, batch_size)[flow_id]
 
-    def process_all(self, limit: int = 1000) -> dict[str, DrainResult]:
+    def process_all(self, limit: int = 1000, *, batch_size: int = 1) -> dict[str, DrainResult]:
         """Drain every flow that has unapplied inbox rows; ``limit`` is per flow.
 
         A gap or a blocked event stops only its own flow; the others go on.
+        ``batch_size`` applies share one transaction, across flows.
         """
         limit = _check_limit("limit", limit)
-        flows = [
-            r[0] for r in self._db.conn.execute(
-                "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
-            )
-        ]
-        return {flow_id: self.drain(flow_id, limit) for flow_id in flows}
+        flows = [r[0] for r in self._db.conn.execute(OPEN_FLOWS)]
+        return self._drain_flows(flows, limit, batch_size)
+
+    def _drain_flows(self, flows: list[str], limit: int, batch_size: int) -> dict[str, DrainResult]:
+        limit = _check_limit("limit", limit)
+        batch_size = _check_limit("batch_size", batch_size)
+        results: dict[str, DrainResult] = {}
+        queue = iter(flows)
+        flow = next(queue, None)
+        applied, last = 0, None
+        while flow is not None:
+            done_in_batch = 0
+            with self._db.write() as conn:
+                while flow is not None and done_in_batch < batch_size:
+                    last = self._apply_in(conn, flow)
+                    if last.status == ApplyStatus.APPLIED:
+                        applied += 1
+                        done_in_batch += 1
+                        if applied < limit:
+                            continue
+                        stop = DrainStop.LIMIT
+                    else:
+                        stop = DrainStop(last.status.value)
+                    results[flow] = DrainResult(flow, applied, stop, last)
+                    flow = next(queue, None)
+                    applied, last = 0, None
+            if done_in_batch:
+                crash_point("apply.after_commit")
+        return results
 
     # -- reads ----------------------------------------------------------------------
 

@@ -11,7 +11,10 @@ opens or commits a transaction behind our back.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
+import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -19,21 +22,32 @@ from typing import Union
 
 from .errors import (
     CommitOutcomeUnknown,
+    DatabaseBusy,
+    ReadOnlyStorage,
     SchemaTooNew,
     SQLiteTooOld,
     StorageError,
+    StorageFull,
     WrongFile,
     WrongProcess,
 )
 from .schema import CONSUMER, PRODUCER, FileKind
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT", "Database", "MIN_SQLITE", "PathLike", "check_sqlite_version"]
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT",
+    "Database",
+    "MIN_SQLITE",
+    "PathLike",
+    "check_sqlite_version",
+    "storage_error",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 MIN_SQLITE = (3, 24, 0)
 # Long enough that six processes queueing for the write lock, each holding it
 # for a few fsyncs, never see "database is locked" (see docs/operations.md).
 DEFAULT_BUSY_TIMEOUT = 30.0
+MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000  # SQLite takes an int of milliseconds
 
 _KINDS_BY_ID = {kind.application_id: kind for kind in (PRODUCER, CONSUMER)}
 
@@ -52,7 +66,9 @@ class Database:
     """One connection to one reliable_flow file, owned by the opening process.
 
     ``on_create(conn)`` runs inside the transaction that creates the tables of
-    a new file, so a file is never seen half-initialised.
+    a new file, so a file is never seen half-initialised.  ``check_meta(meta)``
+    sees an existing file's ``meta`` table before anything is written
+    (migrations included) and returns a problem to refuse the file with.
     """
 
     def __init__(
@@ -64,16 +80,24 @@ class Database:
         on_create: Callable[[sqlite3.Connection], None] | None = None,
         create: bool = True,
         readonly: bool = False,
+        check_meta: Callable[[dict[str, str]], str | None] | None = None,
     ) -> None:
         check_sqlite_version()
-        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or busy_timeout < 0:
-            raise ValueError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
+        if (
+            isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float))
+            or not 0 <= busy_timeout <= MAX_BUSY_TIMEOUT  # also refuses NaN
+        ):
+            raise ValueError(
+                f"busy_timeout must be a number of seconds from 0 to {MAX_BUSY_TIMEOUT:g} "
+                f"(SQLite's limit), got {busy_timeout!r}"
+            )
         self.path = os.fspath(path)
         if not isinstance(self.path, str) or self.path in ("", ":memory:") or self.path.startswith("file:"):
             raise ValueError(f"path must name a file on disk, got {path!r}")
         self.kind = kind
         self._busy_timeout = float(busy_timeout)
         self._on_create = on_create
+        self._check_meta = check_meta
         self._create = create and not readonly
         self._readonly = readonly
         self._conn: sqlite3.Connection | None = None
@@ -86,11 +110,21 @@ class Database:
         if not self._create and not Path(self.path).is_file():
             raise FileNotFoundError(f"no {self.kind.name} file at {self.path}")
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
+            if self._readonly:
+                # mode=ro: a reader must never checkpoint or delete the -wal
+                # file, which closing a read-write connection may do.
+                uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self._busy_timeout)
+            else:
+                conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open {self.path}: {exc}") from exc
         try:
             self._identify(conn)
+            if self._check_meta is not None and conn.execute("PRAGMA user_version").fetchone()[0] > 0:
+                problem = self._check_meta(dict(conn.execute("SELECT key, value FROM meta").fetchall()))
+                if problem:
+                    raise WrongFile(f"{self.path} {problem}; nothing was changed")
             if self._readonly:
                 self._check_current(conn)
                 conn.execute("PRAGMA query_only=ON")
@@ -177,9 +211,16 @@ class Database:
             raise StorageError(f"the {self.kind.name} file {self.path} is closed; call reopen()")
         return self._conn
 
-    def write(self) -> AbstractContextManager[sqlite3.Connection]:
-        """``with db.write() as conn:`` one BEGIN IMMEDIATE transaction."""
-        return _transaction(self.conn)
+    def write(self, *, durable: bool = True) -> AbstractContextManager[sqlite3.Connection]:
+        """``with db.write() as conn:`` one BEGIN IMMEDIATE transaction.
+
+        ``durable=False`` commits without waiting for fsync (WAL with
+        synchronous=NORMAL): the transaction is atomic and is made durable
+        by the next durable commit, but a power loss may drop it.  Only for
+        hints whose loss is harmless (relay leases, backoff times).
+        """
+        conn = self.conn
+        return _transaction(conn) if durable else _fast_transaction(conn)
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -211,15 +252,77 @@ class Database:
 
 
 @contextmanager
+def _fast_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        with _transaction(conn):
+            yield conn
+    finally:
+        conn.execute("PRAGMA synchronous=FULL")
+
+
+# Primary result codes (the low byte of an extended code).
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_FULL = 5, 6, 8, 13
+_STORAGE_CODES = {_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_FULL,
+                  10, 11, 14, 26}  # IOERR, CORRUPT, CANTOPEN, NOTADB
+BEGIN_RETRIES = 3
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    return None if code is None else int(code) & 0xFF
+
+
+def storage_error(exc: sqlite3.Error, during: str) -> BaseException:
+    """The reliable_flow error for a storage fault, or ``exc`` itself for any
+    other SQL error (constraints, triggers), which must propagate unchanged."""
+    code = _primary_code(exc)
+    if code not in _STORAGE_CODES:
+        return exc
+    said = f"{exc} ({getattr(exc, 'sqlite_errorname', '?')})"
+    if code == _SQLITE_FULL:
+        return StorageFull(f"{during}: {said}: the disk or database is full; nothing was written")
+    if code == _SQLITE_READONLY:
+        return ReadOnlyStorage(f"{during}: {said}: the file cannot be written; nothing was written")
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return DatabaseBusy(
+            f"{during}: {said}: another connection kept the write lock through the busy "
+            f"timeout and {BEGIN_RETRIES} retries; nothing was written, the call can be retried"
+        )
+    return StorageError(f"{during}: {said}")
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, retried on busy: nothing has run yet, so a retry is safe.
+
+    Each attempt already waits up to the busy timeout inside SQLite; the
+    retries add a few jittered pauses for the rare case where SQLite gives
+    up early (e.g. a lock held across a WAL checkpoint).
+    """
+    for attempt in range(BEGIN_RETRIES + 1):
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if _primary_code(exc) not in (_SQLITE_BUSY, _SQLITE_LOCKED) or attempt == BEGIN_RETRIES:
+                raise storage_error(exc, "BEGIN IMMEDIATE") from exc
+            time.sleep(random.uniform(0, 0.05 * 2**attempt))
+
+
+@contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     try:
         yield conn
-    except BaseException:
-        # Some errors (SQLITE_FULL, IOERR) end the transaction themselves; a
+    except BaseException as exc:
+        # SQLITE_FULL, IOERR and INTERRUPT end the transaction themselves; a
         # blind ROLLBACK would then fail and hide the real error.
         if conn.in_transaction:
             conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, StorageError):
+            translated = storage_error(exc, "write transaction")
+            if translated is not exc:
+                raise translated from exc
         raise
     try:
         conn.execute("COMMIT")
@@ -227,6 +330,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise CommitOutcomeUnknown(
-            f"COMMIT failed ({exc}); the write may or may not be durable. Retrying the "
-            f"same call with the same event id is safe."
+            f"COMMIT failed ({getattr(exc, 'sqlite_errorname', type(exc).__name__)}: {exc}); "
+            f"the write may or may not be durable. Retrying the same call with the same "
+            f"event id is safe: it answers existing / duplicate / the applied state if it was."
         ) from exc

@@ -205,20 +205,39 @@ def _reject_constant(name: str) -> Any:
     raise InvalidEnvelope("envelope", f"JSON constant {name} is not allowed")
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+class _JsonObject(dict):  # type: ignore[type-arg]
+    """A parsed JSON object that remembers keys it saw twice, so the error can
+    name the field with its place (``payload.amount``), known only later."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _keep_duplicates(pairs: list[tuple[str, Any]]) -> _JsonObject:
+    out = _JsonObject()
+    seen = []
     for key, value in pairs:
         if key in out:
-            raise InvalidEnvelope(key, "appears twice in the JSON object")
+            seen.append(key)
         out[key] = value
+    out.duplicates = tuple(seen)
     return out
+
+
+def _refuse_duplicates(prefix: str, obj: object) -> None:
+    duplicates = getattr(obj, "duplicates", ())
+    if duplicates:
+        raise InvalidEnvelope(prefix + duplicates[0], "appears twice in the JSON object")
 
 
 def _loads(text: str) -> object:
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
+        return json.loads(text, object_pairs_hook=_keep_duplicates, parse_constant=_reject_constant)
+    except InvalidEnvelope:
+        raise
     except json.JSONDecodeError as exc:
         raise InvalidEnvelope("envelope", f"is not valid JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer literal longer than int_max_str_digits
+        raise InvalidEnvelope("envelope", f"cannot be parsed: {exc}") from None
     except RecursionError:
         raise InvalidEnvelope("envelope", "is nested too deeply") from None
 
@@ -237,6 +256,9 @@ def parse(envelope: object) -> Envelope:
         envelope = _loads(envelope)
     if not isinstance(envelope, Mapping):
         raise InvalidEnvelope("envelope", f"must be an object, got {type(envelope).__name__}")
+    _refuse_duplicates("", envelope)
+    _refuse_duplicates("payload.", envelope.get("payload"))
+    _refuse_duplicates("meta.", envelope.get("meta"))
     for key in envelope:
         if key not in ALLOWED:
             raise InvalidEnvelope(str(key), "is not an envelope field")

@@ -12,6 +12,8 @@ failed.  Storage errors chain the original :class:`sqlite3.Error`.
      +-- WrongFile                             not a file of the expected kind
      |    +-- SchemaTooNew                     written by a newer reliable_flow
      +-- ConsumerMismatch                      two consumer files share one name
+ +-- InboxFull                             receive() refused: the inbox is at max_inbox
+ +-- NotResolvable (also ValueError)       operator action on an event in the wrong state
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
      +-- StorageError                          SQLite failed underneath us
@@ -20,14 +22,21 @@ failed.  Storage errors chain the original :class:`sqlite3.Error`.
 
 from __future__ import annotations
 
+import sqlite3
+
 __all__ = [
     "CommitOutcomeUnknown",
     "ConsumerMismatch",
+    "DatabaseBusy",
+    "InboxFull",
+    "NotResolvable",
     "InvalidEnvelope",
+    "ReadOnlyStorage",
     "ReliableFlowError",
     "SQLiteTooOld",
     "SchemaTooNew",
     "StorageError",
+    "StorageFull",
     "UnknownEvent",
     "WrongFile",
     "WrongProcess",
@@ -75,6 +84,18 @@ class ConsumerMismatch(ReliableFlowError):
     """
 
 
+class InboxFull(ReliableFlowError):
+    """``receive`` refused a new event because the inbox holds ``max_inbox``
+    unapplied rows.  Nothing was stored; the relay records the refusal and
+    sends the event again after a backoff.  An event that is the very next
+    step of its flow is always let in, so a full inbox cannot deadlock.
+    """
+
+
+class NotResolvable(ReliableFlowError, ValueError):
+    """An operator action names an event whose delivery state does not allow it."""
+
+
 class SQLiteTooOld(ReliableFlowError):
     """The sqlite3 module is linked against SQLite older than 3.24."""
 
@@ -87,8 +108,26 @@ class WrongProcess(ReliableFlowError):
     """
 
 
-class StorageError(ReliableFlowError):
-    """SQLite failed underneath an operation; the transaction was rolled back."""
+class StorageError(ReliableFlowError, sqlite3.DatabaseError):
+    """SQLite failed underneath an operation; the transaction was rolled back.
+
+    The original :class:`sqlite3.Error` is chained as ``__cause__``.
+    """
+
+
+class StorageFull(StorageError, sqlite3.OperationalError):
+    """The disk (or ``PRAGMA max_page_count``) is full.  Nothing was written;
+    retry once space is back."""
+
+
+class ReadOnlyStorage(StorageError, sqlite3.OperationalError):
+    """The file cannot be written (read-only mount, ``mode=ro``, ``query_only``).
+    Nothing was written."""
+
+
+class DatabaseBusy(StorageError, sqlite3.OperationalError):
+    """Another connection held the write lock through the busy timeout and
+    every retry.  Nothing was written; the call can be retried."""
 
 
 class CommitOutcomeUnknown(StorageError):

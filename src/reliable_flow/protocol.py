@@ -145,6 +145,12 @@ def exact(fields: Mapping[str, Check], *, rename: Mapping[str, str] | None = Non
     two schema versions can spell a field differently and decode to one shape.
     """
     names = dict(rename or {})
+    unknown = sorted(set(names) - set(fields))
+    if unknown:
+        raise ValueError(f"rename names keys that are not fields: {unknown}")
+    targets = [names.get(k, k) for k in fields]
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"rename makes two fields share a name: {sorted(targets)}")
     required = {k for k, c in fields.items() if not getattr(c, "optional", False)}
 
     def decode(kind: str, payload: Mapping[str, Any]) -> Data:
@@ -170,6 +176,7 @@ def by_kind(decoders: Mapping[str, Decoder]) -> Decoder:
             raise PayloadError("*", f"no payload rule for kind {kind!r}") from None
         return inner(kind, payload)
 
+    decode.kinds = frozenset(table)  # type: ignore[attr-defined]  # checked by Protocol
     return decode
 
 
@@ -184,7 +191,10 @@ def _same(state: str, data: Data) -> Data:
 # -- the protocol -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+RESERVED_KEYS = frozenset({"state", "seq", "last_seq"})
+
+
+@dataclass(frozen=True, eq=False)
 class Protocol:
     """A flow's rules.
 
@@ -200,7 +210,13 @@ class Protocol:
     project: ``project(state, data) -> dict`` of the fields the consumer's
         ``projection()`` shows besides state and last_seq.  Default: ``data``.
     consumer_schemas: versions a ``Consumer`` decodes unless told otherwise
-        (default: all of ``schemas``).  Producers always accept all.
+        (default: all of ``schemas``).
+    producer_schemas: versions ``advance`` accepts (default: all of
+        ``schemas``); any other is ``invalid_payload``.  Lets you publish a
+        new version to consumers first and switch producers over later.
+
+    Data and projection keys must not be ``state``, ``seq`` or ``last_seq``:
+    those are the library's own fields.  Protocols compare by identity.
     """
 
     name: str
@@ -210,6 +226,7 @@ class Protocol:
     step: Step = _merge
     project: Project = _same
     consumer_schemas: Collection[int] | None = None
+    producer_schemas: Collection[int] | None = None
     states: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -230,20 +247,38 @@ class Protocol:
                 raise ValueError(f"schema versions must be ints 1..1000, got {version!r}")
             if not callable(decoder):
                 raise ValueError(f"schemas[{version}] must be a decoder function")
-        wanted = frozenset(schemas if self.consumer_schemas is None else self.consumer_schemas)
-        if not wanted <= schemas.keys():
-            raise ValueError(f"consumer_schemas {sorted(wanted - schemas.keys())} are not in schemas")
-        states = {self.initial} | set(table) | {k for kinds in table.values() for k in kinds}
+        chosen = {}
+        for attr in ("consumer_schemas", "producer_schemas"):
+            value = getattr(self, attr)
+            wanted = frozenset(schemas if value is None else value)
+            if not wanted or not wanted <= schemas.keys():
+                raise ValueError(f"{attr} must be a non-empty subset of schemas {sorted(schemas)}")
+            chosen[attr] = wanted
+        kinds = {k for ks in table.values() for k in ks}
+        for version, decoder in schemas.items():
+            covered = getattr(decoder, "kinds", None)
+            if covered is not None and not kinds <= covered:
+                raise ValueError(f"schemas[{version}] has no payload rule for kinds {sorted(kinds - covered)}")
         object.__setattr__(self, "transitions", table)
         object.__setattr__(self, "schemas", schemas)
-        object.__setattr__(self, "consumer_schemas", wanted)
-        object.__setattr__(self, "states", frozenset(states))
+        object.__setattr__(self, "consumer_schemas", chosen["consumer_schemas"])
+        object.__setattr__(self, "producer_schemas", chosen["producer_schemas"])
+        object.__setattr__(self, "states", frozenset({self.initial} | set(table) | kinds))
 
-    def next_data(self, state: str, data: Data, kind: str, schema: int, payload: Mapping[str, Any]) -> Data:
+    def next_data(
+        self,
+        state: str,
+        data: Data,
+        kind: str,
+        schema: int,
+        payload: Mapping[str, Any],
+        schemas: Collection[int] | None = None,
+    ) -> Data:
         """The flow's data after this step, or :class:`Rejected` saying why not.
 
-        Order: transition, then schema known, then payload rules; the same on
-        the producer and consumer side.
+        Order: transition, then schema known (to the protocol, and among
+        ``schemas`` if given), then payload rules; the same on the producer
+        and consumer side.
         """
         if kind not in self.transitions.get(state, ()):
             allowed = sorted(self.transitions.get(state, ()))
@@ -257,8 +292,31 @@ class Protocol:
                 BlockReason.INVALID_PAYLOAD,
                 f"schema {schema} is not defined by protocol {self.name!r} (known: {sorted(self.schemas)})",
             )
+        if schemas is not None and schema not in schemas:
+            raise Rejected(
+                BlockReason.INVALID_PAYLOAD,
+                f"schema {schema} is not accepted here (accepted: {sorted(schemas)})",
+            )
         try:
             value = decoder(kind, payload)
-            return self.step(state, kind, value, data)
+            new = self.step(state, kind, value, data)
         except PayloadError as exc:
             raise Rejected(BlockReason.INVALID_PAYLOAD, str(exc)) from None
+        _check_keys(self.name, "step", new)
+        return new
+
+    def view(self, state: str, data: Data) -> Data:
+        """What the consumer's ``projection()`` shows besides state and last_seq."""
+        shown = self.project(state, data)
+        _check_keys(self.name, "project", shown)
+        return shown
+
+
+def _check_keys(protocol: str, function: str, value: object) -> None:
+    # A protocol bug, not a property of the event: raise, so the transaction
+    # rolls back, rather than blocking the event.
+    if not isinstance(value, dict):
+        raise TypeError(f"protocol {protocol!r}: {function}() must return a dict, got {type(value).__name__}")
+    clash = RESERVED_KEYS.intersection(value)
+    if clash:
+        raise ValueError(f"protocol {protocol!r}: {function}() returned reserved keys {sorted(clash)}")

@@ -5,21 +5,82 @@ event into its inbox first; only then does the relay mark it accepted in the
 producer file, in a second transaction.  A crash between the two leaves the
 event unmarked, so it is sent again and the inbox answers ``duplicate``:
 events are delivered at least once and stored exactly once.
+
+Which event goes next: among the events still pending for this consumer,
+the one whose due time is oldest, then the oldest commit.  A new event is
+due at once; an event whose send failed is due again after a backoff; an
+event leased by another relay is due when its lease expires.  So a flow
+whose events keep failing moves to the back, and the others go first.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .crash import crash_point
-from .errors import ConsumerMismatch, InvalidEnvelope, UnknownEvent
-from .statuses import ReceiveStatus, RelayResult, RelayStatus
+from .errors import ConsumerMismatch, InboxFull, InvalidEnvelope, UnknownEvent
+from .statuses import ReceiveResult, ReceiveStatus, RelayBatchResult, RelayResult, RelayStatus
 
 if TYPE_CHECKING:
     from .consumer import Consumer
     from .producer import Producer
 
-__all__ = ["relay"]
+__all__ = ["DeliveryPolicy", "relay", "relay_batch"]
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """How a relay claims events and retries failed sends.
+
+    lease_seconds: None (the default for plain :func:`relay`) sends without
+        claiming.  A number makes the relay first claim the event for that
+        long, so concurrent relays (threads or processes) skip it; a relay
+        that dies mid-send loses the claim when it expires and the event is
+        sent again.  Use it whenever several relays share one producer.
+    wait_for_due: True: only events that are due are sent, so ``idle``
+        means "nothing due now" and a backing-off event waits its turn.
+        Plain ``relay()`` without a policy uses False: it sends the next
+        pending event even if it is backing off, so its ``idle`` means
+        "nothing left to deliver".
+    backoff_base, backoff_cap: after the n-th consecutive failure to send,
+        the event waits ``random() * min(cap, base * 2**(n-1))`` seconds
+        (exponential backoff with full jitter).
+    clock, random: injectable for tests; ``clock`` returns seconds.
+    """
+
+    lease_seconds: float | None = None
+    wait_for_due: bool = True
+    backoff_base: float = 0.5
+    backoff_cap: float = 300.0
+    clock: Callable[[], float] = time.time
+    random: Callable[[], float] = random.random
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds is not None and not (
+            isinstance(self.lease_seconds, (int, float)) and not isinstance(self.lease_seconds, bool)
+            and self.lease_seconds > 0
+        ):
+            raise ValueError(f"lease_seconds must be None or a number > 0, got {self.lease_seconds!r}")
+        for name in ("backoff_base", "backoff_cap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` consecutive failed sends (>= 1)."""
+        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** min(failures - 1, 62))
+        return self.random() * ceiling
+
+
+_PLAIN = DeliveryPolicy(wait_for_due=False)
 
 
 def _bind(producer: Producer, consumer: Consumer) -> None:
@@ -44,52 +105,174 @@ def _bind(producer: Producer, consumer: Consumer) -> None:
     producer._registered.add(key)
 
 
-def relay(producer: Producer, consumer: Consumer, event_id: str | None = None) -> RelayResult:
+_NEXT_DUE = (
+    "SELECT pos FROM delivery WHERE consumer = ? AND state = 'pending' AND due_at <= ? "
+    "ORDER BY due_at, pos LIMIT ?"
+)
+
+
+def _claim(producer: Producer, consumer: Consumer, policy: DeliveryPolicy, now: float, limit: int = 1) -> list[int]:
+    """Pick up to ``limit`` next due events; with a lease, claim them first."""
+    conn = producer._db.conn
+    name = consumer.name
+    # Not waiting for due times: take the earliest due events, due or not.
+    horizon = now if policy.wait_for_due else float("inf")
+    if policy.lease_seconds is None:
+        return [int(r[0]) for r in conn.execute(_NEXT_DUE, (name, horizon, limit))]
+    if conn.execute(_NEXT_DUE, (name, horizon, 1)).fetchone() is None:
+        return []  # cheap idle check without taking the write lock
+    # A lease is only a hint to other relays: losing it in a crash means at
+    # worst one more send, which the inbox answers with "duplicate".  So the
+    # claim is committed without waiting for fsync.
+    with producer._db.write(durable=False) as conn:
+        picked = [int(r[0]) for r in conn.execute(_NEXT_DUE, (name, horizon, limit))]
+        conn.executemany(
+            "UPDATE delivery SET due_at = ?, lease_owner = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
+            [(now + policy.lease_seconds, policy.owner, now, name, pos) for pos in picked],
+        )
+    return picked
+
+
+def _record_failure(
+    producer: Producer, consumer: Consumer, positions: list[int], policy: DeliveryPolicy, exc: BaseException
+) -> None:
+    now = policy.clock()
+    error = f"{type(exc).__name__}: {exc}"[:1000]
+    with producer._db.write(durable=False) as conn:
+        for pos in positions:
+            row = conn.execute(
+                "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = 'pending'",
+                (consumer.name, pos),
+            ).fetchone()
+            if row is None:
+                continue  # delivered or set aside meanwhile by someone else
+            failures = row[0] + 1
+            conn.execute(
+                "UPDATE delivery SET attempts = attempts + 1, failures = ?, due_at = ?, lease_owner = NULL, "
+                "last_error = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
+                (failures, now + policy.backoff(failures), error, now, consumer.name, pos),
+            )
+
+
+def _mark(producer: Producer, consumer: Consumer, marks: list[tuple[int, ReceiveResult]], now: float) -> None:
+    """Record the consumer's answers in the producer file, in one transaction."""
+    delivered, conflicts = [], []
+    for pos, answer in marks:
+        row = (answer.status.value, now, consumer.name, pos)
+        if answer.status in (ReceiveStatus.ACCEPTED, ReceiveStatus.DUPLICATE):
+            delivered.append(row)
+        else:
+            conflicts.append(row)
+    with producer._db.write() as conn:
+        conn.executemany(
+            "UPDATE delivery SET state = 'accepted', last_status = ?, attempts = attempts + 1, "
+            "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = ? "
+            "WHERE consumer = ? AND pos = ?",
+            delivered,
+        )
+        # A conflict never turns into "accepted", and never undoes one.
+        conn.executemany(
+            "UPDATE delivery SET state = CASE state WHEN 'accepted' THEN state ELSE 'set_aside' END, "
+            "last_status = ?, attempts = attempts + 1, lease_owner = NULL, updated_at = ? "
+            "WHERE consumer = ? AND pos = ?",
+            conflicts,
+        )
+        crash_point("relay.after_mark")
+    crash_point("relay.after_commit")
+
+
+def _as_relay(answer: ReceiveResult) -> RelayResult:
+    return RelayResult(RelayStatus(answer.status.value), answer.event_id, answer.flow_id, answer.seq, answer.reason)
+
+
+def relay(
+    producer: Producer,
+    consumer: Consumer,
+    event_id: str | None = None,
+    *,
+    policy: DeliveryPolicy | None = None,
+) -> RelayResult:
     """Deliver one event to ``consumer`` and record its answer in the producer file.
 
-    Without ``event_id``: the oldest event still pending for this consumer;
-    set-aside events are skipped, so one conflicting event never holds the
-    others back.  With ``event_id``: that event, whatever its delivery state
-    (this is how an operator re-delivers a set-aside event).
+    Without ``event_id``: the next event still pending for this consumer,
+    earliest due first (see the module docstring; with a ``policy`` only
+    events already due); set-aside events are skipped, so one
+    conflicting event never holds the others back.  With ``event_id``: that
+    event, whatever its delivery state and due time (how an operator
+    re-delivers a set-aside event).
 
     Marks the event accepted only on ``accepted`` or ``duplicate``, after
     the consumer committed it.  On ``id_conflict`` / ``sequence_conflict`` the
-    event is set aside (never accepted) and the answer returned.  ``idle``:
-    nothing pending for this consumer.
+    event is set aside (never accepted, never retried automatically).
+    ``idle``: nothing pending (with a policy: nothing due now) for this
+    consumer.  If ``consumer.receive`` raises,
+    the failure is recorded (attempts, last error, next due time after
+    backoff) and the exception propagates.
     """
     if event_id is not None and (not isinstance(event_id, str) or not event_id):
         raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")
+    policy = policy or _PLAIN
     _bind(producer, consumer)
     conn = producer._db.conn
     if event_id is None:
-        row = conn.execute(
-            "SELECT o.pos, o.body FROM delivery d JOIN outbox o ON o.pos = d.pos "
-            "WHERE d.consumer = ? AND d.state = 'pending' ORDER BY d.pos LIMIT 1",
-            (consumer.name,),
-        ).fetchone()
-        if row is None:
+        picked = _claim(producer, consumer, policy, policy.clock())
+        if not picked:
             return RelayResult(RelayStatus.IDLE)
+        pos = picked[0]
+        body = conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()[0]
     else:
         row = conn.execute("SELECT pos, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
         if row is None:
             raise UnknownEvent(f"event_id {event_id!r} is not in the outbox of {producer.path}")
-    pos, body = row
-    answer = consumer.receive(body)
-    delivered = answer.status in (ReceiveStatus.ACCEPTED, ReceiveStatus.DUPLICATE)
-    with producer._db.write() as conn:
-        if delivered:
-            conn.execute(
-                "UPDATE delivery SET state = 'accepted', last_status = ?, attempts = attempts + 1 "
-                "WHERE consumer = ? AND pos = ?",
-                (answer.status.value, consumer.name, pos),
-            )
-        else:
-            # A conflict never turns into "accepted", and never undoes one.
-            conn.execute(
-                "UPDATE delivery SET state = CASE state WHEN 'accepted' THEN state ELSE 'set_aside' END, "
-                "last_status = ?, attempts = attempts + 1 WHERE consumer = ? AND pos = ?",
-                (answer.status.value, consumer.name, pos),
-            )
-        crash_point("relay.after_mark")
-    crash_point("relay.after_commit")
-    return RelayResult(RelayStatus(answer.status.value), answer.event_id, answer.flow_id, answer.seq, answer.reason)
+        pos, body = row
+    try:
+        answer = consumer.receive(body)
+    except Exception as exc:
+        _record_failure(producer, consumer, [pos], policy, exc)
+        raise
+    _mark(producer, consumer, [(pos, answer)], policy.clock())
+    return _as_relay(answer)
+
+
+def relay_batch(
+    producer: Producer,
+    consumer: Consumer,
+    limit: int = 100,
+    *,
+    policy: DeliveryPolicy | None = None,
+) -> RelayBatchResult:
+    """Deliver up to ``limit`` events in one consumer and one producer transaction.
+
+    The same choice of events, statuses and marks as ``limit`` calls of
+    :func:`relay`, at the cost of two commits instead of ``2 * limit``.  If
+    the consumer's inbox fills up part-way, the refused events stay pending
+    (backoff recorded) and are counted in ``refused``.  If ``receive``
+    raises, nothing of the batch was stored, the failure is recorded on
+    every event of the batch, and the exception propagates.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    policy = policy or _PLAIN
+    _bind(producer, consumer)
+    picked = _claim(producer, consumer, policy, policy.clock(), limit)
+    if not picked:
+        return RelayBatchResult((), {})
+    conn = producer._db.conn
+    bodies = dict(
+        conn.execute(f"SELECT pos, body FROM outbox WHERE pos IN ({','.join('?' * len(picked))})", picked)
+    )
+    try:
+        answers = consumer.receive_many([bodies[pos] for pos in picked])
+    except Exception as exc:
+        _record_failure(producer, consumer, picked, policy, exc)
+        raise
+    marks = list(zip(picked, answers))
+    _mark(producer, consumer, marks, policy.clock())
+    refused = picked[len(answers):]
+    if refused:
+        _record_failure(producer, consumer, refused, policy, InboxFull("inbox full (max_inbox)"))
+    results = tuple(_as_relay(a) for a in answers)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    return RelayBatchResult(results, counts, len(refused))

@@ -4,13 +4,15 @@ Each file kind has an ``application_id`` that marks the file as ours and a
 tuple of migrations; migration *i* (1-based) brings ``PRAGMA user_version``
 from *i-1* to *i*.  Later releases append migrations and never edit old ones,
 so a file written by any earlier version upgrades in place on open.
+Old migrations spell their CHECK values out literally for that reason: a
+later change to an enum must not change what an old migration created.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .statuses import DeliveryState, InboxState
+from .statuses import DeliveryState
 
 __all__ = ["CONSUMER", "FileKind", "PRODUCER"]
 
@@ -61,12 +63,44 @@ PRODUCER = FileKind(
             f"""CREATE TABLE delivery(
                 consumer TEXT NOT NULL REFERENCES consumer(name),
                 pos INTEGER NOT NULL REFERENCES outbox(pos),
-                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN {_in(DeliveryState.values())}),
+                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending','accepted','set_aside')),
                 last_status TEXT,
                 attempts INTEGER NOT NULL DEFAULT 0,
                 PRIMARY KEY (consumer, pos)
             ) WITHOUT ROWID""",
             "CREATE INDEX delivery_pending ON delivery(consumer, pos) WHERE state = 'pending'",
+        ),
+        (
+            # v2: leases, backoff and operator actions.  SQLite cannot alter a
+            # CHECK constraint, so the delivery table is rebuilt.
+            f"""CREATE TABLE delivery_v2(
+                consumer TEXT NOT NULL REFERENCES consumer(name),
+                pos INTEGER NOT NULL REFERENCES outbox(pos),
+                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN {_in(DeliveryState.values())}),
+                last_status TEXT,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                failures INTEGER NOT NULL DEFAULT 0,
+                due_at REAL NOT NULL DEFAULT 0,
+                lease_owner TEXT,
+                last_error TEXT,
+                updated_at REAL,
+                PRIMARY KEY (consumer, pos)
+            ) WITHOUT ROWID""",
+            "INSERT INTO delivery_v2(consumer, pos, state, last_status, attempts) "
+            "SELECT consumer, pos, state, last_status, attempts FROM delivery",
+            "DROP TABLE delivery",
+            "ALTER TABLE delivery_v2 RENAME TO delivery",
+            # Next due event per consumer: ordered by due time, then commit order.
+            "CREATE INDEX delivery_due ON delivery(consumer, due_at, pos) WHERE state = 'pending'",
+            """CREATE TABLE operator_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                consumer TEXT NOT NULL,
+                event_id TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('redeliver','skip')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )""",
         ),
     ),
 )
@@ -77,12 +111,12 @@ CONSUMER = FileKind(
     migrations=(
         (
             "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
-            f"""CREATE TABLE inbox(
+            """CREATE TABLE inbox(
                 event_id TEXT PRIMARY KEY,
                 flow_id TEXT NOT NULL,
                 seq INTEGER NOT NULL CHECK (seq >= 1),
                 body TEXT NOT NULL,
-                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN {_in(InboxState.values())}),
+                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending','blocked','applied')),
                 reason TEXT,
                 UNIQUE (flow_id, seq)
             )""",

@@ -22,6 +22,7 @@ __all__ = [
     "InboxState",
     "ReceiveResult",
     "ReceiveStatus",
+    "RelayBatchResult",
     "RelayResult",
     "RelayStatus",
 ]
@@ -45,6 +46,7 @@ class AdvanceStatus(_StrEnum):
     STALE = "stale"
     INVALID_TRANSITION = "invalid_transition"
     INVALID_PAYLOAD = "invalid_payload"
+    BACKLOG_FULL = "backlog_full"
 
 
 class ReceiveStatus(_StrEnum):
@@ -95,12 +97,15 @@ class DeliveryState(_StrEnum):
 
     ``set_aside``: the consumer answered with a conflict.  The event is not
     delivered, is skipped by ``relay()`` so other events keep flowing, and
-    stays visible until an operator resolves it.
+    stays visible until an operator resolves it.  ``skipped``: an operator
+    decided this consumer will never get the event (recorded with who, when
+    and why); never set automatically.
     """
 
     PENDING = "pending"
     ACCEPTED = "accepted"
     SET_ASIDE = "set_aside"
+    SKIPPED = "skipped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,23 @@ class RelayResult:
     flow_id: str | None = None
     seq: int | None = None
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RelayBatchResult:
+    """Outcome of ``relay_batch``: one result per event sent, and counts by status.
+
+    ``refused`` counts events the consumer's full inbox turned away; they
+    stay pending and are retried after a backoff.  Nothing sent: ``idle``.
+    """
+
+    results: tuple[RelayResult, ...]
+    counts: dict[str, int]
+    refused: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.results and not self.refused
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,148 @@
+"""A worker loop: relay and apply continuously, stop cleanly on a signal."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from .consumer import Consumer
+from .producer import Producer
+from .relay import DeliveryPolicy, relay
+from .statuses import DrainStop, RelayStatus
+
+__all__ = ["Worker", "WorkerStats"]
+
+
+@dataclass
+class WorkerStats:
+    """Running totals since the worker started (in this process only)."""
+
+    passes: int = 0
+    relayed: Counter[str] = field(default_factory=Counter)
+    applied: int = 0
+    stops: Counter[str] = field(default_factory=Counter)
+    errors: int = 0
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passes": self.passes,
+            "relayed": dict(sorted(self.relayed.items())),
+            "applied": self.applied,
+            "stops": dict(sorted(self.stops.items())),
+            "errors": self.errors,
+            "last_error": self.last_error,
+        }
+
+
+class Worker:
+    """Relays a producer's events to its consumers and applies them, until stopped.
+
+    One pass: for each consumer, relay up to ``relay_batch`` due events
+    (stopping early at ``idle``), then ``process_all(limit=apply_limit)``.
+    When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
+    early by :meth:`stop`).  A consumer that raises is recorded by the relay
+    (attempts, error, backoff) and the worker goes on with the others.
+
+    Stopping: :meth:`stop`, or SIGTERM / SIGINT when :meth:`run` installed
+    its handlers.  The handler only sets a flag, so the transaction in
+    progress finishes (or rolls back) normally before :meth:`run` returns.
+    Killing the process instead is also safe: every step is a transaction
+    and is redone by the next run.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        consumers: Sequence[Consumer],
+        *,
+        policy: DeliveryPolicy | None = None,
+        relay_batch: int = 100,
+        apply_limit: int = 100,
+        idle_sleep: float = 0.5,
+        on_pass: Callable[[WorkerStats], None] | None = None,
+    ) -> None:
+        if not consumers:
+            raise ValueError("consumers must name at least one Consumer")
+        names = [c.name for c in consumers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"consumer names must be distinct, got {names}")
+        for name, value in (("relay_batch", relay_batch), ("apply_limit", apply_limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(idle_sleep, bool) or not isinstance(idle_sleep, (int, float)) or idle_sleep < 0:
+            raise ValueError(f"idle_sleep must be a number of seconds >= 0, got {idle_sleep!r}")
+        self.producer = producer
+        self.consumers = list(consumers)
+        self.policy = policy or DeliveryPolicy()
+        self.relay_batch = relay_batch
+        self.apply_limit = apply_limit
+        self.idle_sleep = float(idle_sleep)
+        self.stats = WorkerStats()
+        self._on_pass = on_pass
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to return after the current transaction."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run_once(self) -> int:
+        """One pass over all consumers; returns how many steps did work."""
+        work = 0
+        for consumer in self.consumers:
+            for _ in range(self.relay_batch):
+                if self._stop.is_set():
+                    return work
+                try:
+                    result = relay(self.producer, consumer, policy=self.policy)
+                except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
+                    self.stats.errors += 1
+                    self.stats.last_error = f"{consumer.name}: {type(exc).__name__}: {exc}"
+                    break
+                self.stats.relayed[result.status.value] += 1
+                if result.status == RelayStatus.IDLE:
+                    break
+                work += 1
+            if self._stop.is_set():
+                return work
+            for drained in consumer.process_all(limit=self.apply_limit).values():
+                self.stats.applied += drained.applied
+                work += drained.applied
+                if drained.stop != DrainStop.IDLE:
+                    self.stats.stops[drained.stop.value] += 1
+        self.stats.passes += 1
+        if self._on_pass is not None:
+            self._on_pass(self.stats)
+        return work
+
+    def run(self, *, max_passes: int | None = None, handle_signals: bool = True) -> WorkerStats:
+        """Loop until :meth:`stop`, a signal, or ``max_passes`` passes; return the totals."""
+        previous: dict[int, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            passes = 0
+            while not self._stop.is_set():
+                work = self.run_once()
+                passes += 1
+                if max_passes is not None and passes >= max_passes:
+                    break
+                if work == 0:
+                    self._stop.wait(self.idle_sleep)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.stats
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop.set()

@@ -1,0 +1,128 @@
+"""The ten crash points of SPEC section 5, each in a real child process.
+
+The child runs advance A1 -> relay -> drain with ``RELIABLE_FLOW_CRASH_AT``
+set and dies with ``os._exit(73)`` at that point (no COMMIT, no ROLLBACK, no
+``finally``).  The parent then reads both files through the public API and
+checks exactly what the SPEC table says is on disk, and only then recovers
+the way a restarted process would: advance the same A1 again, relay until
+idle, drain.  Every point must end with one effect for A1 and the
+projection reserved / last_seq 1 / held 3.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reliable_flow import Consumer, Producer, relay, snapshot
+from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR
+from reliable_flow.reservation import RESERVATION
+
+WORKLOAD = Path(__file__).with_name("_workload.py")
+CHILD_TIMEOUT = 60
+
+PENDING = [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+APPLIED = [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None}]
+EFFECT = [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
+FLOW = {"state": "reserved", "seq": 1, "amount": 3}
+PROJECTION = {"state": "reserved", "last_seq": 1, "held": 3}
+
+# point -> (on disk right after the exit, answers during recovery)
+# on disk: producer flow, outbox A1 accepted? (None = no outbox row), inbox, projection, effects
+# recovery: re-advance, relay answers until idle, drained count
+EXPECTED: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
+    "advance.after_flow_write": ((None, None, [], None, []), ("committed", ["accepted", "idle"], 1)),
+    "advance.after_outbox_insert": ((None, None, [], None, []), ("committed", ["accepted", "idle"], 1)),
+    "advance.after_commit": ((FLOW, False, [], None, []), ("existing", ["accepted", "idle"], 1)),
+    "receive.after_inbox_insert": ((FLOW, False, [], None, []), ("existing", ["accepted", "idle"], 1)),
+    "receive.after_commit": ((FLOW, False, PENDING, None, []), ("existing", ["duplicate", "idle"], 1)),
+    "relay.after_mark": ((FLOW, False, PENDING, None, []), ("existing", ["duplicate", "idle"], 1)),
+    "relay.after_commit": ((FLOW, True, PENDING, None, []), ("existing", ["idle"], 1)),
+    "apply.after_projection": ((FLOW, True, PENDING, None, []), ("existing", ["idle"], 1)),
+    "apply.after_effect": ((FLOW, True, PENDING, None, []), ("existing", ["idle"], 1)),
+    "apply.after_commit": ((FLOW, True, APPLIED, PROJECTION, EFFECT), ("existing", ["idle"], 0)),
+}
+
+
+def run_child(tmp_path: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if crash_at is None:
+        env.pop(ENV_VAR, None)
+    else:
+        env[ENV_VAR] = crash_at
+    return subprocess.run(
+        [sys.executable, str(WORKLOAD), "crash-run", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db")],
+        env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, cwd=tmp_path,
+    )
+
+
+def on_disk(tmp_path: Path) -> tuple[Any, ...]:
+    """What the files hold, read without writing (snapshot opens both read-only)."""
+    snap = snapshot(tmp_path / "producer.db", tmp_path / "consumer.db")
+    outbox = snap["producer"]["outbox"].get("A", [])
+    assert [e["event_id"] for e in outbox] in ([], ["A1"])
+    return (
+        snap["producer"]["flows"].get("A"),
+        outbox[0]["accepted"] if outbox else None,
+        snap["consumer"]["inbox"].get("A", []),
+        snap["consumer"]["projections"].get("A"),
+        snap["consumer"]["effects"].get("A", []),
+    )
+
+
+def recover(tmp_path: Path) -> tuple[str, list[str], int]:
+    """What a restarted process does: same advance again, relay until idle, drain."""
+    with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
+            Consumer(tmp_path / "consumer.db", RESERVATION) as consumer:
+        again = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        answers: list[str] = []
+        while not answers or answers[-1] != "idle":
+            assert len(answers) < 10, answers
+            answers.append(str(relay(producer, consumer).status))
+        drained = consumer.drain("A")
+        assert drained.stop == "idle"
+        assert consumer.effects("A") == EFFECT
+        assert consumer.projection("A") == PROJECTION
+        assert consumer.inbox("A") == APPLIED
+        assert producer.flow("A") == FLOW
+        assert [(e["event_id"], e["accepted"]) for e in producer.outbox("A")] == [("A1", True)]
+        # Recovering twice changes nothing: every step is safe to repeat.
+        assert producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
+        assert relay(producer, consumer, event_id="A1").status == "duplicate"
+        assert consumer.apply_next("A").status == "idle"
+        assert consumer.effects("A") == EFFECT
+        return str(again.status), answers, drained.applied
+
+
+def test_the_ten_points_are_the_spec_table() -> None:
+    assert tuple(EXPECTED) == CRASH_POINTS
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_crash_point_leaves_the_spec_state_and_recovers_to_one_effect(tmp_path: Path, point: str) -> None:
+    child = run_child(tmp_path, point)
+    assert child.returncode == CRASH_EXIT_CODE, (child.returncode, child.stderr)
+    assert child.stdout == "" and child.stderr == ""
+    before, recovery = EXPECTED[point]
+    assert on_disk(tmp_path) == before
+    assert recover(tmp_path) == recovery
+
+
+def test_without_the_variable_the_same_child_runs_to_the_end(tmp_path: Path) -> None:
+    """The control: the child path really is advance -> relay -> drain."""
+    child = run_child(tmp_path, None)
+    assert child.returncode == 0, child.stderr
+    assert on_disk(tmp_path) == (FLOW, True, APPLIED, PROJECTION, EFFECT)
+    assert recover(tmp_path) == ("existing", ["idle"], 0)
+
+
+def test_a_misspelt_point_is_refused_instead_of_never_firing(tmp_path: Path) -> None:
+    child = run_child(tmp_path, "advance.after_comit")
+    assert child.returncode not in (0, CRASH_EXIT_CODE)
+    assert "is not a crash point" in child.stderr
+    assert not (tmp_path / "producer.db").exists()

@@ -1,0 +1,100 @@
+"""Every script in examples/ runs, says what it should, and writes nothing into the repo.
+
+New scripts are picked up by the glob; they must exit 0 and print something.
+Scripts listed in EXPECTED must also print the given lines and, run without
+arguments, leave neither files in the working directory nor temporary
+directories behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCRIPTS = sorted(EXAMPLES.glob("*.py"))
+
+EXPECTED: dict[str, list[str]] = {
+    "quickstart.py": [
+        "  advance A1 again -> existing: same id and body, so a retry is safe",
+        "  projection A before drain: None  (accepted is not applied)",
+        "drain A -> applied 3, stopped at idle: strictly in seq order",
+        "  projection A: {'state': 'released', 'last_seq': 3, 'held': 0}",
+        "relay A2 again -> duplicate; effects A: ['reserved', 'confirmed', 'released'] (one per event, ever)",
+    ],
+    "agent_tasks.py": [
+        "advance T1-6 failed      -> invalid_transition (answered is final)",
+        "process_all: T1 applied 5, stopped at idle",
+        "projection T1: {'state': 'answered', 'last_seq': 5, 'answered': True, 'tool_calls': 2}",
+        "effects T1: requested, planned, tool_called, tool_called, answered",
+    ],
+}
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _run(script: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_FLOW_CRASH_AT"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a stray __pycache__ is not the script's doing
+    env["TMPDIR"] = str(tmp_path / "tmp")  # so we can see whether temporary files are removed
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    (tmp_path / "cwd").mkdir(exist_ok=True)
+    before = _tree(EXAMPLES)
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        check=False,
+        timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path / "cwd",
+        env=env,
+    )
+    assert _tree(EXAMPLES) - before == set(), f"{script.name} wrote into {EXAMPLES}"
+    assert done.returncode == 0, f"{script.name} exited {done.returncode}:\n{done.stderr}"
+    return done
+
+
+def test_the_documented_examples_exist() -> None:
+    assert set(EXPECTED) <= {p.name for p in SCRIPTS}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_example_runs_cleanly(script: Path, tmp_path: Path) -> None:
+    done = _run(script, tmp_path)
+    assert done.stdout.strip(), f"{script.name} printed nothing"
+    if script.name in EXPECTED:
+        lines = done.stdout.splitlines()
+        for line in EXPECTED[script.name]:
+            assert line in lines, f"{script.name} did not print {line!r}:\n{done.stdout}"
+        assert done.stderr == ""
+        assert _tree(tmp_path / "cwd") == set(), "wrote into the working directory"
+        assert _tree(tmp_path / "tmp") == set(), "left temporary files behind"
+
+
+@pytest.mark.parametrize("script", ["quickstart.py", "agent_tasks.py"])
+def test_example_keeps_its_files_in_a_given_directory_and_reruns_idempotently(
+    script: str, tmp_path: Path
+) -> None:
+    kept = tmp_path / "kept"
+    first = _run(EXAMPLES / script, tmp_path, str(kept))
+    assert sorted(p.suffix for p in kept.glob("*.db")) == [".db", ".db"]
+    second = _run(EXAMPLES / script, tmp_path, str(kept))
+    # The second run re-sends every step: the producer answers "existing", and
+    # nothing is delivered or applied twice.
+    assert "committed" in first.stdout
+    assert "-> committed" not in second.stdout
+    assert "existing" in second.stdout
+    assert "accepted" not in second.stdout.replace("(accepted is not applied)", "")
+    if script == "quickstart.py":
+        assert (
+            "drain A -> applied 0, stopped at idle: strictly in seq order"
+            in second.stdout.splitlines()
+        )
+    first_projection = [line for line in first.stdout.splitlines() if "projection" in line][-1]
+    assert first_projection in second.stdout.splitlines()

@@ -1,0 +1,419 @@
+"""SIGKILL a busy workload at random moments; after every kill the files must
+still satisfy every invariant of SPEC section 1.
+
+The workload (``_workload.py kill-run``) runs rounds of 20 flows x 3 steps
+plus two flows with a planted conflict through advance / relay / apply, in a
+random order: explicit relays of shuffled event ids (out-of-order arrival),
+plain relays, duplicate re-sends (re-advance, re-relay, direct receive),
+stale and conflicting advances.  It keeps no state of its own: each
+incarnation reads the files and carries on.  After each call returns it
+appends one line to a journal (``op status id incarnation .``), so the test
+knows what the library *answered* before the kill, and can check that none
+of it was lost or doubled.
+
+Between two incarnations, with no process touching the files, the test
+checks (public API plus read-only SQL where there is no accessor):
+
+* committed implies both rows; nothing committed, accepted or applied is
+  ever lost (monotonic against every earlier check and against the journal);
+* accepted implies the same event (same body) is in the inbox;
+* at most one effect per event, and no event answered ``applied`` twice;
+* every flow's applied events are a gap-free legal prefix of its inbox;
+* conflicts are never accepted, and stale / conflicting advances never stored.
+
+Default: 100 kills (about half a minute).  ``RELIABLE_FLOW_KILLS=N`` changes
+the count of the default test; ``RELIABLE_FLOW_SOAK=1`` runs the opt-in soak
+test with 1000 kills.  The seed is printed; ``RELIABLE_FLOW_SEED=<seed>``
+replays the same plan and the same per-incarnation choices (the kill
+moments are timing-dependent and are not exactly reproducible).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _workload
+import pytest
+
+from reliable_flow import Consumer, Producer, relay, snapshot
+from reliable_flow.crash import ENV_VAR
+from reliable_flow.reservation import RESERVATION
+
+WORKLOAD = Path(__file__).with_name("_workload.py")
+DEFAULT_KILLS = 100
+SOAK_KILLS = 1000
+MAX_KILL_DELAY = 0.08  # seconds after "ready"; a round of work takes a few hundred ms
+EARLY_KILL_SHARE = 0.1  # kills that may land while the child starts and opens the files
+ROUND_TIMEOUT = 120  # an uninterrupted incarnation must finish its round within this
+
+
+def kill_count(default: int) -> int:
+    value = os.environ.get("RELIABLE_FLOW_KILLS")
+    return int(value) if value else default
+
+
+def chosen_seed() -> int:
+    value = os.environ.get("RELIABLE_FLOW_SEED")
+    return int(value) if value else random.SystemRandom().randrange(2**32)
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(ENV_VAR, None)  # kills, not crash points, here
+    return env
+
+
+# -- reading the files ----------------------------------------------------------------
+
+
+def read_only_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows the public API has no accessor for (bodies, per-event effect counts)."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA query_only=ON")
+        return conn.execute(sql).fetchall()
+
+
+class Journal:
+    """What the library answered, as the workload wrote it down after each call.
+
+    Read incrementally: each :meth:`refresh` parses only the lines appended
+    since the last one (a line cut by the kill is left for later, and is
+    never completed, so it is simply never counted).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.torn = 0
+        self.answers: Counter[str] = Counter()  # "op status" -> how many
+        self.by_answer: dict[str, Counter[str]] = {}  # "op status" -> Counter of ids
+
+    def refresh(self) -> Journal:
+        if not self.path.exists():
+            return self
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
+            fields = line.split(" ")
+            if len(fields) != 5 or fields[4] != ".":
+                self.torn += 1  # cut by a kill (then ended by the next incarnation)
+                continue
+            op, status, ident = fields[:3]
+            self.answers[f"{op} {status}"] += 1
+            self.by_answer.setdefault(f"{op} {status}", Counter())[ident] += 1
+        return self
+
+    def ids(self, ops: tuple[str, ...], *statuses: str) -> Counter[str]:
+        """How often each id got one of ``statuses`` from one of ``ops``."""
+        out: Counter[str] = Counter()
+        for op in ops:
+            for status in statuses:
+                out.update(self.by_answer.get(f"{op} {status}", Counter()))
+        return out
+
+
+@dataclass
+class Observed:
+    """Everything seen at earlier checks, to prove nothing disappears later."""
+
+    outbox: set[str] = field(default_factory=set)
+    accepted: set[str] = field(default_factory=set)
+    inbox: set[str] = field(default_factory=set)
+    effects: dict[str, list[str]] = field(default_factory=dict)
+
+
+def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, _workload.RoundPlan],
+                     journal: Journal, seen: Observed, where: str) -> None:
+    """Every invariant, on files no process is using.  ``plans`` maps flow id -> its round's plan."""
+    snap = snapshot(producer_path, consumer_path)
+    flows, outbox = snap["producer"]["flows"], snap["producer"]["outbox"]
+    out_body = dict(read_only_rows(producer_path, "SELECT event_id, body FROM outbox"))
+    in_body = dict(read_only_rows(consumer_path, "SELECT event_id, body FROM inbox"))
+    effect_counts = dict(read_only_rows(consumer_path, "SELECT event_id, count(*) FROM effect GROUP BY event_id"))
+    conflicting = {e for plan in {id(p): p for p in plans.values()}.values() for e in plan.conflicting}
+    planted = {
+        env["event_id"]: _workload.canonical(env)
+        for plan in {id(p): p for p in plans.values()}.values() for env in plan.planted
+    }
+
+    # Producer: committed implies the flow row and every outbox row, as planned, nothing else.
+    assert set(flows) | set(outbox) <= set(plans), f"{where}: unplanned flows {set(flows) - set(plans)}"
+    for flow_id, plan in plans.items():
+        flow, events = flows.get(flow_id), outbox.get(flow_id, [])
+        n = 0 if flow is None else flow["seq"]
+        assert [e["event_id"] for e in events] == [plan.event_id(flow_id, s) for s in range(1, n + 1)], where
+        if flow is not None:
+            assert flow == {"state": _workload.STEPS[n - 1], "seq": n, "amount": plan.amounts[flow_id]}, where
+        for seq in range(1, n + 1):
+            # Conflicting advances never overwrote a body; stale ones never stored an event.
+            event_id = plan.event_id(flow_id, seq)
+            assert out_body[event_id] == _workload.canonical(plan.envelope(flow_id, seq)), (where, event_id)
+    all_events = {e["event_id"]: e for events in outbox.values() for e in events}
+    assert set(out_body) == set(all_events), where
+
+    # Accepted implies stored in the inbox with the same body; conflicts never accepted.
+    for event_id, entry in all_events.items():
+        if entry["accepted"]:
+            assert in_body.get(event_id) == out_body[event_id], f"{where}: {event_id} accepted, not in inbox"
+        if event_id in conflicting:
+            assert not entry["accepted"], f"{where}: conflicting {event_id} was marked accepted"
+            assert entry["state"] in ("pending", "set_aside"), (where, entry)
+    # Every inbox row is either a producer event with its exact body, or a planted one.
+    for event_id, body in in_body.items():
+        assert body == out_body.get(event_id) and event_id not in conflicting or body == planted.get(event_id), (
+            f"{where}: inbox holds {event_id} with a body nobody sent: {body}"
+        )
+
+    # Applied: a gap-free, legal prefix per flow, one effect per event.
+    inbox_by_flow, effects_by_flow = snap["consumer"]["inbox"], snap["consumer"]["effects"]
+    projections = snap["consumer"]["projections"]
+    assert set(inbox_by_flow) <= set(plans), where
+    assert all(count == 1 for count in effect_counts.values()), f"{where}: effect twice: {effect_counts}"
+    for flow_id, rows in inbox_by_flow.items():
+        plan = plans[flow_id]
+        effects = effects_by_flow.get(flow_id, [])
+        k = len(effects)
+        assert [e["seq"] for e in effects] == list(range(1, k + 1)), f"{where}: {flow_id} applied with a gap"
+        by_seq = {row["seq"]: row for row in rows}
+        assert [e["event_id"] for e in effects] == [by_seq[s]["event_id"] for s in range(1, k + 1)], where
+        assert [e["kind"] for e in effects] == list(_workload.STEPS[:k]), f"{where}: {flow_id} illegal order"
+        state = RESERVATION.initial
+        for e in effects:  # each applied step is legal from the state before it
+            assert e["kind"] in RESERVATION.transitions[state], (where, flow_id, state, e)
+            state = e["kind"]
+        assert all(row["state"] == ("applied" if row["seq"] <= k else row["state"]) for row in rows), where
+        assert all(row["state"] != "applied" for row in rows if row["seq"] > k), f"{where}: applied past a gap"
+        for row in rows:
+            if row["state"] == "blocked":
+                assert (flow_id, row["seq"], row["reason"]) == (plan.poison, 2, "invalid_payload"), (where, row)
+        if k == 0:
+            assert projections.get(flow_id) is None, where
+        else:
+            first = json.loads(in_body[effects[0]["event_id"]])["payload"]["amount"]
+            held = first if state in ("reserved", "confirmed") else 0
+            assert projections[flow_id] == {"state": state, "last_seq": k, "held": held}, where
+        assert all(effect_counts.get(e["event_id"]) == 1 for e in effects), where
+    assert sum(len(v) for v in effects_by_flow.values()) == len(effect_counts), where
+
+    # Nothing seen before has disappeared.
+    accepted_now = {e for e, entry in all_events.items() if entry["accepted"]}
+    effects_now = {f: [e["event_id"] for e in v] for f, v in effects_by_flow.items()}
+    assert seen.outbox <= set(all_events), f"{where}: outbox lost {seen.outbox - set(all_events)}"
+    assert seen.accepted <= accepted_now, f"{where}: accepted mark lost {seen.accepted - accepted_now}"
+    assert seen.inbox <= set(in_body), f"{where}: inbox lost {seen.inbox - set(in_body)}"
+    for flow_id, ids in seen.effects.items():
+        assert effects_now.get(flow_id, [])[: len(ids)] == ids, f"{where}: effects of {flow_id} changed"
+    seen.outbox, seen.accepted, seen.inbox, seen.effects = set(all_events), accepted_now, set(in_body), effects_now
+
+    # Nothing the library answered before a kill was lost or done twice.
+    committed = journal.ids(("advance",), "committed")
+    assert max(committed.values(), default=0) <= 1, f"{where}: committed twice: {committed.most_common(3)}"
+    assert set(committed) | set(journal.ids(("advance",), "existing")) <= set(all_events), f"{where}: lost"
+    assert not set(journal.ids(("advance",), "stale")) & set(all_events), f"{where}: a stale advance was stored"
+    stored = journal.ids(("relay", "receive", "plant"), "accepted")
+    assert max(stored.values(), default=0) <= 1, f"{where}: an event stored twice: {stored.most_common(3)}"
+    assert set(journal.ids(("relay", "receive", "plant"), "accepted", "duplicate")) <= set(in_body), where
+    assert set(journal.ids(("relay",), "accepted", "duplicate")) <= accepted_now, f"{where}: accepted mark lost"
+    assert set(journal.ids(("relay", "receive"), "id_conflict", "sequence_conflict")) <= conflicting, where
+    applied = journal.ids(("apply",), "applied")
+    assert max(applied.values(), default=0) <= 1, f"{where}: an event applied twice: {applied.most_common(3)}"
+    assert set(applied) <= set(effect_counts), f"{where}: an event answered applied has no effect"
+
+
+def check_round_finished(producer_path: Path, consumer_path: Path, plan: _workload.RoundPlan) -> None:
+    """An uninterrupted end of a round: everything through, except what must stay stuck."""
+    with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
+        for flow_id in plan.flows:
+            assert producer.flow(flow_id)["seq"] == 3
+            for event in producer.outbox(flow_id):
+                if event["event_id"] in plan.conflicting:
+                    assert (event["accepted"], event["state"], event["last_status"]) == (
+                        False, "set_aside", plan.conflicting[event["event_id"]]
+                    ), event
+                else:
+                    assert event["accepted"], event
+            expected_last = 1 if flow_id == plan.poison else 3
+            projection = consumer.projection(flow_id)
+            assert projection is not None and projection["last_seq"] == expected_last, (flow_id, projection)
+        # The poison flow is blocked at seq 2; every other flow went all the way.
+        assert consumer.projection(plan.poison) == {
+            "state": "reserved", "last_seq": 1, "held": plan.amounts[plan.poison] + 1}
+        assert [r["state"] for r in consumer.inbox(plan.poison)] == ["applied", "blocked", "pending"]
+        assert [e["event_id"] for e in consumer.effects(plan.shadow)] == [
+            f"{plan.shadow}-planted", f"{plan.shadow}-2", f"{plan.shadow}-3"]
+        assert relay(producer, consumer).status == "idle"
+
+
+# -- the campaign -----------------------------------------------------------------------
+
+
+@dataclass
+class Campaign:
+    kills: int = 0
+    early_kills: int = 0
+    rounds: int = 0
+    incarnations: int = 0
+    seconds: float = 0.0
+
+
+def start_workload(tmp_path: Path, seed: int, round_no: int, incarnation: int) -> subprocess.Popen[bytes]:
+    stderr = open(tmp_path / f"stderr-{incarnation}.txt", "wb")  # noqa: SIM115 - closed below
+    try:
+        return subprocess.Popen(
+            [sys.executable, str(WORKLOAD), "kill-run", str(tmp_path / "producer.db"),
+             str(tmp_path / "consumer.db"), str(tmp_path / "journal.txt"), str(seed), str(round_no),
+             str(incarnation)],
+            env=child_env(), stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path,
+        )
+    finally:
+        stderr.close()
+
+
+def wait_for_ready(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return bool(ready) and proc.stdout.readline() == b"ready\n"
+
+
+def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
+    print(f"\nkill test: RELIABLE_FLOW_SEED={seed} RELIABLE_FLOW_KILLS={kills}", flush=True)
+    rng = random.Random(seed)
+    producer_path, consumer_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    journal_path = tmp_path / "journal.txt"
+    journal = Journal(journal_path)
+    stats = Campaign()
+    seen = Observed()
+    plan = _workload.plan_round(seed, 0)
+    plans = dict.fromkeys(plan.flows, plan)
+    started = time.monotonic()
+    ever_ready = False
+    while True:
+        final = stats.kills >= kills
+        incarnation = stats.incarnations
+        stats.incarnations += 1
+        where = f"seed {seed}, round {plan.round_no}, after incarnation {incarnation}"
+        with start_workload(tmp_path, seed, plan.round_no, incarnation) as proc:
+            try:
+                early = False
+                if final:  # let it finish the round: the watchdog is the timeout
+                    returncode = proc.wait(timeout=ROUND_TIMEOUT)
+                else:
+                    early = rng.random() < EARLY_KILL_SHARE
+                    if early:
+                        time.sleep(rng.uniform(0, 0.15))  # kill timing only: may land before "ready"
+                    else:
+                        assert wait_for_ready(proc, 60), f"{where}: workload never became ready"
+                        time.sleep(rng.uniform(0, MAX_KILL_DELAY))
+                    proc.send_signal(signal.SIGKILL)  # no-op if it already finished its round
+                    returncode = proc.wait(timeout=30)
+            finally:
+                if proc.poll() is None:  # a hang or a failed assertion: never leave it running
+                    proc.kill()
+                    proc.wait(timeout=30)
+            out = proc.stdout.read() if proc.stdout else b""
+        stderr_file = tmp_path / f"stderr-{incarnation}.txt"
+        stderr = stderr_file.read_text()
+        stderr_file.unlink()
+        assert returncode in (0, -signal.SIGKILL), f"{where}: workload exited {returncode}:\n{stderr}"
+        assert returncode != 0 or stderr == "", stderr
+        if returncode == -signal.SIGKILL:
+            stats.kills += 1
+            stats.early_kills += early
+        ever_ready = ever_ready or not early or out.startswith(b"ready\n")
+        if ever_ready:  # both files were created completely: check everything
+            check_invariants(producer_path, consumer_path, plans, journal.refresh(), seen, where)
+        else:  # every kill so far landed while the files were being created: nothing can be recorded
+            assert not journal_path.exists(), where
+        if returncode == 0:
+            assert b"done\n" in out, out
+            check_round_finished(producer_path, consumer_path, plan)
+            stats.rounds += 1
+            if final:
+                break
+            plan = _workload.plan_round(seed, plan.round_no + 1)
+            plans.update(dict.fromkeys(plan.flows, plan))
+    stats.seconds = time.monotonic() - started
+    counts = journal.refresh().answers
+    print(f"kill test: seed={seed} kills={stats.kills} (early {stats.early_kills}) rounds={stats.rounds} "
+          f"incarnations={stats.incarnations} torn journal lines={journal.torn} in {stats.seconds:.1f}s; "
+          f"answers {dict(sorted(counts.items()))}",
+          flush=True)
+    # The workload really exercised what the invariants are about.
+    for needed in ("relay accepted", "relay duplicate", "receive duplicate", "advance existing", "advance stale",
+                   "advance conflict", "relay id_conflict", "relay sequence_conflict", "apply gap",
+                   "apply blocked", "apply applied"):
+        assert counts[needed] > 0, f"the workload never produced {needed!r}: {counts}"
+    return stats
+
+
+def test_kill_restart_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
+    kills = kill_count(DEFAULT_KILLS)
+    stats = run_campaign(tmp_path, kills, chosen_seed())
+    assert stats.kills >= kills
+
+
+@pytest.mark.soak
+@pytest.mark.skipif(not os.environ.get("RELIABLE_FLOW_SOAK"), reason="soak run: set RELIABLE_FLOW_SOAK=1")
+def test_kill_soak(tmp_path: Path) -> None:
+    kills = kill_count(SOAK_KILLS)
+    stats = run_campaign(tmp_path, kills, chosen_seed())
+    assert stats.kills >= kills
+
+
+def test_the_workload_alone_finishes_a_round(tmp_path: Path) -> None:
+    """The control: without kills one incarnation does a whole round and exits 0."""
+    seed = chosen_seed()
+    print(f"\nRELIABLE_FLOW_SEED={seed}")
+    with start_workload(tmp_path, seed, 0, 0) as proc:
+        try:
+            returncode = proc.wait(timeout=ROUND_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    assert returncode == 0, (tmp_path / "stderr-0.txt").read_text()
+    plan = _workload.plan_round(seed, 0)
+    check_invariants(tmp_path / "producer.db", tmp_path / "consumer.db", dict.fromkeys(plan.flows, plan),
+                     Journal(tmp_path / "journal.txt").refresh(), Observed(), f"seed {seed}")
+    check_round_finished(tmp_path / "producer.db", tmp_path / "consumer.db", plan)
+
+
+def test_gapped_and_blocked_flows_do_not_stop_the_others(tmp_path: Path) -> None:
+    """A: 1 and 3 (gap at 2); P: seq 2 blocked; B: 1, 2, 3 all apply."""
+    with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
+            Consumer(tmp_path / "consumer.db", RESERVATION) as consumer:
+        for flow_id in ("A", "B", "P"):
+            for seq, kind in enumerate(_workload.STEPS, start=1):
+                r = producer.advance(f"{flow_id}{seq}", flow_id, expected_seq=seq - 1, kind=kind,
+                                     payload={"amount": 4})
+                assert r.status == "committed"
+        consumer.receive({"event_id": "P1", "flow_id": "P", "seq": 1, "kind": "reserved", "schema": 1,
+                          "payload": {"amount": 5}})  # planted: P's seq 2 (amount 4) cannot apply on it
+        for event_id in ("A3", "A1", "B3", "P2", "B1", "B2", "P3", "P1"):
+            assert relay(producer, consumer, event_id=event_id).status in ("accepted", "id_conflict")
+        result = consumer.process_all()
+        assert {f: (r.applied, str(r.stop)) for f, r in result.items()} == {
+            "A": (1, "gap"), "B": (3, "idle"), "P": (1, "blocked")}
+        assert consumer.projection("B") == {"state": "released", "last_seq": 3, "held": 0}
+        assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 4}
+        assert consumer.inbox("P")[1]["reason"] == "invalid_payload"
+        # A2 is the only event left to deliver; once it arrives, A moves on.
+        assert (relay(producer, consumer).status, relay(producer, consumer).status) == ("accepted", "idle")
+        assert consumer.drain("A").applied == 2
+        assert consumer.projection("A") == {"state": "released", "last_seq": 3, "held": 0}

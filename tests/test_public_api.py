@@ -1,0 +1,286 @@
+"""The public surface: exported names, typing marker, command line, statuses and results."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import importlib.metadata
+import importlib.resources
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import reliable_flow
+from reliable_flow import Consumer, Producer, relay, statuses
+
+# Pinned from src/reliable_flow/__init__.py: adding or removing a public name
+# is an API change and must update this list on purpose.
+PUBLIC_NAMES = [
+    "AdvanceResult",
+    "AdvanceStatus",
+    "ApplyResult",
+    "ApplyStatus",
+    "BlockReason",
+    "CommitOutcomeUnknown",
+    "Consumer",
+    "ConsumerMismatch",
+    "DatabaseBusy",
+    "DeliveryPolicy",
+    "DeliveryState",
+    "DrainResult",
+    "DrainStop",
+    "InboxFull",
+    "InboxState",
+    "InvalidEnvelope",
+    "NotResolvable",
+    "PayloadError",
+    "Producer",
+    "Protocol",
+    "ReadOnlyStorage",
+    "ReceiveResult",
+    "ReceiveStatus",
+    "RelayBatchResult",
+    "RelayResult",
+    "RelayStatus",
+    "ReliableFlowError",
+    "SQLiteTooOld",
+    "SchemaTooNew",
+    "StorageError",
+    "StorageFull",
+    "UnknownEvent",
+    "Worker",
+    "WorkerStats",
+    "WrongFile",
+    "WrongProcess",
+    "__version__",
+    "relay",
+    "relay_batch",
+    "snapshot",
+]
+
+# Statuses the SPEC fixes (section 2); an enum may have more members, never fewer.
+SPEC_STATUSES = {
+    "AdvanceStatus": {"committed", "existing", "conflict", "stale", "invalid_transition", "invalid_payload"},
+    "ReceiveStatus": {"accepted", "duplicate", "id_conflict", "sequence_conflict"},
+    "RelayStatus": {"accepted", "duplicate", "id_conflict", "sequence_conflict", "idle"},
+    "ApplyStatus": {"applied", "gap", "blocked", "idle"},
+    "BlockReason": {"unsupported_schema", "invalid_payload", "invalid_transition"},
+    "DrainStop": {"gap", "blocked", "idle", "limit"},
+}
+
+RESULT_TYPES = [name for name in PUBLIC_NAMES if name.endswith("Result")]
+assert {"AdvanceResult", "ReceiveResult", "RelayResult", "ApplyResult", "DrainResult"} <= set(RESULT_TYPES)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_FLOW_")}
+    env["PYTHONWARNINGS"] = "error"
+    return env
+
+
+# -- exported names -------------------------------------------------------------------------
+
+
+def test_all_is_sorted_and_unique() -> None:
+    assert reliable_flow.__all__ == sorted(reliable_flow.__all__)
+    assert len(set(reliable_flow.__all__)) == len(reliable_flow.__all__)
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(reliable_flow.__all__) == PUBLIC_NAMES
+
+
+@pytest.mark.parametrize("name", PUBLIC_NAMES)
+def test_every_public_name_exists(name: str) -> None:
+    assert hasattr(reliable_flow, name)
+    assert getattr(reliable_flow, name) is not None
+
+
+def test_star_import_gives_exactly_the_public_names() -> None:
+    namespace: dict[str, Any] = {}
+    exec("from reliable_flow import *", namespace)  # noqa: S102 - the statement under test
+    namespace.pop("__builtins__")
+    assert sorted(namespace) == PUBLIC_NAMES
+
+
+def _modules() -> list[str]:
+    return sorted(
+        info.name for info in pkgutil.walk_packages(reliable_flow.__path__, prefix="reliable_flow.")
+    )
+
+
+def test_the_module_walk_finds_the_core_modules() -> None:
+    found = set(_modules())
+    core = {
+        "consumer", "db", "envelope", "errors", "producer", "protocol",
+        "relay", "reservation", "schema", "snapshot", "statuses", "cli", "__main__",
+    }
+    assert {f"reliable_flow.{m}" for m in core} <= found
+
+
+@pytest.mark.parametrize("module_name", _modules())
+def test_every_module_defines_all_and_every_name_exists(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert "__all__" in vars(module), f"{module_name} has no __all__"
+    names = module.__all__
+    assert isinstance(names, (list, tuple))
+    assert len(set(names)) == len(names)
+    missing = [n for n in names if not hasattr(module, n)]
+    assert missing == []
+
+
+def test_py_typed_is_shipped() -> None:
+    marker = importlib.resources.files("reliable_flow").joinpath("py.typed")
+    assert marker.is_file()
+
+
+def test_installed_version_matches_dunder_version() -> None:
+    assert isinstance(reliable_flow.__version__, str)
+    assert importlib.metadata.version("reliable_flow") == reliable_flow.__version__
+
+
+def test_exception_tree() -> None:
+    root = reliable_flow.ReliableFlowError
+    assert issubclass(root, Exception)
+    for name in (
+        "InvalidEnvelope", "UnknownEvent", "WrongFile", "SchemaTooNew", "ConsumerMismatch",
+        "SQLiteTooOld", "WrongProcess", "StorageError", "CommitOutcomeUnknown",
+    ):
+        assert issubclass(getattr(reliable_flow, name), root), name
+    assert issubclass(reliable_flow.InvalidEnvelope, ValueError)
+    assert issubclass(reliable_flow.UnknownEvent, LookupError)
+    assert issubclass(reliable_flow.SchemaTooNew, reliable_flow.WrongFile)
+    assert issubclass(reliable_flow.CommitOutcomeUnknown, reliable_flow.StorageError)
+    assert issubclass(reliable_flow.PayloadError, ValueError)
+    exported = [getattr(reliable_flow, n) for n in reliable_flow.__all__]
+    errors = [e for e in exported if isinstance(e, type) and issubclass(e, BaseException)]
+    # PayloadError is raised by protocol code and never escapes the library.
+    assert [e.__name__ for e in errors if not issubclass(e, root)] == ["PayloadError"]
+    err = reliable_flow.InvalidEnvelope("seq", "must be an int")
+    assert (err.field, err.problem, str(err)) == ("seq", "must be an int", "seq: must be an int")
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_flow", *args],
+        capture_output=True, text=True, timeout=60, env=_env(), cwd=cwd, check=False,
+    )
+
+
+def test_cli_version(tmp_path: Path) -> None:
+    done = _run_cli("--version", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"reliable_flow {reliable_flow.__version__}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_help(tmp_path: Path) -> None:
+    done = _run_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+    assert "demo" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_unknown_command_fails(tmp_path: Path) -> None:
+    done = _run_cli("no-such-command", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "invalid choice" in done.stderr
+
+
+# -- statuses -------------------------------------------------------------------------------
+
+
+def _status_members() -> list[Any]:
+    out = []
+    for name in statuses.__all__:
+        cls = getattr(statuses, name)
+        if isinstance(cls, type) and issubclass(cls, enum.Enum):
+            out.extend(pytest.param(member, id=f"{name}.{member.name}") for member in cls)
+    return out
+
+
+@pytest.mark.parametrize("member", _status_members())
+def test_status_is_its_plain_string(member: Any) -> None:
+    value = member.value
+    assert isinstance(value, str)
+    assert isinstance(member, str)
+    assert member == value
+    assert value == member
+    assert str(member) == value
+    assert f"{member}" == value
+    assert format(member, "") == value
+    assert json.dumps(member) == json.dumps(value)
+    assert hash(member) == hash(value)
+    assert {value: 1}[member] == 1
+    assert type(member)(value) is member
+    assert value == value.lower() and " " not in value
+
+
+@pytest.mark.parametrize("enum_name", sorted(SPEC_STATUSES))
+def test_status_enums_cover_the_spec(enum_name: str) -> None:
+    cls = getattr(reliable_flow, enum_name)
+    assert SPEC_STATUSES[enum_name] <= {m.value for m in cls}
+
+
+def test_status_enums_reject_unknown_values() -> None:
+    with pytest.raises(ValueError):
+        reliable_flow.AdvanceStatus("commited")
+    assert reliable_flow.ApplyStatus.APPLIED != "applied "
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def _sample(cls: type) -> Any:
+    fields = {f.name: None for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+    return cls(**fields)
+
+
+@pytest.mark.parametrize("name", RESULT_TYPES)
+def test_result_types_are_frozen_dataclasses(name: str) -> None:
+    cls = getattr(reliable_flow, name)
+    assert dataclasses.is_dataclass(cls)
+    result = _sample(cls)
+    first = dataclasses.fields(cls)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(result, first, "changed")
+    # New attributes are refused too (CPython < 3.12 raises TypeError here for
+    # frozen slotted dataclasses, gh-90055; the point is that it raises).
+    with pytest.raises((dataclasses.FrozenInstanceError, AttributeError, TypeError)):
+        result.extra = 1
+    assert not hasattr(result, "extra")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        delattr(result, first)
+
+
+def test_real_results_are_frozen(producer: Producer, consumer: Consumer) -> None:
+    advanced = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+    relayed = relay(producer, consumer)
+    applied = consumer.apply_next("A")
+    drained = consumer.drain("A")
+    received = consumer.receive(producer.event("A1") or {})
+    assert (advanced.status, relayed.status, applied.status, drained.stop, received.status) == (
+        "committed", "accepted", "applied", "idle", "duplicate",
+    )
+    assert type(advanced.status) is reliable_flow.AdvanceStatus
+    assert type(relayed.status) is reliable_flow.RelayStatus
+    assert type(applied.status) is reliable_flow.ApplyStatus
+    assert type(drained.stop) is reliable_flow.DrainStop
+    assert type(received.status) is reliable_flow.ReceiveStatus
+    for result in (advanced, relayed, applied, drained, received):
+        for field in dataclasses.fields(result):
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(result, field.name, "other")
+    assert drained.applied == 0
+    assert advanced == reliable_flow.AdvanceResult(reliable_flow.AdvanceStatus.COMMITTED, "A1", "A", 1)

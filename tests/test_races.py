@@ -1,0 +1,208 @@
+"""Six real processes race for the same write (SPEC section 6, seed section 8).
+
+Each child is a ``spawn`` process that opens its own Producer / Consumer,
+waits at a shared barrier and then makes one call (or, for the relay race,
+relays until idle).  Who wins is up to the scheduler, so the tests check
+only the allowed set of answers and the final records, never which process
+won.  A watchdog turns a hang into a failure; every child reports its
+exception, and none may fail with "database is locked" at the default busy
+timeout.  The last test shows what happens beyond the busy timeout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import sqlite3
+import time
+from collections import Counter
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import _workload
+import pytest
+
+from reliable_flow import Consumer, Producer, StorageError, relay
+from reliable_flow.reservation import RESERVATION
+
+RACERS = 6
+WATCHDOG_SECONDS = 90.0
+
+
+def race(kind: str, producer_path: Path, consumer_path: Path) -> list[list[str]]:
+    """Run six ``race_child(kind)`` processes released together; return their statuses.
+
+    Fails (instead of blocking) if a child hangs, and fails if any child raised.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(RACERS)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_workload.race_child,
+            args=(kind, str(producer_path), str(consumer_path), i, barrier, results),
+            name=f"race-{kind}-{i}",
+        )
+        for i in range(RACERS)
+    ]
+    reports: dict[int, tuple[Any, ...]] = {}
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + WATCHDOG_SECONDS
+        while len(reports) < RACERS:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                report = results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break  # a child died without reporting
+                continue
+            reports[report[0]] = report
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        exitcodes = [p.exitcode for p in procs]
+        for proc in procs:
+            if proc.exitcode is not None:
+                proc.close()
+        results.close()
+        results.join_thread()
+    missing = sorted(set(range(RACERS)) - reports.keys())
+    assert not missing, f"{kind}: children {missing} hung or died without a report (exit codes {exitcodes})"
+    errors = {i: r for i, r in reports.items() if r[1] != "ok"}
+    locked = {i: r for i, r in errors.items() if r[3] in ("SQLITE_BUSY", "SQLITE_LOCKED")}
+    assert not locked, f"{kind}: 'database is locked' at the default busy timeout: {locked}"
+    assert not errors, f"{kind}: children failed: " + "\n".join(r[2] for r in errors.values())
+    assert exitcodes == [0] * RACERS, exitcodes
+    return [list(reports[i][2]) for i in range(RACERS)]
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> tuple[Path, Path]:
+    """Both files created up front, so the race is about the call, not the file's creation."""
+    producer_path, consumer_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    Producer(producer_path, RESERVATION).close()
+    Consumer(consumer_path, RESERVATION).close()
+    return producer_path, consumer_path
+
+
+def effect_counts(consumer_path: Path) -> Counter[str]:
+    """Effects per event id, read directly: the public API has no per-event count."""
+    with closing(sqlite3.connect(consumer_path)) as conn:
+        conn.execute("PRAGMA query_only=ON")
+        return Counter(dict(conn.execute("SELECT event_id, count(*) FROM effect GROUP BY event_id")))
+
+
+def test_same_event_advanced_six_times_commits_once(paths: tuple[Path, Path]) -> None:
+    producer_path, consumer_path = paths
+    statuses = Counter(s for child in race("advance_same", *paths) for s in child)
+    assert statuses == {"committed": 1, "existing": 5}
+    with Producer(producer_path, RESERVATION) as producer:
+        assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
+        assert [e["event_id"] for e in producer.outbox("A")] == ["A1"]
+
+
+def test_six_new_ids_at_expected_seq_0_one_commits_five_are_stale(paths: tuple[Path, Path]) -> None:
+    producer_path, consumer_path = paths
+    results = race("advance_new_ids", *paths)
+    statuses = Counter(s for child in results for s in child)
+    assert statuses == {"committed": 1, "stale": 5}
+    winner = next(i for i, child in enumerate(results) if child == ["committed"])
+    with Producer(producer_path, RESERVATION) as producer:
+        assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
+        assert [(e["event_id"], e["seq"]) for e in producer.outbox("A")] == [(f"A1-{winner}", 1)]
+
+
+def test_six_receives_of_one_envelope_store_it_once(paths: tuple[Path, Path]) -> None:
+    producer_path, consumer_path = paths
+    statuses = Counter(s for child in race("receive", *paths) for s in child)
+    assert statuses == {"accepted": 1, "duplicate": 5}
+    with Consumer(consumer_path, RESERVATION) as consumer:
+        assert consumer.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+
+
+def test_six_apply_next_on_one_pending_event_leave_exactly_one_effect(paths: tuple[Path, Path]) -> None:
+    producer_path, consumer_path = paths
+    with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
+        assert producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
+        assert relay(producer, consumer).status == "accepted"
+    statuses = Counter(s for child in race("apply", *paths) for s in child)
+    assert statuses == {"applied": 1, "idle": 5}
+    with Consumer(consumer_path, RESERVATION) as consumer:
+        assert consumer.effects("A") == [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
+        assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
+        assert consumer.inbox("A")[0]["state"] == "applied"
+    assert effect_counts(consumer_path) == {"A1": 1}
+
+
+def test_six_relays_over_several_pending_events_accept_each_event_once(paths: tuple[Path, Path]) -> None:
+    producer_path, consumer_path = paths
+    events = [("A1", "A", 0, "reserved"), ("A2", "A", 1, "confirmed"), ("B1", "B", 0, "reserved"),
+              ("C1", "C", 0, "reserved"), ("A3", "A", 2, "released"), ("B2", "B", 1, "confirmed")]
+    with Producer(producer_path, RESERVATION) as producer:
+        for event_id, flow_id, expected, kind in events:
+            r = producer.advance(event_id, flow_id, expected_seq=expected, kind=kind, payload={"amount": 5})
+            assert r.status == "committed"
+    # The consumer is not bound yet: the six relays also race to register it.
+    results = race("relay", *paths)
+    answers = [line.split(" ") for child in results for line in child]
+    assert {status for status, _ in answers} <= {"accepted", "duplicate", "idle"}
+    assert all(child[-1] == "idle None" for child in results), results
+    accepted = Counter(event_id for status, event_id in answers if status == "accepted")
+    assert accepted == {event_id: 1 for event_id, *_ in events}, results
+    with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
+        assert all(e["accepted"] for e in producer.outbox())
+        for flow_id in ("A", "B", "C"):
+            inbox = consumer.inbox(flow_id)
+            ids = [e for e, f, *_ in events if f == flow_id]
+            assert [(row["event_id"], row["seq"], row["state"]) for row in inbox] == [
+                (event_id, seq, "pending") for seq, event_id in enumerate(ids, start=1)
+            ]
+        assert relay(producer, consumer).status == "idle"
+        drained = consumer.process_all()
+        assert {f: r.applied for f, r in drained.items()} == {"A": 3, "B": 2, "C": 1}
+
+
+def test_beyond_the_busy_timeout_a_call_fails_cleanly_and_a_retry_succeeds(paths: tuple[Path, Path]) -> None:
+    """What the docs promise past the busy timeout: the lock error propagates,
+    nothing is half-written, and the same call succeeds once the lock is free.
+    (The other writer here is a plain sqlite3 connection holding the write lock.)"""
+    producer_path, consumer_path = paths
+    envelope = {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved", "schema": 1,
+                "payload": {"amount": 3}}
+    with Producer(producer_path, RESERVATION, busy_timeout=0.05) as producer, \
+            Consumer(consumer_path, RESERVATION, busy_timeout=0.05) as consumer:
+        calls = (
+            ("advance", producer_path, lambda: producer.advance(
+                "A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})),
+            ("receive", consumer_path, lambda: consumer.receive(envelope)),
+            ("apply_next", consumer_path, lambda: consumer.apply_next("A")),
+        )
+        for name, path, call in calls:
+            with closing(sqlite3.connect(path, isolation_level=None)) as holder:
+                holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock past the timeout
+                with pytest.raises((sqlite3.OperationalError, StorageError)) as caught:
+                    call()
+                holder.execute("ROLLBACK")
+            chain = [caught.value, caught.value.__cause__]
+            assert any(getattr(e, "sqlite_errorname", None) == "SQLITE_BUSY" for e in chain), (name, chain)
+            assert "database is locked" in str(caught.value), name
+            # Rolled back: nothing of the failed call was written.
+            if name == "advance":
+                assert producer.flow("A") is None and producer.outbox("A") == []
+            if name == "receive":
+                assert consumer.inbox("A") == []
+            assert consumer.effects("A") == [] and consumer.projection("A") is None, name
+            retried = call()  # the same call, retried once the lock is free
+            assert retried.status in ("committed", "accepted", "applied"), (name, retried)
+        assert [e["event_id"] for e in producer.outbox("A")] == ["A1"]
+        assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
+        assert consumer.effects("A") == [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
