@@ -62,6 +62,9 @@ def race_child(kind: str, producer_path: str, consumer_path: str, index: int, ba
     sqlite_errorname)``; an exception never escapes silently.
     """
     try:
+        if kind == "create":
+            results.put((index, "ok", create_race(producer_path, consumer_path, barrier)))
+            return
         with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
             barrier.wait(timeout=60)  # everyone open; go together
             statuses: list[str] = []
@@ -86,9 +89,31 @@ def race_child(kind: str, producer_path: str, consumer_path: str, index: int, ba
             else:
                 raise ValueError(f"unknown race kind {kind!r}")
         results.put((index, "ok", statuses))
-    except BaseException as exc:  # report everything, including BrokenBarrierError
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, BrokenBarrierError too
         name = getattr(exc, "sqlite_errorname", None)
         results.put((index, "error", "".join(traceback.format_exception(exc)), name))
+
+
+CREATE_ROUNDS = 40
+
+
+def create_race(producer_dir: str, consumer_dir: str, barrier: Any) -> list[str]:
+    """Open ``CREATE_ROUNDS`` brand-new producer and consumer files, all racers together.
+
+    Each round every racer waits at the barrier, then opens the same two new
+    paths; one of them creates each file.  Returns ``"ok"`` or the error per round
+    (an error in one round does not stop the others, so the barrier stays in step).
+    """
+    out = []
+    for n in range(CREATE_ROUNDS):
+        barrier.wait(timeout=60)
+        try:
+            Producer(os.path.join(producer_dir, f"p{n}.db"), RESERVATION).close()
+            Consumer(os.path.join(consumer_dir, f"c{n}.db"), RESERVATION).close()
+            out.append("ok")
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            out.append(f"{type(exc).__name__} {getattr(exc, 'sqlite_errorname', None)}: {exc}")
+    return out
 
 
 # -- the kill workload ---------------------------------------------------------------

@@ -57,7 +57,7 @@ def run_child(tmp_path: Path, crash_at: str | None) -> subprocess.CompletedProce
         env[ENV_VAR] = crash_at
     return subprocess.run(
         [sys.executable, str(WORKLOAD), "crash-run", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db")],
-        env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, cwd=tmp_path, check=False,
     )
 
 

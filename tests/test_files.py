@@ -542,12 +542,6 @@ def test_snapshot_refuses_a_file_that_needs_an_upgrade_without_upgrading_it(tmp_
     assert pragma(p_path, "user_version") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Producer runs the schema migration (a write) before it compares the file's "
-    "stored protocol, so an older file opened with the wrong protocol is upgraded and only "
-    "then refused; WrongFile promises it is raised before anything is written",
-)
 def test_release_1_producer_file_with_another_protocol_is_refused_unchanged(tmp_path: Path) -> None:
     _needs_newer_producer_schema()
     path = tmp_path / "p.db"

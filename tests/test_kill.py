@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _workload
 import pytest
 
+import _workload
 from reliable_flow import Consumer, Producer, relay, snapshot
 from reliable_flow.crash import ENV_VAR
 from reliable_flow.reservation import RESERVATION
@@ -146,11 +146,9 @@ def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, 
     out_body = dict(read_only_rows(producer_path, "SELECT event_id, body FROM outbox"))
     in_body = dict(read_only_rows(consumer_path, "SELECT event_id, body FROM inbox"))
     effect_counts = dict(read_only_rows(consumer_path, "SELECT event_id, count(*) FROM effect GROUP BY event_id"))
-    conflicting = {e for plan in {id(p): p for p in plans.values()}.values() for e in plan.conflicting}
-    planted = {
-        env["event_id"]: _workload.canonical(env)
-        for plan in {id(p): p for p in plans.values()}.values() for env in plan.planted
-    }
+    rounds = {plan.round_no: plan for plan in plans.values()}.values()
+    conflicting = {event_id for plan in rounds for event_id in plan.conflicting}
+    planted = {env["event_id"]: _workload.canonical(env) for plan in rounds for env in plan.planted}
 
     # Producer: committed implies the flow row and every outbox row, as planned, nothing else.
     assert set(flows) | set(outbox) <= set(plans), f"{where}: unplanned flows {set(flows) - set(plans)}"
@@ -197,16 +195,17 @@ def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, 
         for e in effects:  # each applied step is legal from the state before it
             assert e["kind"] in RESERVATION.transitions[state], (where, flow_id, state, e)
             state = e["kind"]
-        assert all(row["state"] == ("applied" if row["seq"] <= k else row["state"]) for row in rows), where
+        assert all(row["state"] == "applied" for row in rows if row["seq"] <= k), where
         assert all(row["state"] != "applied" for row in rows if row["seq"] > k), f"{where}: applied past a gap"
+        amounts = [json.loads(in_body[e["event_id"]])["payload"]["amount"] for e in effects]
+        assert len(set(amounts)) <= 1, f"{where}: {flow_id} applied steps with different amounts {amounts}"
         for row in rows:
             if row["state"] == "blocked":
                 assert (flow_id, row["seq"], row["reason"]) == (plan.poison, 2, "invalid_payload"), (where, row)
         if k == 0:
             assert projections.get(flow_id) is None, where
         else:
-            first = json.loads(in_body[effects[0]["event_id"]])["payload"]["amount"]
-            held = first if state in ("reserved", "confirmed") else 0
+            held = amounts[0] if state in ("reserved", "confirmed") else 0
             assert projections[flow_id] == {"state": state, "last_seq": k, "held": held}, where
         assert all(effect_counts.get(e["event_id"]) == 1 for e in effects), where
     assert sum(len(v) for v in effects_by_flow.values()) == len(effect_counts), where

@@ -37,7 +37,6 @@ from .producer import Producer
 from .protocol import PayloadError, Protocol
 from .relay import DeliveryPolicy, relay, relay_batch
 from .snapshot import snapshot
-from .worker import Worker, WorkerStats
 from .statuses import (
     AdvanceResult,
     AdvanceStatus,
@@ -54,6 +53,7 @@ from .statuses import (
     RelayResult,
     RelayStatus,
 )
+from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 

@@ -142,7 +142,7 @@ class NaiveLastWriteConsumer:
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> NaiveLastWriteConsumer:
+    def __enter__(self) -> NaiveLastWriteConsumer:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 
@@ -39,7 +40,115 @@ def _parser() -> argparse.ArgumentParser:
         help="compare with FILE (default: the frozen results shipped with the package); "
              "exit 1 and print a diff on any difference",
     )
+    inspect = sub.add_parser(
+        "inspect",
+        help="summarise a producer file and a consumer file (read only)",
+        description="Flows, undelivered and set-aside events per consumer, inbox pending / "
+                    "blocked (with reasons) / applied, and gaps per flow. Never writes.",
+    )
+    inspect.add_argument("producer", metavar="PRODUCER_DB")
+    inspect.add_argument("consumer", metavar="CONSUMER_DB")
+    inspect.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
+    run = sub.add_parser(
+        "run",
+        help="relay and apply continuously until SIGTERM / SIGINT",
+        description="A worker loop over one producer and its consumers (see docs/worker.md).",
+    )
+    run.add_argument("--producer", required=True, metavar="PATH", help="the producer file")
+    run.add_argument(
+        "--consumer", required=True, action="append", metavar="NAME=PATH",
+        help="a consumer name and its file; repeat for several consumers",
+    )
+    run.add_argument(
+        "--protocol", default="reliable_flow.reservation:RESERVATION", metavar="MODULE:ATTR",
+        help="the protocol object to import (default: %(default)s)",
+    )
+    run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
+    run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="relay lease (default 30)")
+    run.add_argument("--idle-sleep", type=float, default=0.5, metavar="SECONDS")
+    run.add_argument("--report-every", type=float, default=10.0, metavar="SECONDS",
+                     help="print progress counts to stderr this often (0: only at exit)")
+    run.add_argument("--once", action="store_true", help="run one pass and exit")
     return parser
+
+
+def _inspect(producer: str, consumer: str, as_json: bool) -> int:
+    from .errors import ReliableFlowError
+    from .inspection import format_report, inspect_files
+
+    try:
+        report = inspect_files(producer, consumer)
+    except (ReliableFlowError, FileNotFoundError) as exc:
+        print(f"inspect: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _load_protocol(spec: str) -> Any:
+    import importlib
+
+    from .protocol import Protocol
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"run: --protocol must look like module:ATTRIBUTE, got {spec!r}")
+    obj = getattr(importlib.import_module(module_name), attr, None)
+    if not isinstance(obj, Protocol):
+        raise SystemExit(f"run: {spec} is not a reliable_flow Protocol")
+    return obj
+
+
+def _run(args: argparse.Namespace) -> int:
+    import time
+
+    from .consumer import Consumer
+    from .errors import ReliableFlowError
+    from .producer import Producer
+    from .relay import DeliveryPolicy
+    from .worker import Worker, WorkerStats
+
+    protocol = _load_protocol(args.protocol)
+    schemas = None
+    if args.schemas:
+        try:
+            schemas = {int(x) for x in args.schemas.split(",")}
+        except ValueError:
+            raise SystemExit(f"run: --schemas must be comma-separated ints, got {args.schemas!r}") from None
+    pairs = []
+    for item in args.consumer:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"run: --consumer must look like NAME=PATH, got {item!r}")
+        pairs.append((name, path))
+    try:
+        producer = Producer(args.producer, protocol)
+        consumers = [Consumer(path, protocol, name=name, schemas=schemas) for name, path in pairs]
+    except (ReliableFlowError, ValueError) as exc:
+        print(f"run: {exc}", file=sys.stderr)
+        return 2
+    last = [time.monotonic()]
+
+    def report(stats: WorkerStats) -> None:
+        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
+            last[0] = time.monotonic()
+            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+
+    worker = Worker(
+        producer, consumers, policy=DeliveryPolicy(lease_seconds=args.lease),
+        idle_sleep=args.idle_sleep, on_pass=report,
+    )
+    try:
+        stats = worker.run(max_passes=1 if args.once else None)
+    finally:
+        for c in consumers:
+            c.close()
+        producer.close()
+    print(f"run: stopped: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    return 0
 
 
 def _experiment(output: str | None, check: str | None) -> int:
@@ -80,5 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.dir)
     if args.command == "experiment":
         return _experiment(args.output, args.check)
+    if args.command == "inspect":
+        return _inspect(args.producer, args.consumer, args.json)
+    if args.command == "run":
+        return _run(args)
     parser.print_help(sys.stderr)
     return 2

@@ -201,7 +201,7 @@ class Consumer:
         used = conn.execute(
             "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state <> 'applied' LIMIT ?)", (cap,)
         ).fetchone()[0]
-        if used < cap:  # type: ignore[operator]
+        if used < cap:
             return
         row = conn.execute("SELECT last_seq FROM projection WHERE flow_id = ?", (flow_id,)).fetchone()
         if seq == (row[0] if row else 0) + 1:
@@ -355,7 +355,7 @@ class Consumer:
         """Open a new connection in the current process (use after fork())."""
         self._db.reopen()
 
-    def __enter__(self) -> Consumer:
+    def __enter__(self) -> Consumer:  # noqa: PYI034 - Self needs Python 3.11
         return self
 
     def __exit__(self, *exc: object) -> None:

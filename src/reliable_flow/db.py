@@ -35,8 +35,8 @@ from .schema import CONSUMER, PRODUCER, FileKind
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT",
-    "Database",
     "MIN_SQLITE",
+    "Database",
     "PathLike",
     "check_sqlite_version",
     "storage_error",
@@ -129,9 +129,7 @@ class Database:
                 self._check_current(conn)
                 conn.execute("PRAGMA query_only=ON")
                 return conn
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StorageError(f"{self.path}: could not switch to WAL journal mode (got {mode!r})")
+            self._ensure_wal(conn)
             conn.execute("PRAGMA synchronous=FULL")
             self._migrate(conn)
         except BaseException:
@@ -143,9 +141,16 @@ class Database:
         """Refuse, before writing a byte, any file that is not ours or is too new."""
         want = self.kind
         try:
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            # One read transaction, so a creator committing in between cannot
+            # make a good file look half-made.
+            conn.execute("BEGIN")
+            try:
+                app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
         except sqlite3.OperationalError as exc:
             raise StorageError(f"cannot read {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:
@@ -168,6 +173,27 @@ class Database:
             f"{self.path} is a SQLite database but not a reliable_flow {want.name} file "
             f"(application_id={app_id}, {objects} schema objects); refusing to modify it"
         )
+
+    def _ensure_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch a new file to WAL, waiting out other openers.
+
+        Changing the journal mode answers SQLITE_BUSY at once, without the
+        busy handler, while another connection converts or writes the same
+        new file; so wait here, up to the busy timeout, like any other call.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.001
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:
+                if _primary_code(exc) not in (_SQLITE_BUSY, _SQLITE_LOCKED) or time.monotonic() >= deadline:
+                    raise storage_error(exc, f"switching {self.path} to WAL") from exc
+                time.sleep(random.uniform(0, pause))
+                pause = min(pause * 2, 0.05)
+        if str(mode).lower() != "wal":
+            raise StorageError(f"{self.path}: could not switch to WAL journal mode (got {mode!r})")
 
     def _check_current(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]

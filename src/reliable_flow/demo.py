@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .consumer import Consumer
 from .producer import Producer
@@ -69,6 +69,11 @@ def _run(where: Path, say: Callable[[str], None], keep: bool) -> int:
     say(f"   drain(B) -> applied {d.applied}, stopped at {d.stop} "
         f"({last.reason if last else ''} at seq {last.seq if last else ''})")
     say("   B2 is accepted (the consumer owns it) but not applied; nothing was guessed.")
+    producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
+    say("   Meanwhile C1 is committed, but no relay has run for it yet.")
+    say("")
+    say("   The three ledgers now disagree, and each is right about its own step:")
+    _table(producer_path, consumer_path, say)
     consumer.close()
     upgraded = Consumer(consumer_path, RESERVATION, schemas={1, 2})
     d = upgraded.drain("B")
@@ -76,22 +81,28 @@ def _run(where: Path, say: Callable[[str], None], keep: bool) -> int:
         f"stopped at {d.stop}")
     p = upgraded.projection("B")
     say(f"   projection B: {p['state']}, last_seq {p['last_seq']}, held {p['held']}")  # type: ignore[index]
+    say(f"   relay C1 -> {relay(producer, upgraded).status}, drain(C) -> {upgraded.drain('C').stop}")
     upgraded.close()
     producer.close()
     say("")
-    say("4. What each file says, per event:")
-    snap = snapshot(producer_path, consumer_path)
-    say(f"   {'event':<6} {'flow':<5} {'seq':>3}  {'committed':<9}  {'accepted':<8}  {'applied':<7}  inbox")
-    for flow_id, events in snap["producer"]["outbox"].items():
-        inbox = {row["event_id"]: row for row in snap["consumer"]["inbox"].get(flow_id, [])}
-        for event in events:
-            row = inbox.get(event["event_id"])
-            state = row["state"] if row else "-"
-            say(f"   {event['event_id']:<6} {flow_id:<5} {event['seq']:>3}  {'yes':<9}  "
-                f"{'yes' if event['accepted'] else 'no':<8}  {'yes' if state == 'applied' else 'no':<7}  {state}")
+    say("4. After the upgrade, per event:")
+    _table(producer_path, consumer_path, say)
     say("")
     say("committed = producer state + outbox event in one commit; accepted = the consumer")
     say("durably stored it; applied = the consumer's projection, effect and mark in one commit.")
     if keep:
         say(f"Files kept in {where}; look at them with sqlite3 or reliable_flow.snapshot().")
     return 0
+
+
+def _table(producer_path: Path, consumer_path: Path, say: Callable[[str], None]) -> None:
+    snap = snapshot(producer_path, consumer_path)
+    say(f"   {'event':<6} {'flow':<5} {'seq':>3}  {'committed':<9}  {'accepted':<8}  {'applied':<7}  inbox")
+    for flow_id, events in snap["producer"]["outbox"].items():
+        inbox = {row["event_id"]: row for row in snap["consumer"]["inbox"].get(flow_id, [])}
+        for event in events:
+            row = inbox.get(event["event_id"])
+            state = "-" if row is None else row["state"] + (f" ({row['reason']})" if row["reason"] else "")
+            applied = "yes" if row is not None and row["state"] == "applied" else "no"
+            say(f"   {event['event_id']:<6} {flow_id:<5} {event['seq']:>3}  {'yes':<9}  "
+                f"{'yes' if event['accepted'] else 'no':<8}  {applied:<7}  {state}")

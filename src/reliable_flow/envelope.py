@@ -23,11 +23,11 @@ from typing import Any, Union
 from .errors import InvalidEnvelope
 
 __all__ = [
-    "Envelope",
     "MAX_BODY_BYTES",
     "MAX_ID_CHARS",
     "MAX_INT",
     "MAX_SCHEMA",
+    "Envelope",
     "canonical",
     "check_expected_seq",
     "make",
@@ -46,7 +46,7 @@ MAX_BODY_BYTES = 16 * 1024
 REQUIRED = ("event_id", "flow_id", "seq", "kind", "schema", "payload")
 ALLOWED = frozenset(REQUIRED + ("meta",))
 
-Scalar = Union[None, bool, int, float, str]
+Scalar = Union[None, bool, int, float, str]  # noqa: UP007 - a runtime alias on 3.10
 
 
 @dataclass(frozen=True, slots=True)

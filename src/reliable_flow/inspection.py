@@ -24,7 +24,7 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
     consumers = sorted({name for e in events for name in e["deliveries"]})
     per_consumer: dict[str, Any] = {}
     for name in consumers:
-        pending, set_aside, accepted = [], [], 0
+        pending, set_aside, skipped, accepted = [], [], [], 0
         for e in events:
             d = e["deliveries"].get(name)
             if d is None:
@@ -34,9 +34,13 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
                 accepted += 1
             elif d["state"] == "set_aside":
                 set_aside.append({**ref, "last_status": d["last_status"], "attempts": d["attempts"]})
+            elif d["state"] == "skipped":
+                skipped.append(ref)
             else:
-                pending.append(ref)
-        per_consumer[name] = {"accepted": accepted, "pending": pending, "set_aside": set_aside}
+                pending.append({**ref, "attempts": d["attempts"], "last_error": d["last_error"]})
+        per_consumer[name] = {
+            "accepted": accepted, "pending": pending, "set_aside": set_aside, "skipped": skipped,
+        }
 
     counts = {"pending": 0, "blocked": 0, "applied": 0}
     blocked, gaps = [], []
@@ -60,6 +64,7 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
             "events": len(events),
             "unbound_events": sum(1 for e in events if not e["deliveries"]),
             "consumers": per_consumer,
+            "operator_actions": prod["operator_actions"],
         },
         "consumer": {
             "protocol": cons["protocol"],
@@ -87,14 +92,17 @@ def format_report(report: dict[str, Any]) -> str:
     for name, d in p["consumers"].items():
         lines.append(
             f"  to consumer {name!r}: {d['accepted']} accepted, {len(d['pending'])} undelivered, "
-            f"{len(d['set_aside'])} set aside"
+            f"{len(d['set_aside'])} set aside" + (f", {len(d['skipped'])} skipped" if d["skipped"] else "")
         )
-        lines += _rows(d["pending"][:20], ["event_id", "flow_id", "seq"])
+        lines += _rows(d["pending"][:20], ["event_id", "flow_id", "seq", "attempts", "last_error"])
         if len(d["pending"]) > 20:
             lines.append(f"    ... {len(d['pending']) - 20} more undelivered")
         if d["set_aside"]:
             lines.append("  set aside (conflict; needs an operator, see docs/operations.md):")
             lines += _rows(d["set_aside"], ["event_id", "flow_id", "seq", "last_status", "attempts"])
+    if p["operator_actions"]:
+        lines.append("  operator actions:")
+        lines += _rows(p["operator_actions"], ["action", "event_id", "consumer", "actor", "reason"])
     inbox = c["inbox"]
     lines.append(
         f"consumer {c['name']!r} ({c['protocol']}): {c['flows']} flows; inbox {inbox['pending']} pending, "

@@ -327,7 +327,7 @@ class Producer:
         """Open a new connection in the current process (use after fork())."""
         self._db.reopen()
 
-    def __enter__(self) -> Producer:
+    def __enter__(self) -> Producer:  # noqa: PYI034 - Self needs Python 3.11
         return self
 
     def __exit__(self, *exc: object) -> None:

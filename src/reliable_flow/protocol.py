@@ -237,7 +237,7 @@ class Protocol:
         table: dict[str, frozenset[str]] = {}
         for source, kinds in dict(self.transitions).items():
             if isinstance(kinds, str):
-                raise ValueError(f"transitions[{source!r}] must be a collection of kinds, not a string")
+                raise TypeError(f"transitions[{source!r}] must be a collection of kinds, not a string")
             table[source] = frozenset(kinds)
         schemas = dict(self.schemas)
         if not schemas:
@@ -246,7 +246,7 @@ class Protocol:
             if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= 1000:
                 raise ValueError(f"schema versions must be ints 1..1000, got {version!r}")
             if not callable(decoder):
-                raise ValueError(f"schemas[{version}] must be a decoder function")
+                raise TypeError(f"schemas[{version}] must be a decoder function")
         chosen = {}
         for attr in ("consumer_schemas", "producer_schemas"):
             value = getattr(self, attr)

@@ -6,11 +6,12 @@ producer file, in a second transaction.  A crash between the two leaves the
 event unmarked, so it is sent again and the inbox answers ``duplicate``:
 events are delivered at least once and stored exactly once.
 
-Which event goes next: among the events still pending for this consumer,
-the one whose due time is oldest, then the oldest commit.  A new event is
-due at once; an event whose send failed is due again after a backoff; an
-event leased by another relay is due when its lease expires.  So a flow
-whose events keep failing moves to the back, and the others go first.
+Which event goes next: the oldest commit among the events that are pending
+for this consumer and due.  A new event is due at once; an event whose send
+failed is due again after its backoff; an event leased by another relay is
+due when the lease expires.  So a flow whose events keep failing is skipped
+while it backs off, the others go first, and once it is due again it is
+older than anything committed since, so it cannot be starved by new work.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class DeliveryPolicy:
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` consecutive failed sends (>= 1)."""
         ceiling = min(self.backoff_cap, self.backoff_base * 2 ** min(failures - 1, 62))
-        return self.random() * ceiling
+        return float(self.random() * ceiling)
 
 
 _PLAIN = DeliveryPolicy(wait_for_due=False)
@@ -107,7 +108,7 @@ def _bind(producer: Producer, consumer: Consumer) -> None:
 
 _NEXT_DUE = (
     "SELECT pos FROM delivery WHERE consumer = ? AND state = 'pending' AND due_at <= ? "
-    "ORDER BY due_at, pos LIMIT ?"
+    "ORDER BY pos LIMIT ?"
 )
 
 
@@ -115,7 +116,7 @@ def _claim(producer: Producer, consumer: Consumer, policy: DeliveryPolicy, now: 
     """Pick up to ``limit`` next due events; with a lease, claim them first."""
     conn = producer._db.conn
     name = consumer.name
-    # Not waiting for due times: take the earliest due events, due or not.
+    # Not waiting for due times: every pending event counts as due.
     horizon = now if policy.wait_for_due else float("inf")
     if policy.lease_seconds is None:
         return [int(r[0]) for r in conn.execute(_NEXT_DUE, (name, horizon, limit))]
@@ -194,9 +195,9 @@ def relay(
 ) -> RelayResult:
     """Deliver one event to ``consumer`` and record its answer in the producer file.
 
-    Without ``event_id``: the next event still pending for this consumer,
-    earliest due first (see the module docstring; with a ``policy`` only
-    events already due); set-aside events are skipped, so one
+    Without ``event_id``: the oldest event still pending for this consumer
+    (with a ``policy``: the oldest that is due, see the module docstring);
+    set-aside events are skipped, so one
     conflicting event never holds the others back.  With ``event_id``: that
     event, whatever its delivery state and due time (how an operator
     re-delivers a set-aside event).

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .statuses import DeliveryState
 
-__all__ = ["CONSUMER", "FileKind", "PRODUCER"]
+__all__ = ["CONSUMER", "PRODUCER", "FileKind"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ PRODUCER = FileKind(
                 uid TEXT NOT NULL UNIQUE
             ) WITHOUT ROWID""",
             # Delivery state of each event towards each consumer.
-            f"""CREATE TABLE delivery(
+            """CREATE TABLE delivery(
                 consumer TEXT NOT NULL REFERENCES consumer(name),
                 pos INTEGER NOT NULL REFERENCES outbox(pos),
                 state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending','accepted','set_aside')),
@@ -86,12 +86,15 @@ PRODUCER = FileKind(
                 updated_at REAL,
                 PRIMARY KEY (consumer, pos)
             ) WITHOUT ROWID""",
-            "INSERT INTO delivery_v2(consumer, pos, state, last_status, attempts) "
-            "SELECT consumer, pos, state, last_status, attempts FROM delivery",
+            (
+                "INSERT INTO delivery_v2(consumer, pos, state, last_status, attempts) "
+                "SELECT consumer, pos, state, last_status, attempts FROM delivery"
+            ),
             "DROP TABLE delivery",
             "ALTER TABLE delivery_v2 RENAME TO delivery",
-            # Next due event per consumer: ordered by due time, then commit order.
-            "CREATE INDEX delivery_due ON delivery(consumer, due_at, pos) WHERE state = 'pending'",
+            # Next due event per consumer: oldest commit first, skipping the
+            # few not yet due (due_at is in the index so the skip is cheap).
+            "CREATE INDEX delivery_due ON delivery(consumer, pos, due_at) WHERE state = 'pending'",
             """CREATE TABLE operator_action(
                 id INTEGER PRIMARY KEY AUTOINCREMENT,
                 at REAL NOT NULL,

@@ -6,7 +6,7 @@ from typing import Any
 
 from .consumer import read_effects, read_inbox, read_projection
 from .db import Database, PathLike
-from .producer import read_flow, read_outbox
+from .producer import read_flow, read_operator_actions, read_outbox
 from .schema import CONSUMER, PRODUCER
 
 __all__ = ["snapshot"]
@@ -32,6 +32,7 @@ def snapshot(producer_path: PathLike, consumer_path: PathLike) -> dict[str, Any]
                 "protocol": dict(conn.execute("SELECT key, value FROM meta")).get("protocol"),
                 "flows": {f: read_flow(conn, f) for f in flows},
                 "outbox": outbox,
+                "operator_actions": read_operator_actions(conn),
             }
     finally:
         producer.close()

@@ -126,7 +126,7 @@ class Worker:
 
     def run(self, *, max_passes: int | None = None, handle_signals: bool = True) -> WorkerStats:
         """Loop until :meth:`stop`, a signal, or ``max_passes`` passes; return the totals."""
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)

@@ -1,0 +1,84 @@
+"""`reliable-flow inspect`: what an operator sees, in text and JSON, without writing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.reservation import RESERVATION
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_FLOW_CRASH_AT"}
+    return subprocess.run(
+        [sys.executable, "-m", "reliable_flow", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _troubled_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A is blocked (schema 2), B has a gap, C1 is set aside, D1 was never relayed."""
+    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    with Producer(p_path, RESERVATION) as producer, Consumer(c_path, RESERVATION) as consumer:
+        producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2)
+        for i, kind in enumerate(["reserved", "confirmed", "released"]):
+            producer.advance(f"B{i + 1}", "B", expected_seq=i, kind=kind, payload={"amount": 2})
+        producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
+        consumer.receive({"event_id": "C1", "flow_id": "C", "seq": 1, "kind": "reserved",
+                          "schema": 1, "payload": {"amount": 9}})
+        for event_id in ["A1", "A2", "B1", "B3", "C1"]:
+            relay(producer, consumer, event_id=event_id)
+        consumer.process_all()
+        producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 1})
+        producer.redeliver("B2", consumer="default", actor="ops", reason="kick it")
+    return p_path, c_path
+
+
+def test_text_report_names_every_problem(tmp_path: Path) -> None:
+    p_path, c_path = _troubled_files(tmp_path)
+    before = (_digest(p_path), _digest(c_path))
+    done = _cli("inspect", str(p_path), str(c_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "producer (reservation): 4 flows, 7 events" in out
+    assert "to consumer 'default': 4 accepted, 2 undelivered, 1 set aside" in out
+    assert "event_id=C1  flow_id=C  seq=1  last_status=id_conflict  attempts=1" in out
+    assert "action=redeliver  event_id=B2  consumer=default  actor=ops  reason=kick it" in out
+    assert "inbox 1 pending, 1 blocked, 3 applied" in out
+    assert "flow_id=A  seq=2  event_id=A2  reason=unsupported_schema" in out
+    assert "flow_id=B  missing_seq=2  waiting=[3]" in out
+    assert (_digest(p_path), _digest(c_path)) == before
+
+
+def test_json_report_is_machine_readable(tmp_path: Path) -> None:
+    p_path, c_path = _troubled_files(tmp_path)
+    done = _cli("inspect", str(p_path), str(c_path), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    default = report["producer"]["consumers"]["default"]
+    assert [e["event_id"] for e in default["pending"]] == ["B2", "D1"]
+    assert [e["event_id"] for e in default["set_aside"]] == ["C1"]
+    assert report["consumer"]["blocked"] == [
+        {"flow_id": "A", "event_id": "A2", "seq": 2, "reason": "unsupported_schema"}
+    ]
+    assert report["consumer"]["gaps"] == [{"flow_id": "B", "missing_seq": 2, "waiting": [3]}]
+    assert report["consumer"]["inbox"] == {"pending": 1, "blocked": 1, "applied": 3}
+
+
+def test_wrong_or_missing_files_are_a_clear_error(tmp_path: Path) -> None:
+    p_path, c_path = _troubled_files(tmp_path)
+    swapped = _cli("inspect", str(c_path), str(p_path))
+    assert swapped.returncode == 2
+    assert "is a reliable_flow consumer file, not a producer file" in swapped.stderr
+    missing = _cli("inspect", str(p_path), str(tmp_path / "absent.db"))
+    assert missing.returncode == 2 and "absent.db" in missing.stderr
+    assert not (tmp_path / "absent.db").exists()

@@ -1,0 +1,275 @@
+"""Producer files written at schema v1 (one consumer, no leases) upgrade in
+place to the current schema and keep working.
+
+The v1 file is built the way the v1 release built it: the first migration
+only, through :class:`reliable_flow.db.Database`, then filled through raw
+SQL with rows in the v1 layout (an accepted, a pending and a set-aside
+delivery).  A pinned copy of the v1 DDL makes sure the first migration is
+never edited: files in the field were created from exactly that text.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reliable_flow import Consumer, DeliveryPolicy, Producer, SchemaTooNew, StorageError, relay
+from reliable_flow import envelope
+from reliable_flow.db import Database
+from reliable_flow.reservation import RESERVATION
+from reliable_flow.schema import PRODUCER, FileKind
+
+V1 = FileKind("producer", PRODUCER.application_id, PRODUCER.migrations[:1])
+
+# sqlite_master of a v1 producer file as the v1 release wrote it (whitespace folded).
+V1_SCHEMA = {
+    ("table", "meta"): "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    ("table", "flow"): "CREATE TABLE flow( flow_id TEXT PRIMARY KEY, seq INTEGER NOT NULL CHECK (seq >= 1), "
+    "state TEXT NOT NULL, data TEXT NOT NULL )",
+    ("table", "outbox"): "CREATE TABLE outbox( pos INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE, "
+    "flow_id TEXT NOT NULL, seq INTEGER NOT NULL CHECK (seq >= 1), body TEXT NOT NULL, UNIQUE (flow_id, seq) )",
+    ("table", "consumer"): "CREATE TABLE consumer( name TEXT PRIMARY KEY, uid TEXT NOT NULL UNIQUE ) WITHOUT ROWID",
+    ("table", "delivery"): "CREATE TABLE delivery( consumer TEXT NOT NULL REFERENCES consumer(name), "
+    "pos INTEGER NOT NULL REFERENCES outbox(pos), state TEXT NOT NULL DEFAULT 'pending' "
+    "CHECK (state IN ('pending','accepted','set_aside')), last_status TEXT, "
+    "attempts INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (consumer, pos) ) WITHOUT ROWID",
+    ("index", "delivery_pending"): "CREATE INDEX delivery_pending ON delivery(consumer, pos) WHERE state = 'pending'",
+    ("table", "sqlite_sequence"): "CREATE TABLE sqlite_sequence(name,seq)",
+}
+
+KINDS = ("reserved", "confirmed", "released")
+
+
+def body(event_id: str, flow_id: str, seq: int, amount: int = 3) -> str:
+    return envelope.make(
+        event_id=event_id, flow_id=flow_id, seq=seq, kind=KINDS[seq - 1], schema=1, payload={"amount": amount}
+    ).body
+
+
+def schema_of(path: Path) -> dict[tuple[str, str], str]:
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        return {
+            (t, n): re.sub(r"\s+", " ", sql)
+            for t, n, sql in conn.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")
+        }
+
+
+def pragmas(path: Path) -> tuple[int, int]:
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        return (conn.execute("PRAGMA user_version").fetchone()[0], conn.execute("PRAGMA application_id").fetchone()[0])
+
+
+def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA query_only=ON")
+        return conn.execute(sql).fetchall()
+
+
+V1_DELIVERIES = [  # consumer, event_id, state, last_status, attempts
+    ("default", "A1", "accepted", "accepted", 1),
+    ("default", "A2", "pending", None, 0),
+    ("default", "B1", "pending", None, 2),
+    ("default", "C1", "set_aside", "id_conflict", 1),
+]
+
+
+def make_v1_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A v1 producer file (flows A at seq 2, B and C at seq 1) and its consumer.
+
+    The consumer accepted A1 and holds another C1 (the set-aside conflict);
+    A2 and B1 were never delivered.
+    """
+    producer_path, consumer_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    with Consumer(consumer_path, RESERVATION) as consumer:
+        assert consumer.receive(body("A1", "A", 1)).status == "accepted"
+        assert consumer.receive(body("C1", "C", 1, amount=9)).status == "accepted"
+        uid = consumer.uid
+    db = Database(
+        producer_path, V1,
+        on_create=lambda conn: conn.execute("INSERT INTO meta(key, value) VALUES ('protocol', 'reservation')"),
+    )
+    try:
+        with db.write() as conn:
+            conn.executemany(
+                "INSERT INTO flow(flow_id, seq, state, data) VALUES (?, ?, ?, ?)",
+                [("A", 2, "confirmed", '{"amount":3}'), ("B", 1, "reserved", '{"amount":3}'),
+                 ("C", 1, "reserved", '{"amount":3}')],
+            )
+            conn.executemany(
+                "INSERT INTO outbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)",
+                [("A1", "A", 1, body("A1", "A", 1)), ("A2", "A", 2, body("A2", "A", 2)),
+                 ("B1", "B", 1, body("B1", "B", 1)), ("C1", "C", 1, body("C1", "C", 1))],
+            )
+            conn.execute("INSERT INTO consumer(name, uid) VALUES ('default', ?)", (uid,))
+            for name, event_id, state, last_status, attempts in V1_DELIVERIES:
+                conn.execute(
+                    "INSERT INTO delivery(consumer, pos, state, last_status, attempts) "
+                    "SELECT ?, pos, ?, ?, ? FROM outbox WHERE event_id = ?",
+                    (name, state, last_status, attempts, event_id),
+                )
+    finally:
+        db.close()
+    assert pragmas(producer_path) == (1, PRODUCER.application_id)
+    return producer_path, consumer_path
+
+
+def v1_content(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    return {
+        "meta": rows(path, "SELECT key, value FROM meta ORDER BY key"),
+        "flow": rows(path, "SELECT * FROM flow ORDER BY flow_id"),
+        "outbox": rows(path, "SELECT * FROM outbox ORDER BY pos"),
+        "consumer": rows(path, "SELECT * FROM consumer ORDER BY name"),
+        "delivery": rows(
+            path,
+            "SELECT d.consumer, o.event_id, d.state, d.last_status, d.attempts "
+            "FROM delivery d JOIN outbox o ON o.pos = d.pos ORDER BY d.pos",
+        ),
+    }
+
+
+def test_the_first_migration_is_still_the_released_v1_schema(tmp_path: Path) -> None:
+    producer_path, _ = make_v1_files(tmp_path)
+    assert schema_of(producer_path) == V1_SCHEMA
+
+
+def test_a_v1_file_upgrades_in_place_and_every_row_survives(tmp_path: Path) -> None:
+    producer_path, consumer_path = make_v1_files(tmp_path)
+    before = v1_content(producer_path)
+    assert before["delivery"] == V1_DELIVERIES
+    with Producer(producer_path, RESERVATION) as producer:
+        assert pragmas(producer_path) == (PRODUCER.version, PRODUCER.application_id)
+        assert v1_content(producer_path) == before
+        # The new columns start neutral: nothing leased, nothing backing off.
+        assert rows(producer_path, "SELECT DISTINCT failures, due_at, lease_owner, last_error FROM delivery") == [
+            (0, 0.0, None, None)
+        ]
+        assert producer.operator_actions() == []
+        assert producer.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
+        by_id = {e["event_id"]: e for e in producer.outbox()}
+        assert {k: (e["state"], e["last_status"]) for k, e in by_id.items()} == {
+            "A1": ("accepted", "accepted"), "A2": ("pending", None),
+            "B1": ("pending", None), "C1": ("set_aside", "id_conflict"),
+        }
+        assert by_id["B1"]["deliveries"]["default"]["attempts"] == 2
+    schema = schema_of(producer_path)
+    assert ("index", "delivery_pending") not in schema
+    assert ("table", "delivery_v2") not in schema
+    assert "lease_owner" in schema[("table", "delivery")] and "'skipped'" in schema[("table", "delivery")]
+    assert ("table", "operator_action") in schema
+    # Opening again is a no-op.
+    with Producer(producer_path, RESERVATION):
+        pass
+    assert schema_of(producer_path) == schema
+
+
+def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
+    producer_path, consumer_path = make_v1_files(tmp_path)
+    with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
+        policy = DeliveryPolicy(lease_seconds=10)
+        answers = []
+        while (r := relay(producer, consumer, policy=policy)).status != "idle":
+            answers.append(f"{r.event_id} {r.status}")
+        assert answers == ["A2 accepted", "B1 accepted"]  # the pending ones; C1 stays set aside
+        assert producer.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3}).status == "committed"
+        assert relay(producer, consumer, policy=policy).event_id == "A3"
+        assert relay(producer, consumer, policy=policy).status == "idle"
+        drained = consumer.process_all()
+        assert (drained["A"].applied, drained["B"].applied) == (3, 1)
+        assert consumer.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
+        assert [e["state"] for e in producer.outbox("C")] == ["set_aside"]
+
+        # A consumer added after the upgrade gets every event, old ones included.
+        with Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
+            got = []
+            while (r := relay(producer, audit, policy=policy)).status != "idle":
+                got.append(r.event_id)
+            assert sorted(got) == ["A1", "A2", "A3", "B1", "C1"]
+            audit.process_all()
+            assert audit.projection("C") == {"state": "reserved", "last_seq": 1, "held": 3}
+
+        # The set-aside event left over from v1 can be resolved with the new operator actions.
+        with closing(sqlite3.connect(consumer_path, isolation_level=None)) as conn:
+            conn.execute("DELETE FROM projection WHERE flow_id = 'C'")
+            conn.execute("DELETE FROM effect WHERE flow_id = 'C'")
+            conn.execute("DELETE FROM inbox WHERE flow_id = 'C'")
+        producer.redeliver("C1", consumer="default", actor="ops", reason="removed the stray C1 after the upgrade")
+        assert relay(producer, consumer, policy=policy).event_id == "C1"
+        assert [a["action"] for a in producer.operator_actions("C1")] == ["redeliver"]
+        assert all(e["accepted"] for e in producer.outbox())
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [
+        "CREATE TABLE delivery_v2(note TEXT)",  # fails at the first statement of the migration
+        "CREATE VIEW operator_action AS SELECT 1 AS x",  # fails at the last, after the rebuild
+    ],
+)
+def test_a_migration_that_fails_halfway_leaves_the_v1_file_intact(tmp_path: Path, stray: str) -> None:
+    producer_path, consumer_path = make_v1_files(tmp_path)
+    with closing(sqlite3.connect(producer_path, isolation_level=None)) as conn:
+        conn.execute(stray)  # something an operator left in the file
+    before_content, before_schema = v1_content(producer_path), schema_of(producer_path)
+    with pytest.raises((sqlite3.Error, StorageError), match="already exists"):
+        Producer(producer_path, RESERVATION)
+    assert pragmas(producer_path) == (1, PRODUCER.application_id)
+    assert schema_of(producer_path) == before_schema
+    assert v1_content(producer_path) == before_content
+    # Once the stray object is gone, the upgrade goes through with the same data.
+    with closing(sqlite3.connect(producer_path, isolation_level=None)) as conn:
+        conn.execute(f"DROP {stray.split()[1]} {stray.split()[2].split('(')[0]}")
+    with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
+        assert pragmas(producer_path)[0] == PRODUCER.version
+        assert v1_content(producer_path) == before_content
+        assert relay(producer, consumer).event_id == "A2"
+
+
+def test_a_file_newer_than_the_code_is_refused_untouched(tmp_path: Path) -> None:
+    producer_path, _ = make_v1_files(tmp_path)
+    with closing(sqlite3.connect(producer_path, isolation_level=None)) as conn:
+        conn.execute(f"PRAGMA user_version = {PRODUCER.version + 1}")
+    before = v1_content(producer_path)
+    with pytest.raises(SchemaTooNew):
+        Producer(producer_path, RESERVATION)
+    assert pragmas(producer_path)[0] == PRODUCER.version + 1
+    assert v1_content(producer_path) == before
+
+
+def _open_and_report(path: str, barrier: Any, results: Any, index: int) -> None:
+    try:
+        barrier.wait(timeout=60)
+        with Producer(path, RESERVATION) as producer:
+            results.put((index, "ok", len(producer.outbox())))
+    except BaseException as exc:
+        results.put((index, "error", repr(exc)))
+
+
+def test_four_processes_opening_a_v1_file_at_once_upgrade_it_once(tmp_path: Path) -> None:
+    producer_path, _ = make_v1_files(tmp_path)
+    before = v1_content(producer_path)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_report, args=(str(producer_path), barrier, results, i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        reports = sorted(results.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+        results.join_thread()
+    assert reports == [(i, "ok", 4) for i in range(4)]
+    assert pragmas(producer_path)[0] == PRODUCER.version
+    assert v1_content(producer_path) == before
+    assert json.loads(rows(producer_path, "SELECT body FROM outbox WHERE event_id = 'A2'")[0][0])["seq"] == 2
