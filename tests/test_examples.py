@@ -32,6 +32,17 @@ EXPECTED: dict[str, list[str]] = {
         "projection T1: {'state': 'answered', 'last_seq': 5, 'answered': True, 'tool_calls': 2}",
         "effects T1: requested, planned, tool_called, tool_called, answered",
     ],
+    "crash_demo.py": [
+        "advance.after_outbox_insert    73  -     -         -        0   "
+        "| committed reserved/1/3, effects=1",
+        "receive.after_commit           73  flow  unsent    pending  0   "
+        "| existing  reserved/1/3, effects=1",
+        "relay.after_commit             73  flow  accepted  pending  0   "
+        "| existing  reserved/1/3, effects=1",
+        "apply.after_commit             73  flow  accepted  applied  1   "
+        "| existing  reserved/1/3, effects=1",
+        "Every recovery ends with exactly one effect.",
+    ],
 }
 
 
