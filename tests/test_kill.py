@@ -21,7 +21,7 @@ checks (public API plus read-only SQL where there is no accessor):
 * every flow's applied events are a gap-free legal prefix of its inbox;
 * conflicts are never accepted, and stale / conflicting advances never stored.
 
-Default: 100 kills (about half a minute).  ``RELIABLE_FLOW_KILLS=N`` changes
+Default: 100 kills (about 20 s on two cores).  ``RELIABLE_FLOW_KILLS=N`` changes
 the count of the default test; ``RELIABLE_FLOW_SOAK=1`` runs the opt-in soak
 test with 1000 kills.  The seed is printed; ``RELIABLE_FLOW_SEED=<seed>``
 replays the same plan and the same per-incarnation choices (the kill
@@ -58,6 +58,11 @@ SOAK_KILLS = 1000
 MAX_KILL_DELAY = 0.08  # seconds after "ready"; a round of work takes a few hundred ms
 EARLY_KILL_SHARE = 0.1  # kills that may land while the child starts and opens the files
 ROUND_TIMEOUT = 120  # an uninterrupted incarnation must finish its round within this
+MUST_SEE = (  # answers a campaign must have produced, or it did not test much
+    "relay accepted", "relay duplicate", "receive duplicate", "advance existing", "advance stale",
+    "advance conflict", "relay id_conflict", "relay sequence_conflict", "apply gap", "apply blocked",
+    "apply applied",
+)
 
 
 def kill_count(default: int) -> int:
@@ -353,11 +358,11 @@ def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
           f"incarnations={stats.incarnations} torn journal lines={journal.torn} in {stats.seconds:.1f}s; "
           f"answers {dict(sorted(counts.items()))}",
           flush=True)
-    # The workload really exercised what the invariants are about.
-    for needed in ("relay accepted", "relay duplicate", "receive duplicate", "advance existing", "advance stale",
-                   "advance conflict", "relay id_conflict", "relay sequence_conflict", "apply gap",
-                   "apply blocked", "apply applied"):
-        assert counts[needed] > 0, f"the workload never produced {needed!r}: {counts}"
+    # The workload really exercised what the invariants are about (with a
+    # handful of kills a gap, say, may simply not have happened yet).
+    if kills >= 50:
+        missing = [answer for answer in MUST_SEE if counts[answer] == 0]
+        assert not missing, f"the workload never produced {missing}: {counts}"
     return stats
 
 

@@ -257,9 +257,12 @@ class Consumer:
                 )
             new_data = self.protocol.next_data(state, data, event["kind"], event["schema"], event["payload"])
         except Rejected as rejected:
+            # Only a change is written: re-examining an unchanged block then
+            # costs no fsync (a transaction without writes commits for free).
             conn.execute(
-                "UPDATE inbox SET state = 'blocked', reason = ? WHERE event_id = ?",
-                (rejected.reason.value, event_id),
+                "UPDATE inbox SET state = 'blocked', reason = ? "
+                "WHERE event_id = ? AND (state <> 'blocked' OR reason IS NOT ?)",
+                (rejected.reason.value, event_id, rejected.reason.value),
             )
             return ApplyResult(ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail)
         new_state = event["kind"]

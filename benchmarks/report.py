@@ -1,0 +1,241 @@
+"""Tables for the terminal and benchmarks/RESULTS.md, and the cProfile of a
+benchmark that missed its target.  Every number comes from the run."""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import cases
+import explain
+
+if TYPE_CHECKING:
+    from run import Load, Result, ScalingResult
+
+__all__ = ["markdown", "summarize", "table"]
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _met(value: bool | None) -> str:
+    return "—" if value is None else ("yes" if value else "**no**")
+
+
+def _commits(audit: dict[str, tuple[float, float]], side: str) -> str:
+    durable, empty = audit.get(side, (float("nan"), 0.0))
+    text = f"{durable:.2f}".rstrip("0").rstrip(".")
+    return text + (f" (+{empty:.2f} empty)" if empty else "")
+
+
+def _ratio(r: Result) -> str:
+    if r.target is not None and r.target.kind == "throughput":
+        return f"{r.ratio:.2f}x events/s"
+    return f"{r.ratio:.2f}x time"
+
+
+def table(results: Sequence[Result], scaling: ScalingResult | None) -> str:
+    """The main table: one row per comparison with the raw floor, one per scaled op."""
+    header = ["benchmark", "commits/event lib / floor", "library us/event", "floor us/event",
+              "ratio (median of rounds)", "library events/s", "floor events/s", "target", "met?"]
+    rows = []
+    for r in results:
+        rows.append([
+            r.title, f"{_commits(r.audit, 'library')} / {_commits(r.audit, 'floor')}",
+            _n(r.lib_us), _n(r.floor_us), _ratio(r), _n(1e6 / r.lib_us), _n(1e6 / r.floor_us),
+            r.target.text if r.target else "(none)", _met(r.met),
+        ])
+    if scaling is not None:
+        for op in cases.Scaling.ops:
+            big, small = scaling.big_rows, scaling.small_rows
+            rows.append([
+                f"{op} at {big:,} rows vs {small:,}",
+                f"{_commits(scaling.audit, 'library')} / {_commits(scaling.audit, 'floor')}",
+                f"{_n(scaling.us(op, 'library', big))} (vs {_n(scaling.us(op, 'library', small))})",
+                f"{_n(scaling.us(op, 'floor', big))} (vs {_n(scaling.us(op, 'floor', small))})",
+                f"{scaling.growth(op, 'library'):.2f}x time vs {small:,} rows",
+                _n(1e6 / scaling.us(op, "library", big)), _n(1e6 / scaling.us(op, "floor", big)),
+                scaling.target.text, _met(scaling.met(op)),
+            ])
+    return _md(header, rows)
+
+
+def scaling_table(s: ScalingResult) -> str:
+    header = ["op (new flows)", f"library @ {s.small_rows:,}", f"library @ {s.big_rows:,}", "library growth",
+              f"floor @ {s.small_rows:,}", f"floor @ {s.big_rows:,}", "floor growth",
+              f"library/floor @ {s.small_rows:,}", f"library/floor @ {s.big_rows:,}"]
+    rows = [[
+        op, _n(s.us(op, "library", s.small_rows)), _n(s.us(op, "library", s.big_rows)),
+        f"{s.growth(op, 'library'):.2f}x", _n(s.us(op, "floor", s.small_rows)), _n(s.us(op, "floor", s.big_rows)),
+        f"{s.growth(op, 'floor'):.2f}x", f"{s.vs_floor(op, s.small_rows):.2f}x", f"{s.vs_floor(op, s.big_rows):.2f}x",
+    ] for op in cases.Scaling.ops]
+    return _md(header, rows)
+
+
+def rounds_table(results: Sequence[Result]) -> str:
+    header = ["benchmark", "events/round", "rounds", "per-round ratio min..max", "library us/event by round",
+              "floor us/event by round"]
+    rows = []
+    for r in results:
+        low, high = r.spread
+        rows.append([r.name, f"{r.events:,}", str(len(r.lib)), f"{low:.2f}..{high:.2f}",
+                     " ".join(_n(s.us_per_event) for s in r.lib), " ".join(_n(s.us_per_event) for s in r.floor)])
+    return _md(header, rows)
+
+
+# -- profiling ------------------------------------------------------------------------
+
+
+def _category(func: tuple[str, int, str]) -> str:
+    filename, _, name = func
+    if "sqlite3.Connection" in name or "sqlite3.Cursor" in name:
+        if "commit" in name.lower():
+            return "sqlite"
+        return "sqlite"
+    if "json" in filename or "_json" in name or "json" in name:
+        return "json"
+    if "reliable_flow" in filename:
+        return "library"
+    return "other"
+
+
+CATEGORY_TEXT = {
+    "sqlite": "sqlite3 execute/executemany (all SQL, including COMMIT and its fsync)",
+    "json": "json (dumps/loads, including the duplicate-key hook)",
+    "library": "reliable_flow's own Python (validation, protocol, results, transactions)",
+    "other": "other Python (dataclasses, enum, contextlib, the benchmark loop)",
+}
+
+
+def summarize(profiler: cProfile.Profile, sample: Any) -> dict[str, Any]:
+    """Where the library side's measured time went, by category and top functions."""
+    stats = pstats.Stats(profiler)
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())  # own times sum to the profiled time
+    by_cat: dict[str, float] = {}
+    for func, (_, _, tottime, _, _) in raw.items():
+        by_cat[_category(func)] = by_cat.get(_category(func), 0.0) + tottime
+    top = sorted(raw.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    events = sample.events
+    return {
+        "events": events,
+        "wall_us": sample.us_per_event,
+        "profiled_us": total / events * 1e6,
+        "categories": {k: v / events * 1e6 for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top": [
+            (_label(func), v[1] / events, v[2] / events * 1e6, v[3] / events * 1e6) for func, v in top
+        ],
+    }
+
+
+def _label(func: tuple[str, int, str]) -> str:
+    filename, line, name = func
+    if filename == "~":
+        return name
+    parts = filename.replace(os.sep, "/").split("/")
+    short = "/".join(parts[-2:]) if "reliable_flow" in parts else parts[-1]
+    return f"{short}:{line} {name}"
+
+
+def profile_md(prof: dict[str, Any]) -> str:
+    lines = [
+        f"cProfile of the library side's measured section ({prof['events']:,} events; profiling "
+        f"inflates Python-heavy code, so use the shares, not the absolute numbers): "
+        f"{_n(prof['profiled_us'])} us/event profiled.",
+        "",
+        _md(["where", "us/event", "share"], [
+            [CATEGORY_TEXT.get(k, k), _n(v), f"{v / prof['profiled_us']:.0%}"]
+            for k, v in prof["categories"].items()
+        ]),
+        "",
+        "Top functions by own time:",
+        "",
+        _md(["function", "calls/event", "own us/event", "cumulative us/event"], [
+            [f"`{name}`", f"{calls:.2f}", _n(own), _n(cum)] for name, calls, own, cum in prof["top"]
+        ]),
+    ]
+    return "\n".join(lines)
+
+
+# -- RESULTS.md -------------------------------------------------------------------------
+
+
+def markdown(info: dict[str, str], results: Sequence[Result], scaling: ScalingResult | None, load: Load,
+             elapsed: float, rounds: int, *, quick: bool, argv: Sequence[str],
+             profiles: dict[str, dict[str, Any] | None]) -> str:
+    cmd = "python benchmarks/run.py " + " ".join(argv)
+    out = [
+        "# Benchmark results",
+        "",
+        "Generated by `" + cmd.strip() + "` — do not edit by hand; re-run to refresh.",
+        "",
+        f"**Machine:** {info['platform']}; {info['cpu']}; {info['python']}; SQLite {info['sqlite']}; "
+        f"filesystem {info['filesystem']}.",
+        "",
+        f"**Date:** {info['date']}. Total run time {elapsed:.0f} s, {rounds} interleaved rounds per benchmark "
+        f"(process_all with batch_size=1: at most {cases.Sizes().heavy_rounds}).",
+        "",
+    ]
+    cpus = os.cpu_count() or 1
+    if load.max1 >= 0.5:
+        out += [
+            f"**Shared machine:** the 1-minute load average was {load.mean1:.2f} on average and up to "
+            f"{load.max1:.2f} during the run, on {cpus} CPUs: other processes were running (and fsyncing) "
+            "at the same time. Absolute figures are therefore noisier and slower than on an idle machine; "
+            "the ratios are paired per round (library and floor measured back to back on fresh files) "
+            "to cancel most of that.",
+            "",
+        ]
+    if quick:
+        out += ["**This is a `--quick` smoke run** (small sizes): not the figures to quote.", ""]
+    out += [
+        "## Summary",
+        "",
+        table(results, scaling),
+        "",
+        "Ratios are medians over rounds of the per-round ratio (library vs floor measured back to back), "
+        "so they can differ slightly from the ratio of the two median columns. `commits/event` was counted "
+        "in a separate audit run (SQL trace of BEGIN/COMMIT with row changes); `empty` commits changed no "
+        "row and cost no fsync.",
+        "",
+    ]
+    if scaling is not None:
+        out += [
+            "## Scaling",
+            "",
+            f"Per-event cost (us) of each operation on {scaling.events} new flows per round, with "
+            f"{scaling.small_rows:,} vs {scaling.big_rows:,} events already in both files "
+            f"(the {scaling.big_rows:,}-event pair was built in {scaling.build_seconds:.0f} s and is "
+            "excluded from the timings).",
+            "",
+            scaling_table(scaling),
+            "",
+        ]
+    if results:
+        out += ["## Rounds", "", rounds_table(results), ""]
+    missed = [r for r in results if r.met is False]
+    missed_ops = [op for op in cases.Scaling.ops if scaling is not None and not scaling.met(op)]
+    out += ["## Targets missed", ""]
+    if not missed and not missed_ops:
+        out += ["None: every target was met in this run.", ""]
+    for r in missed:
+        out += [f"### {r.title}: {_ratio(r)} (target {r.target.text if r.target else ''})", ""]
+        out += [explain.why(r.name, r, profiles.get(r.name)), ""]
+        if profiles.get(r.name):
+            out += [profile_md(profiles[r.name]), ""]  # type: ignore[arg-type]
+    for op in missed_ops:
+        assert scaling is not None
+        out += [f"### {op} at {scaling.big_rows:,} rows: {scaling.growth(op, 'library'):.2f}x "
+                f"(target {scaling.target.text})", "", explain.why_scaling(op, scaling), ""]
+    out += ["## Notes", "", explain.NOTES, ""]
+    return "\n".join(out)

@@ -1,0 +1,364 @@
+"""Run the reliable_flow benchmark suite: library vs raw-SQLite floor, same run.
+
+    python benchmarks/run.py                  # everything, a few minutes
+    python benchmarks/run.py --quick          # ~30 s smoke run (smaller sizes)
+    python benchmarks/run.py --only e2e --only scaling --rounds 7
+    python benchmarks/run.py --write-results  # also regenerate benchmarks/RESULTS.md
+
+See benchmarks/README.md for what each benchmark measures and how to read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import cases  # noqa: E402
+import report  # noqa: E402
+from common import CommitCounter, Sample, machine, median  # noqa: E402
+
+DEFAULT_ROUNDS = 5
+QUICK_ROUNDS = 3
+SCALING = "scaling"
+
+
+@dataclass
+class Result:
+    """Every round of one benchmark, and what its audit counted."""
+
+    name: str
+    title: str
+    commits: str
+    events: int
+    target: cases.Target | None
+    lib: list[Sample] = field(default_factory=list)
+    floor: list[Sample] = field(default_factory=list)
+    audit: dict[str, tuple[float, float]] = field(default_factory=dict)  # side -> (durable, empty) per event
+    reference: str = "raw floor"
+
+    @property
+    def lib_us(self) -> float:
+        return median(s.us_per_event for s in self.lib)
+
+    @property
+    def floor_us(self) -> float:
+        return median(s.us_per_event for s in self.floor)
+
+    @property
+    def lib_cpu(self) -> float:
+        return median(s.cpu_us_per_event for s in self.lib)
+
+    @property
+    def floor_cpu(self) -> float:
+        return median(s.cpu_us_per_event for s in self.floor)
+
+    @property
+    def time_ratio(self) -> float:
+        """Median over rounds of (library time / floor time) per event, paired by round."""
+        return median(a.us_per_event / b.us_per_event for a, b in zip(self.lib, self.floor))
+
+    @property
+    def ratio(self) -> float:
+        """The ratio the target reads: time ratio, or throughput ratio (library / floor events/s)."""
+        if self.target is not None and self.target.kind == "throughput":
+            return median(b.us_per_event / a.us_per_event for a, b in zip(self.lib, self.floor))
+        return self.time_ratio
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.target.met(self.ratio)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """Smallest and largest per-round ratio (how noisy the rounds were)."""
+        if self.target is not None and self.target.kind == "throughput":
+            values = [b.us_per_event / a.us_per_event for a, b in zip(self.lib, self.floor)]
+        else:
+            values = [a.us_per_event / b.us_per_event for a, b in zip(self.lib, self.floor)]
+        return min(values), max(values)
+
+
+@dataclass
+class ScalingResult:
+    """Per op: samples by (side, rows), rounds in order."""
+
+    small_rows: int
+    big_rows: int
+    events: int
+    build_seconds: float = 0.0
+    samples: dict[tuple[str, str, int], list[Sample]] = field(default_factory=dict)
+    audit: dict[str, tuple[float, float]] = field(default_factory=dict)
+    target: cases.Target = cases.Scaling.target
+
+    def us(self, op: str, side: str, rows: int) -> float:
+        return median(s.us_per_event for s in self.samples[(op, side, rows)])
+
+    def growth(self, op: str, side: str) -> float:
+        """Median over rounds of (cost at big_rows / cost at small_rows), paired by round."""
+        big, small = self.samples[(op, side, self.big_rows)], self.samples[(op, side, self.small_rows)]
+        return median(b.us_per_event / s.us_per_event for b, s in zip(big, small))
+
+    def vs_floor(self, op: str, rows: int) -> float:
+        lib, flo = self.samples[(op, "library", rows)], self.samples[(op, "floor", rows)]
+        return median(a.us_per_event / b.us_per_event for a, b in zip(lib, flo))
+
+    def met(self, op: str) -> bool:
+        return self.target.met(self.growth(op, "library"))
+
+
+class Load:
+    """os.getloadavg() samples: the machine may be shared with other work."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self.sample()
+
+    def sample(self) -> None:
+        if hasattr(os, "getloadavg"):
+            self.samples.append(os.getloadavg())
+
+    @property
+    def max1(self) -> float:
+        return max((s[0] for s in self.samples), default=0.0)
+
+    @property
+    def mean1(self) -> float:
+        return sum(s[0] for s in self.samples) / len(self.samples) if self.samples else 0.0
+
+
+def _fresh(tmp: str, label: str) -> str:
+    return tempfile.mkdtemp(prefix=label + "-", dir=tmp)
+
+
+Key = Hashable
+
+
+def interleave(sessions: dict[Key, cases.Session], block: int, offset: int = 0,
+               profiler: Any = None, profiled: Key | None = None) -> dict[tuple[Key, str], Sample]:
+    """Run every session's units, phase by phase, in alternating blocks of
+    ``block`` units (the order of sessions rotates from block to block), and
+    time each side's blocks.  Returns a Sample per (session key, phase)."""
+    keys = list(sessions)
+    phases = list(sessions[keys[0]].phases)
+    elapsed: dict[tuple[Key, str], float] = {}
+    cpu: dict[tuple[Key, str], float] = {}
+    for phase in phases:
+        count = len(sessions[keys[0]].phases[phase])
+        assert all(len(s.phases[phase]) == count for s in sessions.values()), "unequal sides"
+        for b, start in enumerate(range(0, count, block)):
+            turn = (offset + b) % len(keys)
+            for key in keys[turn:] + keys[:turn]:
+                units = sessions[key].phases[phase][start:start + block]
+                if profiler is not None and key == profiled:
+                    profiler.enable()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for unit in units:
+                    unit()
+                t1, c1 = time.perf_counter(), time.process_time()
+                if profiler is not None and key == profiled:
+                    profiler.disable()
+                elapsed[(key, phase)] = elapsed.get((key, phase), 0.0) + (t1 - t0)
+                cpu[(key, phase)] = cpu.get((key, phase), 0.0) + (c1 - c0)
+    return {
+        (key, phase): Sample(elapsed[(key, phase)], len(s.phases[phase]) * s.per_unit, cpu[(key, phase)])
+        for key, s in sessions.items() for phase in phases
+    }
+
+
+def run_sessions(openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: str, block: int,
+                 offset: int = 0, counter: CommitCounter | None = None, profiler: Any = None,
+                 profiled: Key | None = None) -> dict[tuple[Key, str], Sample]:
+    """Open one session per key on fresh directories, interleave them, check, clean up."""
+    dirs: list[str] = []
+    sessions: dict[Key, cases.Session] = {}
+    try:
+        for key, opener in openers.items():
+            dirs.append(_fresh(tmp, f"{label}-{key}".replace(" ", "").replace("'", "")))
+            sessions[key] = opener(dirs[-1])
+            if counter is not None:
+                for conn in sessions[key].conns:
+                    counter.attach(conn)
+        samples = interleave(sessions, block, offset, profiler, profiled)
+        for session in sessions.values():
+            session.check()
+        return samples
+    finally:
+        if counter is not None:
+            counter.detach()
+        for session in sessions.values():
+            session.close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _audit(openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: str) -> dict[str, tuple[float, float]]:
+    """Commits per event for each side, counted one side at a time."""
+    out = {}
+    for key, opener in openers.items():
+        counter = CommitCounter()
+        samples = run_sessions({key: opener}, tmp, label, 10**9, counter=counter)
+        events = sum(s.events for s in samples.values())
+        side = key if isinstance(key, str) else key[1]
+        out[side] = (counter.durable / events, counter.empty / events)
+    return out
+
+
+def _openers(bench: cases.Benchmark, seed: int) -> dict[Key, Callable[[str], cases.Session]]:
+    # Both sides get the same events (same seed) on their own files.
+    return {side: (lambda d, side=side: bench.open(side, d, random.Random(seed))) for side in ("floor", "library")}
+
+
+def run_benchmark(bench: cases.Benchmark, audit_bench: cases.Benchmark, rounds: int, tmp: str,
+                  log: Callable[[str], None], load: Load) -> Result:
+    result = Result(bench.name, bench.title, bench.commits, bench.events(), bench.target)
+    result.audit = _audit(_openers(audit_bench, 12345), tmp, f"audit-{bench.name}")
+    audit_bench.close()
+    if bench.heavy:
+        rounds = min(rounds, bench.sizes.heavy_rounds)
+    try:
+        for r in range(rounds):
+            samples = run_sessions(_openers(bench, 1000 + r), tmp, f"{bench.name}-r{r}", bench.sizes.block, offset=r)
+            result.floor.append(samples[("floor", "main")])
+            result.lib.append(samples[("library", "main")])
+            load.sample()
+            log(f"  round {r + 1}/{rounds}: floor {result.floor[-1].us_per_event:8.1f} us/event, "
+                f"library {result.lib[-1].us_per_event:8.1f} us/event, "
+                f"ratio {result.lib[-1].us_per_event / result.floor[-1].us_per_event:.2f} "
+                f"(CPU us/event: floor {result.floor[-1].cpu_us_per_event:.0f}, "
+                f"library {result.lib[-1].cpu_us_per_event:.0f})")
+    finally:
+        bench.close()
+    return result
+
+
+def profile_benchmark(bench: cases.Benchmark, tmp: str) -> tuple[Any, Sample]:
+    """cProfile the library side's units of one round (the floor runs interleaved, unprofiled)."""
+    profiler = cProfile.Profile()
+    try:
+        samples = run_sessions(_openers(bench, 4242), tmp, f"profile-{bench.name}", bench.sizes.block,
+                               profiler=profiler, profiled="library")
+    finally:
+        bench.close()
+    return profiler, samples[("library", "main")]
+
+
+def run_scaling(sizes: cases.Sizes, rounds: int, tmp: str, log: Callable[[str], None], load: Load) -> ScalingResult:
+    scaling = cases.Scaling(sizes, tmp)
+    small, big = sizes.small_rows, sizes.big_rows
+    try:
+        log(f"  building files with {small:,} and {big:,} events of history ...")
+        scaling.build()
+        log(f"  built the {big:,}-event pair in {scaling.build_seconds:.1f} s")
+        out = ScalingResult(small, big, sizes.scaling_events, scaling.build_seconds)
+
+        def openers(r: int, sizes_: tuple[int, ...]) -> dict[Key, Callable[[str], cases.Session]]:
+            # Different ids per side: on the big files both sides write into the same files.
+            return {
+                (rows, side): (lambda d, rows=rows, side=side: scaling.open(
+                    rows, side, d, random.Random(f"{r}-{side}-{rows}")))
+                for rows in sizes_ for side in ("floor", "library")
+            }
+        out.audit = _audit(openers(-1, (small,)), tmp, "audit-scaling")
+        for r in range(rounds):
+            scaling.checkpoint()
+            samples = run_sessions(openers(r, (small, big)), tmp, f"scaling-r{r}", sizes.block, offset=r)
+            for ((rows, side), op), sample in samples.items():
+                out.samples.setdefault((op, side, rows), []).append(sample)
+            load.sample()
+            log("  round {}/{}: library advance/receive/apply us/event at {:,} rows: {} | at {:,}: {}".format(
+                r + 1, rounds, small,
+                " ".join(f"{out.samples[(op, 'library', small)][-1].us_per_event:.0f}" for op in cases.Scaling.ops),
+                big,
+                " ".join(f"{out.samples[(op, 'library', big)][-1].us_per_event:.0f}" for op in cases.Scaling.ops)))
+        return out
+    finally:
+        scaling.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [b(cases.Sizes()).name for b in cases.BENCHMARKS] + [SCALING]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, 3 rounds (~30 s)")
+    parser.add_argument("--only", action="append", metavar="NAME", choices=names,
+                        help=f"run only this benchmark (repeatable): {', '.join(names)}")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help=f"interleaved rounds per benchmark (default {DEFAULT_ROUNDS}, quick {QUICK_ROUNDS})")
+    parser.add_argument("--write-results", action="store_true", help="regenerate benchmarks/RESULTS.md")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="with --write-results: skip the cProfile of benchmarks that miss their target")
+    parser.add_argument("--tmp", metavar="DIR", help="where to put the temporary files (default: system temp)")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    if rounds < 1:
+        parser.error("--rounds must be >= 1")
+    sizes = cases.Sizes.quick() if args.quick else cases.Sizes()
+    audit_sizes = cases.Sizes.quick()
+    selected = args.only or names
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    tmp = tempfile.mkdtemp(prefix="reliable-flow-bench-", dir=args.tmp)
+    started = time.perf_counter()
+    load = Load()
+    info = machine(tmp)
+    log("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
+    log(f"load average at start: {load.samples[0][0]:.2f} (1 min) on {os.cpu_count()} CPUs")
+    results: list[Result] = []
+    scaling: ScalingResult | None = None
+    try:
+        for kind in cases.BENCHMARKS:
+            bench = kind(sizes)
+            if bench.name not in selected:
+                continue
+            log(f"{bench.name}: {bench.title} [{bench.commits}]")
+            results.append(run_benchmark(bench, kind(audit_sizes), rounds, tmp, log, load))
+        if SCALING in selected:
+            log(f"{SCALING}: advance / receive / apply_next on new flows, "
+                f"{sizes.small_rows:,} vs {sizes.big_rows:,} rows already in the files")
+            scaling = run_scaling(sizes, rounds, tmp, log, load)
+        load.sample()
+        elapsed = time.perf_counter() - started
+        text = report.table(results, scaling)
+        log("")
+        log(text)
+        log(f"total {elapsed:.0f} s; load average max {load.max1:.2f}, mean {load.mean1:.2f} (1 min)")
+        if args.write_results:
+            profiles = {}
+            if not args.no_profile:
+                for r in results:
+                    if r.met is False:
+                        log(f"profiling the library side of {r.name} (missed its target) ...")
+                        kind = next(k for k in cases.BENCHMARKS if k(sizes).name == r.name)
+                        profiles[r.name] = report.summarize(*profile_benchmark(kind(sizes), tmp))
+                if scaling is not None:
+                    for op in cases.Scaling.ops:
+                        if not scaling.met(op):
+                            profiles[f"scaling-{op}"] = None  # explained from the scaling table itself
+            path = os.path.join(HERE, "RESULTS.md")
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(report.markdown(
+                    info, results, scaling, load, elapsed, rounds, quick=args.quick, argv=sys.argv[1:],
+                    profiles=profiles,
+                ))
+            log(f"wrote {path}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
