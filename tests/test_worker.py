@@ -155,6 +155,63 @@ def test_a_consumer_that_raises_is_recorded_and_the_others_go_on(tmp_path: Path)
         assert stats.errors == 4
 
 
+class FailsForFlow(Consumer):
+    """The transport drops every event of one flow (e.g. its partition is down)."""
+
+    bad_flow = "STUCK"
+
+    def receive(self, envelope_in: Any) -> Any:
+        if json.loads(envelope_in)["flow_id"] == self.bad_flow:
+            raise ConnectionError(f"partition of {self.bad_flow} unreachable")
+        return super().receive(envelope_in)
+
+
+def test_a_flow_that_keeps_failing_does_not_hold_back_the_workers_other_flows(tmp_path: Path) -> None:
+    clock = Clock()
+    policy = DeliveryPolicy(lease_seconds=5, backoff_base=0.5, backoff_cap=30.0, clock=clock, random=lambda: 1.0)
+    healthy = [f"H{i:02d}" for i in range(50)]
+    with Producer(tmp_path / "p.db", RESERVATION) as producer, \
+            FailsForFlow(tmp_path / "c.db", RESERVATION) as c:
+        commit(producer, "STUCK")  # the oldest events of all
+        for flow in healthy:
+            commit(producer, flow)
+
+        def tick(stats: WorkerStats) -> None:
+            clock.t += 0.5  # each pass takes half a second of (injected) time
+            if all(c.projection(f) == RELEASED for f in healthy):
+                worker.stop()
+
+        worker = Worker(producer, [c], policy=policy, relay_batch=10, idle_sleep=0, on_pass=tick)
+        stats = worker.run(max_passes=100, handle_signals=False)
+        assert worker.stopping, stats.as_dict()  # every healthy flow done within 100 passes
+        assert stats.relayed["accepted"] == 150 and stats.applied == 150
+        assert stats.errors > 3  # STUCK was retried, with backoff ...
+        assert stats.errors < stats.passes  # ... but not on every pass
+        assert stats.last_error == "default: ConnectionError: partition of STUCK unreachable"
+        assert c.projection("STUCK") is None
+        assert [e["state"] for e in producer.outbox("STUCK")] == ["pending"] * 3
+
+
+def test_the_worker_waits_out_a_full_inbox_and_drops_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    policy = DeliveryPolicy(lease_seconds=5, backoff_base=0.5, backoff_cap=2.0, clock=clock, random=lambda: 1.0)
+    flows = [f"F{i}" for i in range(6)]
+    with Producer(tmp_path / "p.db", RESERVATION) as producer, \
+            Consumer(tmp_path / "c.db", RESERVATION, max_inbox=2) as c:
+        for flow in flows:  # F0-1, F0-2, F0-3, F1-1, ...: F0-3 arrives while F0-1 and F0-2 fill the inbox
+            commit(producer, flow, amount=4)
+
+        def tick(stats: WorkerStats) -> None:
+            clock.t += 0.5
+
+        worker = Worker(producer, [c], policy=policy, relay_batch=4, apply_limit=1, idle_sleep=0, on_pass=tick)
+        stats = worker.run(max_passes=200, handle_signals=False)
+        assert stats.errors > 0 and "InboxFull" in (stats.last_error or "")
+        assert all(c.projection(f) == {"state": "released", "last_seq": 3, "held": 0} for f in flows)
+        assert all(e["accepted"] for e in producer.outbox())
+        assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(18, 18)]
+
+
 def test_gaps_and_conflicts_are_counted_not_fatal(two: tuple[Producer, Consumer, Consumer]) -> None:
     producer, a, b = two
     a.receive({"event_id": "G-2", "flow_id": "G", "seq": 2, "kind": "confirmed", "schema": 1,

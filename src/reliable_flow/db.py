@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Union
+from typing import NoReturn, Union
 
 from .errors import (
     CommitOutcomeUnknown,
@@ -101,6 +101,7 @@ class Database:
         self._create = create and not readonly
         self._readonly = readonly
         self._conn: sqlite3.Connection | None = None
+        self._reopen_on_use = False
         self._pid = os.getpid()
         self._conn = self._open()
 
@@ -189,7 +190,7 @@ class Database:
                 break
             except sqlite3.OperationalError as exc:
                 if _primary_code(exc) not in (_SQLITE_BUSY, _SQLITE_LOCKED) or time.monotonic() >= deadline:
-                    raise storage_error(exc, f"switching {self.path} to WAL") from exc
+                    _reraise(exc, f"switching {self.path} to WAL")
                 time.sleep(random.uniform(0, pause))
                 pause = min(pause * 2, 0.05)
         if str(mode).lower() != "wal":
@@ -234,8 +235,25 @@ class Database:
                 f"and is used in process {os.getpid()} (after fork?); call reopen() first"
             )
         if self._conn is None:
-            raise StorageError(f"the {self.kind.name} file {self.path} is closed; call reopen()")
+            if not self._reopen_on_use:
+                raise StorageError(f"the {self.kind.name} file {self.path} is closed; call reopen()")
+            self._reopen_on_use = False
+            self._conn = self._open()
         return self._conn
+
+    def _discard(self) -> None:
+        """Drop a connection whose state can no longer be trusted (a failed
+        COMMIT, a pragma that could not be restored); the next use reopens."""
+        if self._conn is not None:
+            try:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the connection is being thrown away; its own error was raised already
+            finally:
+                self._conn.close()
+        self._conn = None
+        self._reopen_on_use = True
 
     def write(self, *, durable: bool = True) -> AbstractContextManager[sqlite3.Connection]:
         """``with db.write() as conn:`` one BEGIN IMMEDIATE transaction.
@@ -245,8 +263,27 @@ class Database:
         by the next durable commit, but a power loss may drop it.  Only for
         hints whose loss is harmless (relay leases, backoff times).
         """
+        return self._write(durable)
+
+    @contextmanager
+    def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
         conn = self.conn
-        return _transaction(conn) if durable else _fast_transaction(conn)
+        if not durable:
+            conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with _transaction(conn):
+                yield conn
+        except CommitOutcomeUnknown:
+            self._discard()
+            raise
+        finally:
+            if not durable and self._conn is conn:
+                try:
+                    conn.execute("PRAGMA synchronous=FULL")
+                except BaseException:
+                    # Never leave a connection that skips fsync behind.
+                    self._discard()
+                    raise
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -273,18 +310,9 @@ class Database:
         if os.getpid() == self._pid and self._conn is not None:
             self._conn.close()
         self._conn = None  # never close a connection inherited across fork()
+        self._reopen_on_use = False
         self._pid = os.getpid()
         self._conn = self._open()
-
-
-@contextmanager
-def _fast_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("PRAGMA synchronous=NORMAL")
-    try:
-        with _transaction(conn):
-            yield conn
-    finally:
-        conn.execute("PRAGMA synchronous=FULL")
 
 
 # Primary result codes (the low byte of an extended code).
@@ -318,6 +346,13 @@ def storage_error(exc: sqlite3.Error, during: str) -> BaseException:
     return StorageError(f"{during}: {said}")
 
 
+def _reraise(exc: sqlite3.Error, during: str) -> NoReturn:
+    translated = storage_error(exc, during)
+    if translated is exc:
+        raise exc
+    raise translated from exc
+
+
 def _begin(conn: sqlite3.Connection) -> None:
     """BEGIN IMMEDIATE, retried on busy: nothing has run yet, so a retry is safe.
 
@@ -329,10 +364,16 @@ def _begin(conn: sqlite3.Connection) -> None:
         try:
             conn.execute("BEGIN IMMEDIATE")
             return
-        except sqlite3.OperationalError as exc:
-            if _primary_code(exc) not in (_SQLITE_BUSY, _SQLITE_LOCKED) or attempt == BEGIN_RETRIES:
-                raise storage_error(exc, "BEGIN IMMEDIATE") from exc
-            time.sleep(random.uniform(0, 0.05 * 2**attempt))
+        except BaseException as exc:
+            # An interrupt late in BEGIN can leave the transaction open.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not isinstance(exc, sqlite3.Error):
+                raise
+            busy = _primary_code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+            if not busy or attempt == BEGIN_RETRIES:
+                _reraise(exc, "BEGIN IMMEDIATE")
+        time.sleep(random.uniform(0, 0.05 * 2**attempt))
 
 
 @contextmanager

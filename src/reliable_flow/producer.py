@@ -48,6 +48,7 @@ class Batch:
     def __init__(self, producer: Producer) -> None:
         self._producer = producer
         self._conn: sqlite3.Connection | None = None
+        self._broken: BaseException | None = None
         self.results: list[AdvanceResult] = []
 
     @property
@@ -69,8 +70,25 @@ class Batch:
         """As :meth:`Producer.advance`, inside the batch's transaction."""
         if self._conn is None:
             raise RuntimeError("this batch is closed; use it inside its with-block")
+        if self._broken is not None:
+            raise RuntimeError("an earlier advance of this batch failed; the batch will not commit") from self._broken
         env = _build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
-        result = self._producer._advance_in(self._conn, env)
+        conn = self._conn
+        # A savepoint per advance: if one fails and the caller catches the
+        # error, none of its half-done writes stay in the batch.
+        conn.execute("SAVEPOINT advance")
+        try:
+            result = self._producer._advance_in(conn, env)
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO advance")
+                conn.execute("RELEASE advance")
+            else:
+                # SQLite already rolled the whole transaction back (e.g. disk
+                # full): the batch is lost, and must not go on in autocommit.
+                self._broken = exc
+            raise
+        conn.execute("RELEASE advance")
         self.results.append(result)
         return result
 
@@ -170,6 +188,10 @@ class Producer:
             batch._conn = conn
             try:
                 yield batch
+                if batch._broken is not None:
+                    raise RuntimeError(
+                        "an advance of this batch failed and SQLite rolled the batch back; nothing committed"
+                    ) from batch._broken
             finally:
                 batch._conn = None
         if batch.committed:
@@ -354,8 +376,11 @@ def read_outbox(
     ).fetchall()
     per_event: dict[int, dict[str, dict[str, Any]]] = {pos: {} for pos, *_ in events}
     rows = conn.execute(
-        f"SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at FROM delivery d "
-        f"JOIN outbox o ON o.pos = d.pos {where} ORDER BY d.pos, d.consumer",
+        # Through the consumer table, so each (consumer, pos) is a key lookup
+        # rather than a scan of every delivery.
+        f"SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at "
+        f"FROM outbox o CROSS JOIN consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
+        f"{where} ORDER BY d.pos, d.consumer",
         params,
     ).fetchall()
     for pos, name, state, last_status, attempts, last_error, due_at in rows:

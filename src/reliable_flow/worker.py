@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,7 @@ class Worker:
         self.stats = WorkerStats()
         self._on_pass = on_pass
         self._stop = threading.Event()
+        self._signalled = False
 
     def stop(self) -> None:
         """Ask the loop to return after the current transaction."""
@@ -93,14 +95,14 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self._signalled or self._stop.is_set()
 
     def run_once(self) -> int:
         """One pass over all consumers; returns how many steps did work."""
         work = 0
         for consumer in self.consumers:
             for _ in range(self.relay_batch):
-                if self._stop.is_set():
+                if self.stopping:
                     return work
                 try:
                     result = relay(self.producer, consumer, policy=self.policy)
@@ -112,7 +114,7 @@ class Worker:
                 if result.status == RelayStatus.IDLE:
                     break
                 work += 1
-            if self._stop.is_set():
+            if self.stopping:
                 return work
             for drained in consumer.process_all(limit=self.apply_limit).values():
                 self.stats.applied += drained.applied
@@ -132,17 +134,28 @@ class Worker:
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
             passes = 0
-            while not self._stop.is_set():
+            while not self.stopping:
                 work = self.run_once()
                 passes += 1
                 if max_passes is not None and passes >= max_passes:
                     break
                 if work == 0:
-                    self._stop.wait(self.idle_sleep)
+                    self._idle()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.stats
 
+    def _idle(self) -> None:
+        # Short slices rather than one Event.wait(): the signal handler must
+        # not touch the Event's lock (it may be held by this very thread).
+        deadline = time.monotonic() + self.idle_sleep
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._stop.wait(min(left, 0.05))
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._stop.set()
+        # Only a plain attribute write: safe whatever the main thread holds.
+        self._signalled = True
