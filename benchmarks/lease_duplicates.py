@@ -51,7 +51,7 @@ def _relay_loop(
                     break
                 sends.append((str(r.event_id), str(r.status)))
             results.put((index, "ok", sends, started, time.monotonic()))
-    except BaseException as exc:  # report instead of leaving the parent waiting
+    except BaseException as exc:  # noqa: BLE001 - report instead of leaving the parent waiting
         results.put((index, "error", repr(exc), 0.0, 0.0))
 
 

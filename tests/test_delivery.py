@@ -378,7 +378,7 @@ def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
         commit(producer, "A", 1)
         proc = subprocess.run(
             [sys.executable, "-c", _LEASE_CHILD, str(producer_path), str(consumer_path), "1000"],
-            env=child_env(**{ENV_VAR: point}), capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+            env=child_env(**{ENV_VAR: point}), check=False, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
             cwd=tmp_path,
         )
         assert proc.returncode == CRASH_EXIT_CODE, proc.stderr
@@ -412,7 +412,7 @@ def _relay_process(producer_path: str, consumer_path: str, barrier: Any, results
                     break
                 got.append((r.event_id, str(r.status)))
             results.put((index, "ok", got))
-    except BaseException as exc:  # report, never hang the parent
+    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
         results.put((index, "error", repr(exc)))
 
 
@@ -679,7 +679,7 @@ def set_aside(producer: Producer, three: dict[str, Consumer]) -> dict[str, Consu
     """A1 is set aside for 'projection' (its inbox holds a wrong A1), accepted by the others."""
     assert three["projection"].receive(env("A1", "A", 1, amount=9)).status == "accepted"
     commit(producer, "A")
-    for name, c in three.items():
+    for c in three.values():
         relay_until_idle(producer, c)
     assert delivery(producer, "A1", "projection")["state"] == "set_aside"
     return three

@@ -20,8 +20,15 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, DeliveryPolicy, Producer, SchemaTooNew, StorageError, relay
-from reliable_flow import envelope
+from reliable_flow import (
+    Consumer,
+    DeliveryPolicy,
+    Producer,
+    SchemaTooNew,
+    StorageError,
+    envelope,
+    relay,
+)
 from reliable_flow.db import Database
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.schema import PRODUCER, FileKind
@@ -140,7 +147,7 @@ def test_the_first_migration_is_still_the_released_v1_schema(tmp_path: Path) -> 
 
 
 def test_a_v1_file_upgrades_in_place_and_every_row_survives(tmp_path: Path) -> None:
-    producer_path, consumer_path = make_v1_files(tmp_path)
+    producer_path, _ = make_v1_files(tmp_path)
     before = v1_content(producer_path)
     assert before["delivery"] == V1_DELIVERIES
     with Producer(producer_path, RESERVATION) as producer:
@@ -247,7 +254,7 @@ def _open_and_report(path: str, barrier: Any, results: Any, index: int) -> None:
         barrier.wait(timeout=60)
         with Producer(path, RESERVATION) as producer:
             results.put((index, "ok", len(producer.outbox())))
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
         results.put((index, "error", repr(exc)))
 
 

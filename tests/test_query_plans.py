@@ -156,21 +156,11 @@ HOT_QUERIES = [
      "(flow_id=?)"),
 ]
 
-NEXT_DUE_BUG = pytest.mark.xfail(strict=True, reason=(
-    "BUG: without ANALYZE statistics SQLite picks delivery's primary key (consumer, pos) for "
-    "relay._NEXT_DUE, reading every delivery row of the consumer (all of history) on each relay; "
-    "fix: 'FROM delivery INDEXED BY delivery_due' in _NEXT_DUE"
-))
-
-
 def _hot_query_params() -> list[Any]:
-    out = []
-    for analyze in (False, True):
-        for case in HOT_QUERIES:
-            marks = [NEXT_DUE_BUG] if case[0] == "relay._NEXT_DUE" and not analyze else []
-            out.append(pytest.param(analyze, *case[1:], id=f"{case[0]}-{'analyzed' if analyze else 'no-stats'}",
-                                    marks=marks))
-    return out
+    return [
+        pytest.param(analyze, *case[1:], id=f"{case[0]}-{'analyzed' if analyze else 'no-stats'}")
+        for analyze in (False, True) for case in HOT_QUERIES
+    ]
 
 
 @pytest.mark.parametrize("analyze, side, sql, params, expected", _hot_query_params())
@@ -219,17 +209,9 @@ HOT_CALLS: dict[str, Callable[[Producer, Consumer], Any]] = {
     "consumer_reads_of_a_flow": lambda p, c: (c.projection("F1"), c.inbox("F1"), c.effects("F1")),
 }
 
-OUTBOX_JOIN_BUG = pytest.mark.xfail(strict=True, reason=(
-    "BUG: read_outbox(flow_id) joins delivery ON d.pos = o.pos; delivery's key is (consumer, pos), so "
-    "without ANALYZE SQLite scans all of delivery for one flow; fix: join through the consumer table "
-    "('FROM outbox o CROSS JOIN consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos')"
-))
-
-
-def _calls_params(bugs: dict[str, pytest.MarkDecorator]) -> list[Any]:
+def _calls_params() -> list[Any]:
     return [
-        pytest.param(analyze, name, id=f"{name}-{'analyzed' if analyze else 'no-stats'}",
-                     marks=[bugs[name]] if name in bugs and not analyze else [])
+        pytest.param(analyze, name, id=f"{name}-{'analyzed' if analyze else 'no-stats'}")
         for analyze in (False, True) for name in HOT_CALLS
     ]
 
@@ -246,7 +228,7 @@ def traced(*conns: sqlite3.Connection) -> Iterator[list[tuple[int, str]]]:
             conn.set_trace_callback(None)
 
 
-@pytest.mark.parametrize("analyze, name", _calls_params({"producer_outbox_of_a_flow": OUTBOX_JOIN_BUG}))
+@pytest.mark.parametrize("analyze, name", _calls_params())
 def test_every_statement_of_a_hot_call_avoids_full_scans(
     built: Callable[[int, bool], Path], tmp_path: Path, analyze: bool, name: str
 ) -> None:
@@ -288,9 +270,7 @@ def vm_steps(conns: tuple[sqlite3.Connection, ...], call: Callable[[], Any]) -> 
     return count[0]
 
 
-@pytest.mark.parametrize("analyze, name", _calls_params({
-    "relay_next": NEXT_DUE_BUG, "producer_outbox_of_a_flow": OUTBOX_JOIN_BUG,
-}))
+@pytest.mark.parametrize("analyze, name", _calls_params())
 def test_a_hot_call_costs_about_the_same_with_3000_events_of_history_as_with_9(
     built: Callable[[int, bool], Path], tmp_path: Path, analyze: bool, name: str
 ) -> None:

@@ -124,10 +124,19 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not name or not path:
             raise SystemExit(f"run: --consumer must look like NAME=PATH, got {item!r}")
         pairs.append((name, path))
+    consumers: list[Consumer] = []
     try:
         producer = Producer(args.producer, protocol)
-        consumers = [Consumer(path, protocol, name=name, schemas=schemas) for name, path in pairs]
     except (ReliableFlowError, ValueError) as exc:
+        print(f"run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        for name, path in pairs:
+            consumers.append(Consumer(path, protocol, name=name, schemas=schemas))
+    except (ReliableFlowError, ValueError) as exc:
+        for c in consumers:
+            c.close()
+        producer.close()
         print(f"run: {exc}", file=sys.stderr)
         return 2
     last = [time.monotonic()]
