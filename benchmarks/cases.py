@@ -57,7 +57,7 @@ class Sizes:
     scaling_events: int = 150  # events per op per size per round
     big_rows: int = 1_000_000  # events already in the "full" files
     small_rows: int = 1_000    # events already in the "nearly empty" files
-    heavy_rounds: int = 2      # cap on rounds for process_all(batch_size=1): 10,000 fsyncs a side
+    heavy_rounds: int = 3      # cap on rounds for process_all(batch_size=1): 10,000 fsyncs a side
     block: int = 10            # units per interleaving block
 
     @classmethod

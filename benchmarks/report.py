@@ -84,12 +84,13 @@ def scaling_table(s: ScalingResult) -> str:
 
 def rounds_table(results: Sequence[Result]) -> str:
     header = ["benchmark", "events/round", "rounds", "per-round ratio min..max", "library us/event by round",
-              "floor us/event by round"]
+              "floor us/event by round", "CPU us/event library / floor (median)"]
     rows = []
     for r in results:
         low, high = r.spread
         rows.append([r.name, f"{r.events:,}", str(len(r.lib)), f"{low:.2f}..{high:.2f}",
-                     " ".join(_n(s.us_per_event) for s in r.lib), " ".join(_n(s.us_per_event) for s in r.floor)])
+                     " ".join(_n(s.us_per_event) for s in r.lib), " ".join(_n(s.us_per_event) for s in r.floor),
+                     f"{_n(r.lib_cpu)} / {_n(r.floor_cpu)}"])
     return _md(header, rows)
 
 
@@ -99,8 +100,6 @@ def rounds_table(results: Sequence[Result]) -> str:
 def _category(func: tuple[str, int, str]) -> str:
     filename, _, name = func
     if "sqlite3.Connection" in name or "sqlite3.Cursor" in name:
-        if "commit" in name.lower():
-            return "sqlite"
         return "sqlite"
     if "json" in filename or "_json" in name or "json" in name:
         return "json"
@@ -187,13 +186,15 @@ def markdown(info: dict[str, str], results: Sequence[Result], scaling: ScalingRe
         "",
     ]
     cpus = os.cpu_count() or 1
-    if load.max1 >= 0.5:
+    start = load.samples[0][0] if load.samples else 0.0
+    if start >= 0.5 or load.max1 >= 1.5:  # this run alone adds about 1 to the load average
         out += [
-            f"**Shared machine:** the 1-minute load average was {load.mean1:.2f} on average and up to "
-            f"{load.max1:.2f} during the run, on {cpus} CPUs: other processes were running (and fsyncing) "
-            "at the same time. Absolute figures are therefore noisier and slower than on an idle machine; "
-            "the ratios are paired per round (library and floor measured back to back on fresh files) "
-            "to cancel most of that.",
+            f"**Shared machine:** the 1-minute load average was {start:.2f} when the run started (before "
+            f"its own work), {load.mean1:.2f} on average and up to {load.max1:.2f} during the run, on {cpus} "
+            "CPUs (this run accounts for about 1 of that): other processes were running, and fsyncing, at "
+            "the same time. Absolute figures are therefore noisier, and commits slower, than on an idle "
+            "machine; library and floor are interleaved in small blocks within each round so that both "
+            "see the same load, and the ratios are medians of per-round ratios.",
             "",
         ]
     if quick:
@@ -231,6 +232,8 @@ def markdown(info: dict[str, str], results: Sequence[Result], scaling: ScalingRe
     for r in missed:
         out += [f"### {r.title}: {_ratio(r)} (target {r.target.text if r.target else ''})", ""]
         out += [explain.why(r.name, r, profiles.get(r.name)), ""]
+        if r.name == "e2e_batched":
+            out += [explain.micro_md(explain.micro()), ""]
         if profiles.get(r.name):
             out += [profile_md(profiles[r.name]), ""]  # type: ignore[arg-type]
     for op in missed_ops:

@@ -162,14 +162,17 @@ def interleave(sessions: dict[Key, cases.Session], block: int, offset: int = 0,
             turn = (offset + b) % len(keys)
             for key in keys[turn:] + keys[:turn]:
                 units = sessions[key].phases[phase][start:start + block]
-                if profiler is not None and key == profiled:
+                profiling = profiler is not None and key == profiled
+                c0 = time.process_time()
+                if profiling:
                     profiler.enable()
-                c0, t0 = time.process_time(), time.perf_counter()
+                t0 = time.perf_counter()
                 for unit in units:
                     unit()
-                t1, c1 = time.perf_counter(), time.process_time()
-                if profiler is not None and key == profiled:
+                t1 = time.perf_counter()
+                if profiling:
                     profiler.disable()
+                c1 = time.process_time()
                 elapsed[(key, phase)] = elapsed.get((key, phase), 0.0) + (t1 - t0)
                 cpu[(key, phase)] = cpu.get((key, phase), 0.0) + (c1 - c0)
     return {

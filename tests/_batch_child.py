@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from reliable_flow import Consumer, Producer, relay_batch
@@ -92,7 +93,7 @@ def process_all(protocol: str, consumer_path: str, batch_size: str) -> dict[str,
         return {flow: [r.applied, str(r.stop)] for flow, r in results.items()}
 
 
-COMMANDS = {
+COMMANDS: dict[str, Callable[..., Any]] = {
     "advance-batch": advance_batch,
     "relay-batch": relay_batch_once,
     "drain": drain,

@@ -268,9 +268,9 @@ class Database:
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
         conn = self.conn
-        if not durable:
-            conn.execute("PRAGMA synchronous=NORMAL")
         try:
+            if not durable:
+                conn.execute("PRAGMA synchronous=NORMAL")
             with _transaction(conn):
                 yield conn
         except CommitOutcomeUnknown:
@@ -361,12 +361,14 @@ def _begin(conn: sqlite3.Connection) -> None:
     up early (e.g. a lock held across a WAL checkpoint).
     """
     for attempt in range(BEGIN_RETRIES + 1):
+        opened_here = not conn.in_transaction
         try:
             conn.execute("BEGIN IMMEDIATE")
             return
         except BaseException as exc:
-            # An interrupt late in BEGIN can leave the transaction open.
-            if conn.in_transaction:
+            # An interrupt late in BEGIN can leave the transaction open; but
+            # never roll back a transaction that was open before (a batch).
+            if opened_here and conn.in_transaction:
                 conn.execute("ROLLBACK")
             if not isinstance(exc, sqlite3.Error):
                 raise

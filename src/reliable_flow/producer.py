@@ -12,7 +12,7 @@ from typing import Any
 from . import envelope
 from .crash import crash_point
 from .db import DEFAULT_BUSY_TIMEOUT, Database, PathLike
-from .errors import NotResolvable, UnknownEvent
+from .errors import NotResolvable, StorageError, UnknownEvent
 from .protocol import Protocol, Rejected
 from .schema import PRODUCER
 from .statuses import AdvanceResult, AdvanceStatus, BlockReason, DeliveryState
@@ -71,7 +71,9 @@ class Batch:
         if self._conn is None:
             raise RuntimeError("this batch is closed; use it inside its with-block")
         if self._broken is not None:
-            raise RuntimeError("an earlier advance of this batch failed; the batch will not commit") from self._broken
+            raise StorageError(
+                "SQLite rolled this batch back after an earlier advance failed; nothing of it will commit"
+            ) from self._broken
         env = _build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
         conn = self._conn
         # A savepoint per advance: if one fails and the caller catches the
@@ -189,7 +191,7 @@ class Producer:
             try:
                 yield batch
                 if batch._broken is not None:
-                    raise RuntimeError(
+                    raise StorageError(
                         "an advance of this batch failed and SQLite rolled the batch back; nothing committed"
                     ) from batch._broken
             finally:

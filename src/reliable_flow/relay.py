@@ -84,6 +84,13 @@ class DeliveryPolicy:
 _PLAIN = DeliveryPolicy(wait_for_due=False)
 
 
+def _outside_batch(producer: Producer) -> None:
+    # Inside an open producer.batch() the connection would read the batch's
+    # uncommitted events and hand them to the consumer: refuse.
+    if producer._db.conn.in_transaction:
+        raise RuntimeError("relay() cannot run inside an open producer.batch(); relay after the block")
+
+
 def _bind(producer: Producer, consumer: Consumer) -> None:
     """Make sure the producer keeps delivery state for this consumer file."""
     key = (consumer.name, consumer.uid)
@@ -215,6 +222,7 @@ def relay(
     if event_id is not None and (not isinstance(event_id, str) or not event_id):
         raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")
     policy = policy or _PLAIN
+    _outside_batch(producer)
     _bind(producer, consumer)
     conn = producer._db.conn
     if event_id is None:
@@ -256,14 +264,16 @@ def relay_batch(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
     policy = policy or _PLAIN
+    _outside_batch(producer)
     _bind(producer, consumer)
     picked = _claim(producer, consumer, policy, policy.clock(), limit)
     if not picked:
         return RelayBatchResult((), {})
     conn = producer._db.conn
-    bodies = dict(
-        conn.execute(f"SELECT pos, body FROM outbox WHERE pos IN ({','.join('?' * len(picked))})", picked)
-    )
+    bodies: dict[int, str] = {}
+    for start in range(0, len(picked), 500):  # old SQLite allows 999 variables per statement
+        chunk = picked[start:start + 500]
+        bodies.update(conn.execute(f"SELECT pos, body FROM outbox WHERE pos IN ({','.join('?' * len(chunk))})", chunk))
     try:
         answers = consumer.receive_many([bodies[pos] for pos in picked])
     except Exception as exc:
