@@ -848,13 +848,11 @@ def test_relay_batch_is_one_transaction_on_each_side(tmp_path: Path) -> None:
         assert count(c_tx, "INSERT INTO inbox") == 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: relay()/relay_batch() read the outbox on the producer's own connection, so inside an "
-    "open producer.batch() they pick the batch's uncommitted events and the consumer commits "
-    "them; the producer's BEGIN for the marks then fails and the batch rolls back: the consumer "
-    "holds (and applies) an event that was never committed"))
 @pytest.mark.parametrize("call", ["relay", "relay_batch"])
 def test_relaying_inside_an_open_batch_never_delivers_an_uncommitted_event(tmp_path: Path, call: str) -> None:
+    """Regression: on the producer's own connection, inside an open batch, relay
+    would see the batch's uncommitted events and the consumer would commit (and
+    apply) an event the producer then rolled back."""
     with ExitStack() as stack:
         producer, consumer = pair(tmp_path, stack)
         assert relay_batch(producer, consumer).idle  # the consumer is bound already
@@ -871,14 +869,12 @@ def test_relaying_inside_an_open_batch_never_delivers_an_uncommitted_event(tmp_p
         assert producer._db.conn.in_transaction is False
         committed = {e["event_id"] for e in producer.outbox()}
         received = {r["event_id"] for f in consumer.flows() for r in consumer.inbox(f)}
-        assert received <= committed, (received, committed, refused)  # today: {"A1"} vs set()
+        assert received <= committed, (received, committed, refused)  # the bug: {"A1"} vs set()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: relay_batch binds one SQL variable per picked event (pos IN (?,?,...)); with "
-    "SQLITE_MAX_VARIABLE_NUMBER = 999 (the default of SQLite 3.24-3.31, which the library "
-    "supports) any limit >= 1000 with that many pending events fails with 'too many SQL variables'"))
 def test_relay_batch_with_a_large_limit_does_not_depend_on_the_sql_variable_limit(tmp_path: Path) -> None:
+    """Regression: one bound variable per picked event broke any limit >= 1000 on
+    SQLite 3.24-3.31 builds (SQLITE_MAX_VARIABLE_NUMBER defaulted to 999)."""
     with ExitStack() as stack:
         producer, consumer = pair(tmp_path, stack)
         # Emulate the compile-time default of SQLite 3.24-3.31 on this connection.

@@ -38,3 +38,16 @@ def test_concepts_example_prints_what_its_comments_say(tmp_path: Path) -> None:
 def test_every_docs_page_links_only_to_existing_pages(page: Path) -> None:
     for target in re.findall(r"\]\(([^)#:]+\.md)\)", page.read_text(encoding="utf-8")):
         assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+@pytest.mark.parametrize("page", ["guarantees.md", "storage-faults.md"])
+def test_every_test_a_guarantee_cites_exists(page: str) -> None:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    defined = set()
+    for source in (DOCS.parent / "tests").glob("*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", source.read_text(encoding="utf-8"), flags=re.M))
+    cited = set(re.findall(r"\b(test_\w+?)(?:\[|`|\b)", text)) - {"test_"}
+    cited = {name for name in cited if not name.endswith("_")}
+    assert cited, f"{page} cites no tests"
+    missing = sorted(name for name in cited if name not in defined and not (DOCS.parent / "tests" / f"{name}.py").exists())
+    assert not missing, f"{page} cites tests that do not exist: {missing}"
