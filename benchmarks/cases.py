@@ -50,20 +50,28 @@ class Target:
 class Sizes:
     """How much work one round does; ``quick()`` is the ~30 s smoke run."""
 
-    single: int = 200          # events per round: advance / receive / relay / apply alone
-    e2e: int = 200             # events per round, unbatched end to end
-    batched: int = 3000        # events per round, batched end to end (chunks of 100)
-    flows: int = 10_000        # process_all: flows with one pending event each
+    single: int = 200  # events per round: advance / receive / relay / apply alone
+    e2e: int = 200  # events per round, unbatched end to end
+    batched: int = 3000  # events per round, batched end to end (chunks of 100)
+    flows: int = 10_000  # process_all: flows with one pending event each
     scaling_events: int = 150  # events per op per size per round
     big_rows: int = 1_000_000  # events already in the "full" files
-    small_rows: int = 1_000    # events already in the "nearly empty" files
-    heavy_rounds: int = 3      # cap on rounds for process_all(batch_size=1): 10,000 fsyncs a side
-    block: int = 10            # units per interleaving block
+    small_rows: int = 1_000  # events already in the "nearly empty" files
+    heavy_rounds: int = 3  # cap on rounds for process_all(batch_size=1): 10,000 fsyncs a side
+    block: int = 10  # units per interleaving block
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls(single=30, e2e=30, batched=500, flows=500, scaling_events=30,
-                   big_rows=100_000, heavy_rounds=2, block=5)
+        return cls(
+            single=30,
+            e2e=30,
+            batched=500,
+            flows=500,
+            scaling_events=30,
+            big_rows=100_000,
+            heavy_rounds=2,
+            block=5,
+        )
 
 
 @dataclass
@@ -87,7 +95,9 @@ def _paths(workdir: str) -> tuple[str, str]:
 
 
 def _advance(producer: Any, e: Event) -> Any:
-    return producer.advance(e.event_id, e.flow_id, expected_seq=e.seq - 1, kind=e.kind, payload=e.payload)
+    return producer.advance(
+        e.event_id, e.flow_id, expected_seq=e.seq - 1, kind=e.kind, payload=e.payload
+    )
 
 
 def _expect(results: Sequence[Any], status: str, what: str) -> None:
@@ -106,7 +116,9 @@ def open_library(p_path: str, c_path: str, warm: Sequence[Event]) -> tuple[Produ
     return producer, consumer
 
 
-def open_floor(p_path: str, c_path: str, warm: Sequence[Event]) -> tuple[FloorProducer, FloorConsumer]:
+def open_floor(
+    p_path: str, c_path: str, warm: Sequence[Event]
+) -> tuple[FloorProducer, FloorConsumer]:
     """The floor's pair, warmed the same way (files must exist)."""
     fp, fc = FloorProducer(p_path), FloorConsumer(c_path)
     for e in warm:
@@ -127,9 +139,9 @@ class Benchmark:
 
     name = ""
     title = ""
-    commits = ""           # what the durable commits are, for the report
+    commits = ""  # what the durable commits are, for the report
     target: Target | None = None
-    heavy = False          # rounds capped by Sizes.heavy_rounds
+    heavy = False  # rounds capped by Sizes.heavy_rounds
 
     def __init__(self, sizes: Sizes) -> None:
         self.sizes = sizes
@@ -181,8 +193,12 @@ class Advance(Benchmark):
     def library(self, producer: Producer, consumer: Consumer, events: list[Event]) -> Session:
         results: list[Any] = []
         units = [lambda e=e: results.append(_advance(producer, e)) for e in events]
-        return Session({"main": units}, 1, _lib_conns(producer),
-                       lambda: _expect(results, "committed", "advance"))
+        return Session(
+            {"main": units},
+            1,
+            _lib_conns(producer),
+            lambda: _expect(results, "committed", "advance"),
+        )
 
 
 class Receive(Benchmark):
@@ -200,8 +216,12 @@ class Receive(Benchmark):
         results: list[Any] = []
         # JSON text, as relay hands it over.
         units = [lambda e=e: results.append(consumer.receive(e.body)) for e in events]
-        return Session({"main": units}, 1, _lib_conns(consumer),
-                       lambda: _expect(results, "accepted", "receive"))
+        return Session(
+            {"main": units},
+            1,
+            _lib_conns(consumer),
+            lambda: _expect(results, "accepted", "receive"),
+        )
 
 
 class Relay(Benchmark):
@@ -219,6 +239,7 @@ class Relay(Benchmark):
         def unit(e: Event) -> None:
             fc.receive(e)
             fp.mark(e)
+
         return Session({"main": [lambda e=e: unit(e) for e in events]}, 1, [fp.conn, fc.conn])
 
     def library(self, producer: Producer, consumer: Consumer, events: list[Event]) -> Session:
@@ -231,6 +252,7 @@ class Relay(Benchmark):
         def check() -> None:
             _expect(results, "accepted", "relay")
             assert relay(producer, consumer).status == "idle"
+
         units = [lambda: results.append(relay(producer, consumer)) for _ in events]
         return Session({"main": units}, 1, _lib_conns(producer, consumer), check)
 
@@ -250,11 +272,17 @@ class Apply(Benchmark):
 
     def library(self, producer: Producer, consumer: Consumer, events: list[Event]) -> Session:
         for chunk in chunks(events, 100):
-            _expect(consumer.receive_many([e.body for e in chunk]), "accepted", "setup receive_many")
+            _expect(
+                consumer.receive_many([e.body for e in chunk]), "accepted", "setup receive_many"
+            )
         results: list[Any] = []
         units = [lambda e=e: results.append(consumer.apply_next(e.flow_id)) for e in events]
-        return Session({"main": units}, 1, _lib_conns(consumer),
-                       lambda: _expect(results, "applied", "apply_next"))
+        return Session(
+            {"main": units},
+            1,
+            _lib_conns(consumer),
+            lambda: _expect(results, "applied", "apply_next"),
+        )
 
 
 class EndToEnd(Benchmark):
@@ -272,6 +300,7 @@ class EndToEnd(Benchmark):
             fc.receive(e)
             fp.mark(e)
             fc.apply(e)
+
         return Session({"main": [lambda e=e: unit(e) for e in events]}, 1, [fp.conn, fc.conn])
 
     def library(self, producer: Producer, consumer: Consumer, events: list[Event]) -> Session:
@@ -286,7 +315,13 @@ class EndToEnd(Benchmark):
             _expect(results[0::3], "committed", "advance")
             _expect(results[1::3], "accepted", "relay")
             _expect(results[2::3], "applied", "apply_next")
-        return Session({"main": [lambda e=e: unit(e) for e in events]}, 1, _lib_conns(producer, consumer), check)
+
+        return Session(
+            {"main": [lambda e=e: unit(e) for e in events]},
+            1,
+            _lib_conns(producer, consumer),
+            check,
+        )
 
 
 class Batched(Benchmark):
@@ -305,6 +340,7 @@ class Batched(Benchmark):
             fc.receive_many(chunk)
             fp.mark_many(chunk)
             fc.apply_many(chunk)
+
         units = [lambda c=c: unit(c) for c in chunks(events, self.batch)]
         return Session({"main": units}, self.batch, [fp.conn, fc.conn])
 
@@ -326,6 +362,7 @@ class Batched(Benchmark):
             _expect(advanced, "committed", "batch advance")
             _expect(relayed, "accepted", "relay_batch")
             assert sum(applied) == len(events), (sum(applied), len(events))
+
         units = [lambda c=c: unit(c) for c in chunks(events, self.batch)]
         return Session({"main": units}, self.batch, _lib_conns(producer, consumer), check)
 
@@ -339,7 +376,9 @@ class ProcessAll(Benchmark):
         super().__init__(sizes)
         self.name = f"process_all_b{self.batch_size}"
         self.title = f"process_all, {sizes.flows:,} flows, batch_size={self.batch_size}"
-        self.commits = f"1 per {self.batch_size} event{'s' if self.batch_size > 1 else ''} (applies)"
+        self.commits = (
+            f"1 per {self.batch_size} event{'s' if self.batch_size > 1 else ''} (applies)"
+        )
         self._base: tuple[str, dict[str, Event]] | None = None
 
     def events(self) -> int:
@@ -359,15 +398,28 @@ class ProcessAll(Benchmark):
         if side == "floor":
             fc = FloorConsumer(path)
             done: list[int] = []
-            return Session({"main": [lambda: done.append(fc.process_all(by_id, self.batch_size))]}, n,
-                           [fc.conn], lambda: self._check(done == [n], done), [fc.close])
+            return Session(
+                {"main": [lambda: done.append(fc.process_all(by_id, self.batch_size))]},
+                n,
+                [fc.conn],
+                lambda: self._check(done == [n], done),
+                [fc.close],
+            )
         consumer = Consumer(path, RESERVATION)
         out: list[dict[str, Any]] = []
 
         def check() -> None:
-            self._check(len(out[0]) == n and all(d.applied == 1 for d in out[0].values()), len(out[0]))
-        return Session({"main": [lambda: out.append(consumer.process_all(batch_size=self.batch_size))]}, n,
-                       _lib_conns(consumer), check, [consumer.close])
+            self._check(
+                len(out[0]) == n and all(d.applied == 1 for d in out[0].values()), len(out[0])
+            )
+
+        return Session(
+            {"main": [lambda: out.append(consumer.process_all(batch_size=self.batch_size))]},
+            n,
+            _lib_conns(consumer),
+            check,
+            [consumer.close],
+        )
 
     @staticmethod
     def _check(ok: bool, got: object) -> None:
@@ -449,11 +501,16 @@ class Scaling:
         events = make_events(self.sizes.scaling_events, rng, steps_per_flow=1)
         if side == "floor":
             fp, fc = open_floor(p_path, c_path, warm)
-            return Session({
-                "advance": [lambda e=e: fp.advance(e) for e in events],
-                "receive": [lambda e=e: fc.receive(e) for e in events],
-                "apply": [lambda e=e: fc.apply(e) for e in events],
-            }, 1, [fp.conn, fc.conn], closers=[fp.close, fc.close])
+            return Session(
+                {
+                    "advance": [lambda e=e: fp.advance(e) for e in events],
+                    "receive": [lambda e=e: fc.receive(e) for e in events],
+                    "apply": [lambda e=e: fc.apply(e) for e in events],
+                },
+                1,
+                [fp.conn, fc.conn],
+                closers=[fp.close, fc.close],
+            )
         producer, consumer = Producer(p_path, RESERVATION), Consumer(c_path, RESERVATION)
         for e in warm:  # no relay: the files already bind this consumer
             assert _advance(producer, e).status == "committed"
@@ -465,11 +522,25 @@ class Scaling:
             _expect(results["advance"], "committed", "advance")
             _expect(results["receive"], "accepted", "receive")
             _expect(results["apply"], "applied", "apply_next")
-        return Session({
-            "advance": [lambda e=e: results["advance"].append(_advance(producer, e)) for e in events],
-            "receive": [lambda e=e: results["receive"].append(consumer.receive(e.body)) for e in events],
-            "apply": [lambda e=e: results["apply"].append(consumer.apply_next(e.flow_id)) for e in events],
-        }, 1, _lib_conns(producer, consumer), check, [producer.close, consumer.close])
+
+        return Session(
+            {
+                "advance": [
+                    lambda e=e: results["advance"].append(_advance(producer, e)) for e in events
+                ],
+                "receive": [
+                    lambda e=e: results["receive"].append(consumer.receive(e.body)) for e in events
+                ],
+                "apply": [
+                    lambda e=e: results["apply"].append(consumer.apply_next(e.flow_id))
+                    for e in events
+                ],
+            },
+            1,
+            _lib_conns(producer, consumer),
+            check,
+            [producer.close, consumer.close],
+        )
 
     def close(self) -> None:
         for p_path, _ in self.bases.values():
@@ -478,5 +549,12 @@ class Scaling:
 
 
 BENCHMARKS: tuple[type[Benchmark], ...] = (
-    Advance, Receive, Relay, Apply, EndToEnd, Batched, ProcessAll1, ProcessAll100,
+    Advance,
+    Receive,
+    Relay,
+    Apply,
+    EndToEnd,
+    Batched,
+    ProcessAll1,
+    ProcessAll100,
 )

@@ -24,10 +24,10 @@ from reliable_flow import envelope
 from reliable_flow.reservation import RESERVATION
 
 __all__ = [
+    "STEPS",
     "CommitCounter",
     "Event",
     "Sample",
-    "STEPS",
     "chunks",
     "event_rows",
     "machine",
@@ -72,7 +72,12 @@ def event_rows(event_id: str, flow_id: str, seq: int, amount: int, *, check: boo
     kind = STEPS[seq - 1]
     if check:
         body = envelope.make(
-            event_id=event_id, flow_id=flow_id, seq=seq, kind=kind, schema=1, payload={"amount": amount}
+            event_id=event_id,
+            flow_id=flow_id,
+            seq=seq,
+            kind=kind,
+            schema=1,
+            payload={"amount": amount},
         ).body
     else:
         # Hex ids and ints need no escaping: the template is the canonical text.
@@ -84,7 +89,7 @@ def event_rows(event_id: str, flow_id: str, seq: int, amount: int, *, check: boo
 _BODY = '{"event_id":"%s","flow_id":"%s","kind":"%s","payload":{"amount":%d},"schema":1,"seq":%d}'
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rows_of(kind: str, amount: int) -> tuple[str, str]:
     """Canonical flow data and projection view after a step (few distinct values)."""
     data = {"amount": amount}
@@ -109,7 +114,7 @@ def make_events(n: int, rng: random.Random, steps_per_flow: int = 3) -> list[Eve
 
 def chunks(items: Sequence[Event], size: int) -> Iterator[Sequence[Event]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +217,9 @@ def _filesystem(path: str) -> str:
         with open("/proc/mounts", encoding="utf-8") as mounts:
             for line in mounts:
                 dev, mnt, fstype = line.split()[:3]
-                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(
+                    best[0]
+                ):
                     best = (mnt, fstype, dev)
         return f"{best[1]} ({best[2]} on {best[0]})"
     except OSError:

@@ -26,26 +26,41 @@ def _n(value: float) -> str:
 
 def micro() -> dict[str, float]:
     """CPU cost (us, best of 5) of the per-event building blocks the floor does not need."""
-    fields = dict(event_id="a3f09c1e2b7d4e6f8a9b0c1d2e3f4a5b", flow_id="flow-00002f252287537f", seq=2,
-                  kind="confirmed", schema=1, payload={"amount": 37})
+    fields = {
+        "event_id": "a3f09c1e2b7d4e6f8a9b0c1d2e3f4a5b",
+        "flow_id": "flow-00002f252287537f",
+        "seq": 2,
+        "kind": "confirmed",
+        "schema": 1,
+        "payload": {"amount": 37},
+    }
     body = envelope.make(**fields).body  # type: ignore[arg-type]
     cases: dict[str, Any] = {
         "envelope.make(...) — advance builds the envelope": lambda: envelope.make(**fields),  # type: ignore[arg-type]
-        "envelope.parse(body text) — receive re-validates what it is sent": lambda: envelope.parse(body),
+        "envelope.parse(body text) — receive re-validates what it is sent": lambda: envelope.parse(
+            body
+        ),
         "json.loads(body) — apply reads the stored event": lambda: json.loads(body),
-        "envelope.canonical({'amount': n}) — flow data / projection": lambda: envelope.canonical({"amount": 37}),
+        "envelope.canonical({'amount': n}) — flow data / projection": lambda: envelope.canonical(
+            {"amount": 37}
+        ),
     }
     # Private helpers, looked up defensively: only to show where time goes.
     control = getattr(envelope, "_has_control", None)
     if control is not None:
-        cases["envelope._has_control(32-char id) — run 3x per make()"] = lambda: control(fields["event_id"])
+        cases["envelope._has_control(32-char id) — run 3x per make()"] = lambda: control(
+            fields["event_id"]
+        )
     try:
         from reliable_flow import consumer as consumer_module
+
         check = getattr(consumer_module, "_check_flow_id", None)
     except ImportError:  # pragma: no cover
         check = None
     if check is not None:
-        cases["consumer._check_flow_id(flow_id) — apply_next's argument check"] = lambda: check(fields["flow_id"])
+        cases["consumer._check_flow_id(flow_id) — apply_next's argument check"] = lambda: check(
+            fields["flow_id"]
+        )
     out = {}
     for label, fn in cases.items():
         number = 2000
@@ -74,13 +89,21 @@ def _cpu_sentence(r: Any) -> str:
 def _audit_sentence(r: Any) -> str:
     lib, flo = r.audit.get("library", (0.0, 0.0)), r.audit.get("floor", (0.0, 0.0))
     same = abs(lib[0] - flo[0]) < 1e-9
-    text = (f"The commit audit counted {lib[0]:.2f} durable commits per event for the library and "
-            f"{flo[0]:.2f} for the floor")
-    text += " — the same fsyncs, so the difference is not I/O." if same else " — the fsync counts differ."
+    text = (
+        f"The commit audit counted {lib[0]:.2f} durable commits per event for the library and "
+        f"{flo[0]:.2f} for the floor"
+    )
+    text += (
+        " — the same fsyncs, so the difference is not I/O."
+        if same
+        else " — the fsync counts differ."
+    )
     if lib[1]:
-        text += (f" The library also ran {lib[1]:.2f} empty write transactions per event (BEGIN IMMEDIATE ... "
-                 f"COMMIT with no change, so no fsync): `process_all` ends a full batch and then opens one "
-                 f"more transaction only to find that the last flow is idle.")
+        text += (
+            f" The library also ran {lib[1]:.2f} empty write transactions per event (BEGIN IMMEDIATE ... "
+            f"COMMIT with no change, so no fsync): `process_all` ends a full batch and then opens one "
+            f"more transaction only to find that the last flow is idle."
+        )
     return text
 
 
@@ -89,12 +112,15 @@ def _profile_sentence(prof: dict[str, Any] | None) -> str:
         return ""
     cats = prof["categories"]
     total = prof["profiled_us"] or 1.0
-    parts = ", ".join(f"{label} {v / total:.0%}" for label, v in (
-        ("SQL (sqlite3 execute, including COMMIT)", cats.get("sqlite", 0.0)),
-        ("JSON", cats.get("json", 0.0)),
-        ("reliable_flow's own Python", cats.get("library", 0.0)),
-        ("other Python", cats.get("other", 0.0)),
-    ))
+    parts = ", ".join(
+        f"{label} {v / total:.0%}"
+        for label, v in (
+            ("SQL (sqlite3 execute, including COMMIT)", cats.get("sqlite", 0.0)),
+            ("JSON", cats.get("json", 0.0)),
+            ("reliable_flow's own Python", cats.get("library", 0.0)),
+            ("other Python", cats.get("other", 0.0)),
+        )
+    )
     return f"Under cProfile the library side's time splits as: {parts}."
 
 
@@ -145,23 +171,36 @@ def avoidable(which: tuple[str, ...] = ("control", "flow_id", "probe")) -> str:
     found = []
     try:
         from reliable_flow import consumer as consumer_module
+
         if "control" in which and "for ch in" in inspect.getsource(envelope._has_control):
-            found.append("the control-character check of ids and kind (`envelope._has_control`) is a Python "
-                         "generator over every character, run three times per `make()`; a compiled regular "
-                         "expression does the same test several times faster")
+            found.append(
+                "the control-character check of ids and kind (`envelope._has_control`) is a Python "
+                "generator over every character, run three times per `make()`; a compiled regular "
+                "expression does the same test several times faster"
+            )
         if "flow_id" in which and "make(" in inspect.getsource(consumer_module._check_flow_id):
-            found.append("`apply_next` validates its `flow_id` argument by building a whole envelope, canonical "
-                         "JSON included")
-        if "probe" in which and "GAP_PROBE" in inspect.getsource(consumer_module.Consumer._apply_in):
-            found.append("`process_all`/`drain` end each flow with an extra apply step that re-reads and re-parses "
-                         "the projection and runs two inbox queries (next row, then gap probe) where one "
-                         "`seq >= ? ORDER BY seq LIMIT 1` query would answer both")
+            found.append(
+                "`apply_next` validates its `flow_id` argument by building a whole envelope, canonical "
+                "JSON included"
+            )
+        if "probe" in which and "GAP_PROBE" in inspect.getsource(
+            consumer_module.Consumer._apply_in
+        ):
+            found.append(
+                "`process_all`/`drain` end each flow with an extra apply step that re-reads and re-parses "
+                "the projection and runs two inbox queries (next row, then gap probe) where one "
+                "`seq >= ? ORDER BY seq LIMIT 1` query would answer both"
+            )
     except (AttributeError, ImportError, OSError, TypeError):
         return "The rest could not be inspected in this installation."
     if not found:
-        return "None of the avoidable overheads found during profiling is left in this installation."
-    return ("Part of it is avoidable overhead found while profiling (left unchanged here, reported to the "
-            "maintainers): " + "; ".join(found) + ".")
+        return (
+            "None of the avoidable overheads found during profiling is left in this installation."
+        )
+    return (
+        "Part of it is avoidable overhead found while profiling (left unchanged here, reported to the "
+        "maintainers): " + "; ".join(found) + "."
+    )
 
 
 def why(name: str, r: Any, prof: dict[str, Any] | None) -> str:
@@ -171,12 +210,27 @@ def why(name: str, r: Any, prof: dict[str, Any] | None) -> str:
         return BATCHED.format(cpu=cpu, audit=audit, profile=profile, avoidable=avoidable())
     counts = f"library {r.audit.get('library', (0, 0))[0]:.2f}, floor {r.audit.get('floor', (0, 0))[0]:.2f}"
     if name == "e2e":
-        return E2E.format(audit=counts, cpu=cpu, floor_us=_n(r.floor_us), profile=profile,
-                          avoidable=avoidable(("control", "flow_id")))
-    relevant = {"advance": ("control",), "receive": ("control",), "relay": ("control",),
-                "apply": ("flow_id",)}.get(name, ("control", "flow_id", "probe"))
-    return SINGLE.format(title=r.title, audit=counts, cpu=cpu, floor_us=_n(r.floor_us), profile=profile,
-                         avoidable=avoidable(relevant))
+        return E2E.format(
+            audit=counts,
+            cpu=cpu,
+            floor_us=_n(r.floor_us),
+            profile=profile,
+            avoidable=avoidable(("control", "flow_id")),
+        )
+    relevant = {
+        "advance": ("control",),
+        "receive": ("control",),
+        "relay": ("control",),
+        "apply": ("flow_id",),
+    }.get(name, ("control", "flow_id", "probe"))
+    return SINGLE.format(
+        title=r.title,
+        audit=counts,
+        cpu=cpu,
+        floor_us=_n(r.floor_us),
+        profile=profile,
+        avoidable=avoidable(relevant),
+    )
 
 
 def why_scaling(op: str, s: Any) -> str:

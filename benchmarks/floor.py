@@ -55,7 +55,11 @@ def _create(path: str, kind: FileKind, meta: list[tuple[str, str]]) -> sqlite3.C
 
 def create_files(producer_path: str, consumer_path: str, uid: str = "0" * 32) -> None:
     """Create an empty producer/consumer pair with the library's schema, bound together."""
-    conn = _create(consumer_path, CONSUMER, [("protocol", "reservation"), ("name", CONSUMER_NAME), ("uid", uid)])
+    conn = _create(
+        consumer_path,
+        CONSUMER,
+        [("protocol", "reservation"), ("name", CONSUMER_NAME), ("uid", uid)],
+    )
     conn.close()
     conn = _create(producer_path, PRODUCER, [("protocol", "reservation")])
     conn.execute("INSERT INTO consumer(name, uid) VALUES (?, ?)", (CONSUMER_NAME, uid))
@@ -94,7 +98,9 @@ class FloorProducer:
 
     def _advance_rows(self, e: Event) -> None:
         self.conn.execute(UPSERT_FLOW, (e.flow_id, e.seq, e.kind, e.data))
-        pos = self.conn.execute(INSERT_OUTBOX, (None, e.event_id, e.flow_id, e.seq, e.body)).lastrowid
+        pos = self.conn.execute(
+            INSERT_OUTBOX, (None, e.event_id, e.flow_id, e.seq, e.body)
+        ).lastrowid
         self.conn.execute(INSERT_DELIVERY, (CONSUMER_NAME, pos))
         self.pos[e.event_id] = pos  # type: ignore[assignment]
 
@@ -105,12 +111,15 @@ class FloorProducer:
 
     def advance_many(self, events: Sequence[Event]) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
-        row = self.conn.execute(LAST_POS).fetchone()  # AUTOINCREMENT's counter, under the write lock
+        row = self.conn.execute(
+            LAST_POS
+        ).fetchone()  # AUTOINCREMENT's counter, under the write lock
         positions = range((row[0] if row else 0) + 1, (row[0] if row else 0) + 1 + len(events))
         self.pos.update(zip((e.event_id for e in events), positions))
         self.conn.executemany(UPSERT_FLOW, [(e.flow_id, e.seq, e.kind, e.data) for e in events])
         self.conn.executemany(
-            INSERT_OUTBOX, [(p, e.event_id, e.flow_id, e.seq, e.body) for p, e in zip(positions, events)]
+            INSERT_OUTBOX,
+            [(p, e.event_id, e.flow_id, e.seq, e.body) for p, e in zip(positions, events)],
         )
         self.conn.executemany(INSERT_DELIVERY, [(CONSUMER_NAME, p) for p in positions])
         self.conn.execute("COMMIT")
@@ -143,12 +152,18 @@ class FloorConsumer:
 
     def receive_many(self, events: Sequence[Event]) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
-        self.conn.executemany(INSERT_INBOX, [(e.event_id, e.flow_id, e.seq, e.body) for e in events])
+        self.conn.executemany(
+            INSERT_INBOX, [(e.event_id, e.flow_id, e.seq, e.body) for e in events]
+        )
         self.conn.execute("COMMIT")
 
     def _apply_rows(self, events: Sequence[Event]) -> None:
-        self.conn.executemany(UPSERT_PROJECTION, [(e.flow_id, e.kind, e.seq, e.data, e.view) for e in events])
-        self.conn.executemany(INSERT_EFFECT, [(e.event_id, e.flow_id, e.seq, e.kind) for e in events])
+        self.conn.executemany(
+            UPSERT_PROJECTION, [(e.flow_id, e.kind, e.seq, e.data, e.view) for e in events]
+        )
+        self.conn.executemany(
+            INSERT_EFFECT, [(e.event_id, e.flow_id, e.seq, e.kind) for e in events]
+        )
         self.conn.executemany(MARK_APPLIED, [(e.event_id,) for e in events])
 
     def apply(self, e: Event) -> None:
@@ -168,7 +183,7 @@ class FloorConsumer:
         apply them, ``batch_size`` per commit.  Returns how many were applied."""
         pending = [by_id[r[0]] for r in self.conn.execute(PENDING)]
         for start in range(0, len(pending), batch_size):
-            self.apply_many(pending[start:start + batch_size])
+            self.apply_many(pending[start : start + batch_size])
         return len(pending)
 
     def close(self) -> None:

@@ -68,7 +68,9 @@ def _fill_producer(path: str, n: int, seed: int, name: str, uid: str) -> None:
     now = time.time()
     conn = _bulk(path)
     conn.execute("BEGIN")
-    conn.execute("INSERT INTO consumer(name, uid) VALUES (?, ?)", (name, uid))  # as relay's first bind does
+    conn.execute(
+        "INSERT INTO consumer(name, uid) VALUES (?, ?)", (name, uid)
+    )  # as relay's first bind does
     pos = 0
     for batch in _batches(n, seed):
         positions = range(pos + 1, pos + len(batch) + 1)
@@ -103,7 +105,9 @@ def _fill_consumer(path: str, n: int, seed: int) -> None:
             "INSERT INTO effect(id, event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?, ?)",
             [(p, e.event_id, e.flow_id, e.seq, e.kind) for p, e in zip(positions, batch)],
         )
-        conn.executemany(UPSERT_PROJECTION, [(e.flow_id, e.kind, e.seq, e.data, e.view) for e in batch])
+        conn.executemany(
+            UPSERT_PROJECTION, [(e.flow_id, e.kind, e.seq, e.data, e.view) for e in batch]
+        )
     conn.execute("COMMIT")
     _finish(conn, path)
 

@@ -46,51 +46,104 @@ def _ratio(r: Result) -> str:
 
 def table(results: Sequence[Result], scaling: ScalingResult | None) -> str:
     """The main table: one row per comparison with the raw floor, one per scaled op."""
-    header = ["benchmark", "commits/event lib / floor", "library us/event", "floor us/event",
-              "ratio (median of rounds)", "library events/s", "floor events/s", "target", "met?"]
+    header = [
+        "benchmark",
+        "commits/event lib / floor",
+        "library us/event",
+        "floor us/event",
+        "ratio (median of rounds)",
+        "library events/s",
+        "floor events/s",
+        "target",
+        "met?",
+    ]
     rows = []
     for r in results:
-        rows.append([
-            r.title, f"{_commits(r.audit, 'library')} / {_commits(r.audit, 'floor')}",
-            _n(r.lib_us), _n(r.floor_us), _ratio(r), _n(1e6 / r.lib_us), _n(1e6 / r.floor_us),
-            r.target.text if r.target else "(none)", _met(r.met),
-        ])
+        rows.append(
+            [
+                r.title,
+                f"{_commits(r.audit, 'library')} / {_commits(r.audit, 'floor')}",
+                _n(r.lib_us),
+                _n(r.floor_us),
+                _ratio(r),
+                _n(1e6 / r.lib_us),
+                _n(1e6 / r.floor_us),
+                r.target.text if r.target else "(none)",
+                _met(r.met),
+            ]
+        )
     if scaling is not None:
         for op in cases.Scaling.ops:
             big, small = scaling.big_rows, scaling.small_rows
-            rows.append([
-                f"{op} at {big:,} rows vs {small:,}",
-                f"{_commits(scaling.audit, 'library')} / {_commits(scaling.audit, 'floor')}",
-                f"{_n(scaling.us(op, 'library', big))} (vs {_n(scaling.us(op, 'library', small))})",
-                f"{_n(scaling.us(op, 'floor', big))} (vs {_n(scaling.us(op, 'floor', small))})",
-                f"{scaling.growth(op, 'library'):.2f}x time vs {small:,} rows",
-                _n(1e6 / scaling.us(op, "library", big)), _n(1e6 / scaling.us(op, "floor", big)),
-                scaling.target.text, _met(scaling.met(op)),
-            ])
+            rows.append(
+                [
+                    f"{op} at {big:,} rows vs {small:,}",
+                    f"{_commits(scaling.audit, 'library')} / {_commits(scaling.audit, 'floor')}",
+                    f"{_n(scaling.us(op, 'library', big))} (vs {_n(scaling.us(op, 'library', small))})",
+                    f"{_n(scaling.us(op, 'floor', big))} (vs {_n(scaling.us(op, 'floor', small))})",
+                    f"{scaling.growth(op, 'library'):.2f}x time vs {small:,} rows",
+                    _n(1e6 / scaling.us(op, "library", big)),
+                    _n(1e6 / scaling.us(op, "floor", big)),
+                    scaling.target.text,
+                    _met(scaling.met(op)),
+                ]
+            )
     return _md(header, rows)
 
 
 def scaling_table(s: ScalingResult) -> str:
-    header = ["op (new flows)", f"library @ {s.small_rows:,}", f"library @ {s.big_rows:,}", "library growth",
-              f"floor @ {s.small_rows:,}", f"floor @ {s.big_rows:,}", "floor growth",
-              f"library/floor @ {s.small_rows:,}", f"library/floor @ {s.big_rows:,}"]
-    rows = [[
-        op, _n(s.us(op, "library", s.small_rows)), _n(s.us(op, "library", s.big_rows)),
-        f"{s.growth(op, 'library'):.2f}x", _n(s.us(op, "floor", s.small_rows)), _n(s.us(op, "floor", s.big_rows)),
-        f"{s.growth(op, 'floor'):.2f}x", f"{s.vs_floor(op, s.small_rows):.2f}x", f"{s.vs_floor(op, s.big_rows):.2f}x",
-    ] for op in cases.Scaling.ops]
+    header = [
+        "op (new flows)",
+        f"library @ {s.small_rows:,}",
+        f"library @ {s.big_rows:,}",
+        "library growth",
+        f"floor @ {s.small_rows:,}",
+        f"floor @ {s.big_rows:,}",
+        "floor growth",
+        f"library/floor @ {s.small_rows:,}",
+        f"library/floor @ {s.big_rows:,}",
+    ]
+    rows = [
+        [
+            op,
+            _n(s.us(op, "library", s.small_rows)),
+            _n(s.us(op, "library", s.big_rows)),
+            f"{s.growth(op, 'library'):.2f}x",
+            _n(s.us(op, "floor", s.small_rows)),
+            _n(s.us(op, "floor", s.big_rows)),
+            f"{s.growth(op, 'floor'):.2f}x",
+            f"{s.vs_floor(op, s.small_rows):.2f}x",
+            f"{s.vs_floor(op, s.big_rows):.2f}x",
+        ]
+        for op in cases.Scaling.ops
+    ]
     return _md(header, rows)
 
 
 def rounds_table(results: Sequence[Result]) -> str:
-    header = ["benchmark", "events/round", "rounds", "per-round ratio min..max", "library us/event by round",
-              "floor us/event by round", "CPU us/event library / floor (median)"]
+    header = [
+        "benchmark",
+        "events/round",
+        "rounds",
+        "per-round ratio min..max",
+        "library us/event by round",
+        "floor us/event by round",
+        "CPU us/event library / floor (median)",
+    ]
     rows = []
     for r in results:
         low, high = r.spread
-        rows.append([r.name, f"{r.events:,}", str(len(r.lib)), f"{low:.2f}..{high:.2f}",
-                     " ".join(_n(s.us_per_event) for s in r.lib), " ".join(_n(s.us_per_event) for s in r.floor),
-                     f"{_n(r.lib_cpu)} / {_n(r.floor_cpu)}"])
+        rows.append(
+            [
+                r.name,
+                f"{r.events:,}",
+                str(len(r.lib)),
+                f"{low:.2f}..{high:.2f}",
+                " ".join(_n(s.us_per_event) for s in r.lib),
+                " ".join(_n(s.us_per_event) for s in r.floor),
+                f"{_n(r.lib_cpu)} / {_n(r.floor_cpu)}",
+            ]
+        )
     return _md(header, rows)
 
 
@@ -130,9 +183,12 @@ def summarize(profiler: cProfile.Profile, sample: Any) -> dict[str, Any]:
         "events": events,
         "wall_us": sample.us_per_event,
         "profiled_us": total / events * 1e6,
-        "categories": {k: v / events * 1e6 for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "categories": {
+            k: v / events * 1e6 for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])
+        },
         "top": [
-            (_label(func), v[1] / events, v[2] / events * 1e6, v[3] / events * 1e6) for func, v in top
+            (_label(func), v[1] / events, v[2] / events * 1e6, v[3] / events * 1e6)
+            for func, v in top
         ],
     }
 
@@ -148,20 +204,29 @@ def _label(func: tuple[str, int, str]) -> str:
 
 def profile_md(prof: dict[str, Any]) -> str:
     lines = [
-        f"cProfile of the library side's measured section ({prof['events']:,} events; profiling "
-        f"inflates Python-heavy code, so use the shares, not the absolute numbers): "
-        f"{_n(prof['profiled_us'])} us/event profiled.",
+        (
+            f"cProfile of the library side's measured section ({prof['events']:,} events; profiling "
+            f"inflates Python-heavy code, so use the shares, not the absolute numbers): "
+            f"{_n(prof['profiled_us'])} us/event profiled."
+        ),
         "",
-        _md(["where", "us/event", "share"], [
-            [CATEGORY_TEXT.get(k, k), _n(v), f"{v / prof['profiled_us']:.0%}"]
-            for k, v in prof["categories"].items()
-        ]),
+        _md(
+            ["where", "us/event", "share"],
+            [
+                [CATEGORY_TEXT.get(k, k), _n(v), f"{v / prof['profiled_us']:.0%}"]
+                for k, v in prof["categories"].items()
+            ],
+        ),
         "",
         "Top functions by own time:",
         "",
-        _md(["function", "calls/event", "own us/event", "cumulative us/event"], [
-            [f"`{name}`", f"{calls:.2f}", _n(own), _n(cum)] for name, calls, own, cum in prof["top"]
-        ]),
+        _md(
+            ["function", "calls/event", "own us/event", "cumulative us/event"],
+            [
+                [f"`{name}`", f"{calls:.2f}", _n(own), _n(cum)]
+                for name, calls, own, cum in prof["top"]
+            ],
+        ),
     ]
     return "\n".join(lines)
 
@@ -169,32 +234,47 @@ def profile_md(prof: dict[str, Any]) -> str:
 # -- RESULTS.md -------------------------------------------------------------------------
 
 
-def markdown(info: dict[str, str], results: Sequence[Result], scaling: ScalingResult | None, load: Load,
-             elapsed: float, rounds: int, *, quick: bool, argv: Sequence[str],
-             profiles: dict[str, dict[str, Any] | None]) -> str:
+def markdown(
+    info: dict[str, str],
+    results: Sequence[Result],
+    scaling: ScalingResult | None,
+    load: Load,
+    elapsed: float,
+    rounds: int,
+    *,
+    quick: bool,
+    argv: Sequence[str],
+    profiles: dict[str, dict[str, Any] | None],
+) -> str:
     cmd = "python benchmarks/run.py " + " ".join(argv)
     out = [
         "# Benchmark results",
         "",
         "Generated by `" + cmd.strip() + "` — do not edit by hand; re-run to refresh.",
         "",
-        f"**Machine:** {info['platform']}; {info['cpu']}; {info['python']}; SQLite {info['sqlite']}; "
-        f"filesystem {info['filesystem']}.",
+        (
+            f"**Machine:** {info['platform']}; {info['cpu']}; {info['python']}; SQLite {info['sqlite']}; "
+            f"filesystem {info['filesystem']}."
+        ),
         "",
-        f"**Date:** {info['date']}. Total run time {elapsed:.0f} s, {rounds} interleaved rounds per benchmark "
-        f"(process_all with batch_size=1: at most {cases.Sizes().heavy_rounds}).",
+        (
+            f"**Date:** {info['date']}. Total run time {elapsed:.0f} s, {rounds} interleaved rounds per benchmark "
+            f"(process_all with batch_size=1: at most {cases.Sizes().heavy_rounds})."
+        ),
         "",
     ]
     cpus = os.cpu_count() or 1
     start = load.samples[0][0] if load.samples else 0.0
     if start >= 0.5 or load.max1 >= 1.5:  # this run alone adds about 1 to the load average
         out += [
-            f"**Shared machine:** the 1-minute load average was {start:.2f} when the run started (before "
-            f"its own work), {load.mean1:.2f} on average and up to {load.max1:.2f} during the run, on {cpus} "
-            "CPUs (this run accounts for about 1 of that): other processes were running, and fsyncing, at "
-            "the same time. Absolute figures are therefore noisier, and commits slower, than on an idle "
-            "machine; library and floor are interleaved in small blocks within each round so that both "
-            "see the same load, and the ratios are medians of per-round ratios.",
+            (
+                f"**Shared machine:** the 1-minute load average was {start:.2f} when the run started (before "
+                f"its own work), {load.mean1:.2f} on average and up to {load.max1:.2f} during the run, on {cpus} "
+                "CPUs (this run accounts for about 1 of that): other processes were running, and fsyncing, at "
+                "the same time. Absolute figures are therefore noisier, and commits slower, than on an idle "
+                "machine; library and floor are interleaved in small blocks within each round so that both "
+                "see the same load, and the ratios are medians of per-round ratios."
+            ),
             "",
         ]
     if quick:
@@ -204,20 +284,24 @@ def markdown(info: dict[str, str], results: Sequence[Result], scaling: ScalingRe
         "",
         table(results, scaling),
         "",
-        "Ratios are medians over rounds of the per-round ratio (library vs floor measured back to back), "
-        "so they can differ slightly from the ratio of the two median columns. `commits/event` was counted "
-        "in a separate audit run (SQL trace of BEGIN/COMMIT with row changes); `empty` commits changed no "
-        "row and cost no fsync.",
+        (
+            "Ratios are medians over rounds of the per-round ratio (library vs floor measured back to back), "
+            "so they can differ slightly from the ratio of the two median columns. `commits/event` was counted "
+            "in a separate audit run (SQL trace of BEGIN/COMMIT with row changes); `empty` commits changed no "
+            "row and cost no fsync."
+        ),
         "",
     ]
     if scaling is not None:
         out += [
             "## Scaling",
             "",
-            f"Per-event cost (us) of each operation on {scaling.events} new flows per round, with "
-            f"{scaling.small_rows:,} vs {scaling.big_rows:,} events already in both files "
-            f"(the {scaling.big_rows:,}-event pair was built in {scaling.build_seconds:.0f} s and is "
-            "excluded from the timings).",
+            (
+                f"Per-event cost (us) of each operation on {scaling.events} new flows per round, with "
+                f"{scaling.small_rows:,} vs {scaling.big_rows:,} events already in both files "
+                f"(the {scaling.big_rows:,}-event pair was built in {scaling.build_seconds:.0f} s and is "
+                "excluded from the timings)."
+            ),
             "",
             scaling_table(scaling),
             "",
@@ -238,7 +322,14 @@ def markdown(info: dict[str, str], results: Sequence[Result], scaling: ScalingRe
             out += [profile_md(profiles[r.name]), ""]  # type: ignore[arg-type]
     for op in missed_ops:
         assert scaling is not None
-        out += [f"### {op} at {scaling.big_rows:,} rows: {scaling.growth(op, 'library'):.2f}x "
-                f"(target {scaling.target.text})", "", explain.why_scaling(op, scaling), ""]
+        out += [
+            (
+                f"### {op} at {scaling.big_rows:,} rows: {scaling.growth(op, 'library'):.2f}x "
+                f"(target {scaling.target.text})"
+            ),
+            "",
+            explain.why_scaling(op, scaling),
+            "",
+        ]
     out += ["## Notes", "", explain.NOTES, ""]
     return "\n".join(out)

@@ -26,9 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import cases  # noqa: E402
-import report  # noqa: E402
-from common import CommitCounter, Sample, machine, median  # noqa: E402
+import cases
+import report
+from common import CommitCounter, Sample, machine, median
 
 DEFAULT_ROUNDS = 5
 QUICK_ROUNDS = 3
@@ -46,7 +46,9 @@ class Result:
     target: cases.Target | None
     lib: list[Sample] = field(default_factory=list)
     floor: list[Sample] = field(default_factory=list)
-    audit: dict[str, tuple[float, float]] = field(default_factory=dict)  # side -> (durable, empty) per event
+    audit: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # side -> (durable, empty) per event
     reference: str = "raw floor"
 
     @property
@@ -108,7 +110,10 @@ class ScalingResult:
 
     def growth(self, op: str, side: str) -> float:
         """Median over rounds of (cost at big_rows / cost at small_rows), paired by round."""
-        big, small = self.samples[(op, side, self.big_rows)], self.samples[(op, side, self.small_rows)]
+        big, small = (
+            self.samples[(op, side, self.big_rows)],
+            self.samples[(op, side, self.small_rows)],
+        )
         return median(b.us_per_event / s.us_per_event for b, s in zip(big, small))
 
     def vs_floor(self, op: str, rows: int) -> float:
@@ -146,8 +151,13 @@ def _fresh(tmp: str, label: str) -> str:
 Key = Hashable
 
 
-def interleave(sessions: dict[Key, cases.Session], block: int, offset: int = 0,
-               profiler: Any = None, profiled: Key | None = None) -> dict[tuple[Key, str], Sample]:
+def interleave(
+    sessions: dict[Key, cases.Session],
+    block: int,
+    offset: int = 0,
+    profiler: Any = None,
+    profiled: Key | None = None,
+) -> dict[tuple[Key, str], Sample]:
     """Run every session's units, phase by phase, in alternating blocks of
     ``block`` units (the order of sessions rotates from block to block), and
     time each side's blocks.  Returns a Sample per (session key, phase)."""
@@ -161,7 +171,7 @@ def interleave(sessions: dict[Key, cases.Session], block: int, offset: int = 0,
         for b, start in enumerate(range(0, count, block)):
             turn = (offset + b) % len(keys)
             for key in keys[turn:] + keys[:turn]:
-                units = sessions[key].phases[phase][start:start + block]
+                units = sessions[key].phases[phase][start : start + block]
                 profiling = profiler is not None and key == profiled
                 c0 = time.process_time()
                 if profiling:
@@ -176,14 +186,24 @@ def interleave(sessions: dict[Key, cases.Session], block: int, offset: int = 0,
                 elapsed[(key, phase)] = elapsed.get((key, phase), 0.0) + (t1 - t0)
                 cpu[(key, phase)] = cpu.get((key, phase), 0.0) + (c1 - c0)
     return {
-        (key, phase): Sample(elapsed[(key, phase)], len(s.phases[phase]) * s.per_unit, cpu[(key, phase)])
-        for key, s in sessions.items() for phase in phases
+        (key, phase): Sample(
+            elapsed[(key, phase)], len(s.phases[phase]) * s.per_unit, cpu[(key, phase)]
+        )
+        for key, s in sessions.items()
+        for phase in phases
     }
 
 
-def run_sessions(openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: str, block: int,
-                 offset: int = 0, counter: CommitCounter | None = None, profiler: Any = None,
-                 profiled: Key | None = None) -> dict[tuple[Key, str], Sample]:
+def run_sessions(
+    openers: dict[Key, Callable[[str], cases.Session]],
+    tmp: str,
+    label: str,
+    block: int,
+    offset: int = 0,
+    counter: CommitCounter | None = None,
+    profiler: Any = None,
+    profiled: Key | None = None,
+) -> dict[tuple[Key, str], Sample]:
     """Open one session per key on fresh directories, interleave them, check, clean up."""
     dirs: list[str] = []
     sessions: dict[Key, cases.Session] = {}
@@ -207,7 +227,9 @@ def run_sessions(openers: dict[Key, Callable[[str], cases.Session]], tmp: str, l
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _audit(openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: str) -> dict[str, tuple[float, float]]:
+def _audit(
+    openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: str
+) -> dict[str, tuple[float, float]]:
     """Commits per event for each side, counted one side at a time."""
     out = {}
     for key, opener in openers.items():
@@ -221,11 +243,20 @@ def _audit(openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: 
 
 def _openers(bench: cases.Benchmark, seed: int) -> dict[Key, Callable[[str], cases.Session]]:
     # Both sides get the same events (same seed) on their own files.
-    return {side: (lambda d, side=side: bench.open(side, d, random.Random(seed))) for side in ("floor", "library")}
+    return {
+        side: (lambda d, side=side: bench.open(side, d, random.Random(seed)))
+        for side in ("floor", "library")
+    }
 
 
-def run_benchmark(bench: cases.Benchmark, audit_bench: cases.Benchmark, rounds: int, tmp: str,
-                  log: Callable[[str], None], load: Load) -> Result:
+def run_benchmark(
+    bench: cases.Benchmark,
+    audit_bench: cases.Benchmark,
+    rounds: int,
+    tmp: str,
+    log: Callable[[str], None],
+    load: Load,
+) -> Result:
     result = Result(bench.name, bench.title, bench.commits, bench.events(), bench.target)
     result.audit = _audit(_openers(audit_bench, 12345), tmp, f"audit-{bench.name}")
     audit_bench.close()
@@ -233,15 +264,19 @@ def run_benchmark(bench: cases.Benchmark, audit_bench: cases.Benchmark, rounds: 
         rounds = min(rounds, bench.sizes.heavy_rounds)
     try:
         for r in range(rounds):
-            samples = run_sessions(_openers(bench, 1000 + r), tmp, f"{bench.name}-r{r}", bench.sizes.block, offset=r)
+            samples = run_sessions(
+                _openers(bench, 1000 + r), tmp, f"{bench.name}-r{r}", bench.sizes.block, offset=r
+            )
             result.floor.append(samples[("floor", "main")])
             result.lib.append(samples[("library", "main")])
             load.sample()
-            log(f"  round {r + 1}/{rounds}: floor {result.floor[-1].us_per_event:8.1f} us/event, "
+            log(
+                f"  round {r + 1}/{rounds}: floor {result.floor[-1].us_per_event:8.1f} us/event, "
                 f"library {result.lib[-1].us_per_event:8.1f} us/event, "
                 f"ratio {result.lib[-1].us_per_event / result.floor[-1].us_per_event:.2f} "
                 f"(CPU us/event: floor {result.floor[-1].cpu_us_per_event:.0f}, "
-                f"library {result.lib[-1].cpu_us_per_event:.0f})")
+                f"library {result.lib[-1].cpu_us_per_event:.0f})"
+            )
     finally:
         bench.close()
     return result
@@ -251,14 +286,22 @@ def profile_benchmark(bench: cases.Benchmark, tmp: str) -> tuple[Any, Sample]:
     """cProfile the library side's units of one round (the floor runs interleaved, unprofiled)."""
     profiler = cProfile.Profile()
     try:
-        samples = run_sessions(_openers(bench, 4242), tmp, f"profile-{bench.name}", bench.sizes.block,
-                               profiler=profiler, profiled="library")
+        samples = run_sessions(
+            _openers(bench, 4242),
+            tmp,
+            f"profile-{bench.name}",
+            bench.sizes.block,
+            profiler=profiler,
+            profiled="library",
+        )
     finally:
         bench.close()
     return profiler, samples[("library", "main")]
 
 
-def run_scaling(sizes: cases.Sizes, rounds: int, tmp: str, log: Callable[[str], None], load: Load) -> ScalingResult:
+def run_scaling(
+    sizes: cases.Sizes, rounds: int, tmp: str, log: Callable[[str], None], load: Load
+) -> ScalingResult:
     scaling = cases.Scaling(sizes, tmp)
     small, big = sizes.small_rows, sizes.big_rows
     try:
@@ -270,22 +313,40 @@ def run_scaling(sizes: cases.Sizes, rounds: int, tmp: str, log: Callable[[str], 
         def openers(r: int, sizes_: tuple[int, ...]) -> dict[Key, Callable[[str], cases.Session]]:
             # Different ids per side: on the big files both sides write into the same files.
             return {
-                (rows, side): (lambda d, rows=rows, side=side: scaling.open(
-                    rows, side, d, random.Random(f"{r}-{side}-{rows}")))
-                for rows in sizes_ for side in ("floor", "library")
+                (rows, side): (
+                    lambda d, rows=rows, side=side: scaling.open(
+                        rows, side, d, random.Random(f"{r}-{side}-{rows}")
+                    )
+                )
+                for rows in sizes_
+                for side in ("floor", "library")
             }
+
         out.audit = _audit(openers(-1, (small,)), tmp, "audit-scaling")
         for r in range(rounds):
             scaling.checkpoint()
-            samples = run_sessions(openers(r, (small, big)), tmp, f"scaling-r{r}", sizes.block, offset=r)
+            samples = run_sessions(
+                openers(r, (small, big)), tmp, f"scaling-r{r}", sizes.block, offset=r
+            )
             for ((rows, side), op), sample in samples.items():
                 out.samples.setdefault((op, side, rows), []).append(sample)
             load.sample()
-            log("  round {}/{}: library advance/receive/apply us/event at {:,} rows: {} | at {:,}: {}".format(
-                r + 1, rounds, small,
-                " ".join(f"{out.samples[(op, 'library', small)][-1].us_per_event:.0f}" for op in cases.Scaling.ops),
-                big,
-                " ".join(f"{out.samples[(op, 'library', big)][-1].us_per_event:.0f}" for op in cases.Scaling.ops)))
+            log(
+                "  round {}/{}: library advance/receive/apply us/event at {:,} rows: {} | at {:,}: {}".format(
+                    r + 1,
+                    rounds,
+                    small,
+                    " ".join(
+                        f"{out.samples[(op, 'library', small)][-1].us_per_event:.0f}"
+                        for op in cases.Scaling.ops
+                    ),
+                    big,
+                    " ".join(
+                        f"{out.samples[(op, 'library', big)][-1].us_per_event:.0f}"
+                        for op in cases.Scaling.ops
+                    ),
+                )
+            )
         return out
     finally:
         scaling.close()
@@ -293,16 +354,36 @@ def run_scaling(sizes: cases.Sizes, rounds: int, tmp: str, log: Callable[[str], 
 
 def main(argv: list[str] | None = None) -> int:
     names = [b(cases.Sizes()).name for b in cases.BENCHMARKS] + [SCALING]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, 3 rounds (~30 s)")
-    parser.add_argument("--only", action="append", metavar="NAME", choices=names,
-                        help=f"run only this benchmark (repeatable): {', '.join(names)}")
-    parser.add_argument("--rounds", type=int, metavar="N",
-                        help=f"interleaved rounds per benchmark (default {DEFAULT_ROUNDS}, quick {QUICK_ROUNDS})")
-    parser.add_argument("--write-results", action="store_true", help="regenerate benchmarks/RESULTS.md")
-    parser.add_argument("--no-profile", action="store_true",
-                        help="with --write-results: skip the cProfile of benchmarks that miss their target")
-    parser.add_argument("--tmp", metavar="DIR", help="where to put the temporary files (default: system temp)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: small sizes, 3 rounds (~30 s)"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        choices=names,
+        help=f"run only this benchmark (repeatable): {', '.join(names)}",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help=f"interleaved rounds per benchmark (default {DEFAULT_ROUNDS}, quick {QUICK_ROUNDS})",
+    )
+    parser.add_argument(
+        "--write-results", action="store_true", help="regenerate benchmarks/RESULTS.md"
+    )
+    parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="with --write-results: skip the cProfile of benchmarks that miss their target",
+    )
+    parser.add_argument(
+        "--tmp", metavar="DIR", help="where to put the temporary files (default: system temp)"
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
     if rounds < 1:
@@ -330,15 +411,19 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{bench.name}: {bench.title} [{bench.commits}]")
             results.append(run_benchmark(bench, kind(audit_sizes), rounds, tmp, log, load))
         if SCALING in selected:
-            log(f"{SCALING}: advance / receive / apply_next on new flows, "
-                f"{sizes.small_rows:,} vs {sizes.big_rows:,} rows already in the files")
+            log(
+                f"{SCALING}: advance / receive / apply_next on new flows, "
+                f"{sizes.small_rows:,} vs {sizes.big_rows:,} rows already in the files"
+            )
             scaling = run_scaling(sizes, rounds, tmp, log, load)
         load.sample()
         elapsed = time.perf_counter() - started
         text = report.table(results, scaling)
         log("")
         log(text)
-        log(f"total {elapsed:.0f} s; load average max {load.max1:.2f}, mean {load.mean1:.2f} (1 min)")
+        log(
+            f"total {elapsed:.0f} s; load average max {load.max1:.2f}, mean {load.mean1:.2f} (1 min)"
+        )
         if args.write_results:
             profiles = {}
             if not args.no_profile:
@@ -350,13 +435,24 @@ def main(argv: list[str] | None = None) -> int:
                 if scaling is not None:
                     for op in cases.Scaling.ops:
                         if not scaling.met(op):
-                            profiles[f"scaling-{op}"] = None  # explained from the scaling table itself
+                            profiles[f"scaling-{op}"] = (
+                                None  # explained from the scaling table itself
+                            )
             path = os.path.join(HERE, "RESULTS.md")
             with open(path, "w", encoding="utf-8") as out:
-                out.write(report.markdown(
-                    info, results, scaling, load, elapsed, rounds, quick=args.quick, argv=sys.argv[1:],
-                    profiles=profiles,
-                ))
+                out.write(
+                    report.markdown(
+                        info,
+                        results,
+                        scaling,
+                        load,
+                        elapsed,
+                        rounds,
+                        quick=args.quick,
+                        argv=sys.argv[1:],
+                        profiles=profiles,
+                    )
+                )
             log(f"wrote {path}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

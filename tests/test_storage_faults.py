@@ -582,11 +582,6 @@ def _batch_of_three_again(producer: Producer) -> tuple[str, ...]:
     return tuple(r.status.value for r in results)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Database._write runs PRAGMA synchronous=NORMAL before its try/finally; when that PRAGMA "
-    "itself fails after taking effect (an interrupt at its last VM step) the restore never runs and "
-    "the connection stays at synchronous=NORMAL, so later 'durable' commits skip fsync"
-))
 def test_a_failure_in_a_lease_claim_never_leaves_the_connection_less_durable(
     producer: Producer, consumer: Consumer
 ) -> None:

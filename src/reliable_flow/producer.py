@@ -76,6 +76,11 @@ class Batch:
             ) from self._broken
         env = _build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
         conn = self._conn
+        if not conn.in_transaction:
+            # A SAVEPOINT outside a transaction would silently start one that
+            # RELEASE then commits on its own: never let the batch split.
+            self._broken = StorageError("the batch's transaction is gone")
+            raise self._broken
         # A savepoint per advance: if one fails and the caller catches the
         # error, none of its half-done writes stay in the batch.
         conn.execute("SAVEPOINT advance")
