@@ -265,18 +265,32 @@ def markdown(
     ]
     cpus = os.cpu_count() or 1
     start = load.samples[0][0] if load.samples else 0.0
-    if start >= 0.5 or load.max1 >= 1.5:  # this run alone adds about 1 to the load average
+    others = load.others_cpus
+    busy_text = (
+        f"The 1-minute load average was {start:.2f} when the run started, {load.mean1:.2f} on average and "
+        f"up to {load.max1:.2f} during the run, on {cpus} CPUs (this run itself accounts for about 1)"
+    )
+    if others is None:
+        shared = start >= 1.0 or load.max1 >= 2.0
+        busy_text += "."
+    else:
+        shared = others >= 0.2
+        busy_text += (
+            f"; other processes kept {others:.2f} CPUs busy on average "
+            f"(all busy CPU time in /proc/stat minus this run's own)."
+        )
+    if shared:
         out += [
             (
-                f"**Shared machine:** the 1-minute load average was {start:.2f} when the run started (before "
-                f"its own work), {load.mean1:.2f} on average and up to {load.max1:.2f} during the run, on {cpus} "
-                "CPUs (this run accounts for about 1 of that): other processes were running, and fsyncing, at "
-                "the same time. Absolute figures are therefore noisier, and commits slower, than on an idle "
-                "machine; library and floor are interleaved in small blocks within each round so that both "
-                "see the same load, and the ratios are medians of per-round ratios."
+                f"**Shared machine:** {busy_text} Other work was running (and possibly fsyncing) at the "
+                "same time, so absolute figures are noisier, and commits slower, than on an idle machine; "
+                "library and floor are interleaved in small blocks within each round so that both see the "
+                "same load, and the ratios are medians of per-round ratios."
             ),
             "",
         ]
+    else:
+        out += [f"**Load:** {busy_text} The machine was otherwise idle for this run.", ""]
     if quick:
         out += ["**This is a `--quick` smoke run** (small sizes): not the figures to quote.", ""]
     out += [
@@ -315,7 +329,7 @@ def markdown(
         out += ["None: every target was met in this run.", ""]
     for r in missed:
         out += [f"### {r.title}: {_ratio(r)} (target {r.target.text if r.target else ''})", ""]
-        out += [explain.why(r.name, r, profiles.get(r.name)), ""]
+        out += [explain.why(r.name, r, profiles.get(r.name), {x.name: x for x in results}), ""]
         if r.name == "e2e_batched":
             out += [explain.micro_md(explain.micro()), ""]
         if profiles.get(r.name):

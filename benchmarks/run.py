@@ -46,10 +46,8 @@ class Result:
     target: cases.Target | None
     lib: list[Sample] = field(default_factory=list)
     floor: list[Sample] = field(default_factory=list)
-    audit: dict[str, tuple[float, float]] = field(
-        default_factory=dict
-    )  # side -> (durable, empty) per event
-    reference: str = "raw floor"
+    # side -> (durable commits, empty commits) per event, from the audit run
+    audit: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def lib_us(self) -> float:
@@ -124,11 +122,38 @@ class ScalingResult:
         return self.target.met(self.growth(op, "library"))
 
 
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (/proc/stat), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal ...: busy = all but idle and iowait
+    values = [int(v) for v in fields[1:9]]
+    busy = sum(values) - values[3] - values[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class Load:
-    """os.getloadavg() samples: the machine may be shared with other work."""
+    """How busy the machine was with *other* work during the run.
+
+    ``others_cpus``: CPU time used by every other process (all busy CPU time in
+    /proc/stat minus this process and its children) divided by wall time, i.e.
+    how many CPUs other work kept busy on average.  Load averages are kept too,
+    but they include this run and the tail of whatever ran just before it.
+    """
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float, float]] = []
+        self._start = (time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
         self.sample()
 
     def sample(self) -> None:
@@ -142,6 +167,16 @@ class Load:
     @property
     def mean1(self) -> float:
         return sum(s[0] for s in self.samples) / len(self.samples) if self.samples else 0.0
+
+    @property
+    def others_cpus(self) -> float | None:
+        wall0, busy0, own0 = self._start
+        busy1 = _busy_cpu_seconds()
+        if busy0 is None or busy1 is None:
+            return None
+        wall = time.perf_counter() - wall0
+        others = (busy1 - busy0) - (_own_cpu_seconds() - own0)
+        return max(0.0, others / wall) if wall > 0 else None
 
 
 def _fresh(tmp: str, label: str) -> str:
@@ -421,23 +456,23 @@ def main(argv: list[str] | None = None) -> int:
         text = report.table(results, scaling)
         log("")
         log(text)
+        others = load.others_cpus
         log(
             f"total {elapsed:.0f} s; load average max {load.max1:.2f}, mean {load.mean1:.2f} (1 min)"
+            + (
+                ""
+                if others is None
+                else f"; other processes kept {others:.2f} CPUs busy on average"
+            )
         )
         if args.write_results:
-            profiles = {}
+            profiles: dict[str, Any] = {}
             if not args.no_profile:
                 for r in results:
                     if r.met is False:
                         log(f"profiling the library side of {r.name} (missed its target) ...")
                         kind = next(k for k in cases.BENCHMARKS if k(sizes).name == r.name)
                         profiles[r.name] = report.summarize(*profile_benchmark(kind(sizes), tmp))
-                if scaling is not None:
-                    for op in cases.Scaling.ops:
-                        if not scaling.met(op):
-                            profiles[f"scaling-{op}"] = (
-                                None  # explained from the scaling table itself
-                            )
             path = os.path.join(HERE, "RESULTS.md")
             with open(path, "w", encoding="utf-8") as out:
                 out.write(
