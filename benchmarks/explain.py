@@ -176,7 +176,8 @@ def avoidable(which: tuple[str, ...] = ("control", "flow_id", "probe")) -> str:
     try:
         from reliable_flow import consumer as consumer_module
 
-        if "control" in which and "for ch in" in inspect.getsource(envelope._has_control):
+        has_control = getattr(envelope, "_has_control", None)
+        if "control" in which and has_control is not None and "for ch in" in inspect.getsource(has_control):
             found.append(
                 "the control-character check of ids and kind (`envelope._has_control`) is a Python "
                 "generator over every character, run three times per `make()`; a compiled regular "

@@ -28,18 +28,19 @@ __all__ = ["Consumer", "read_effects", "read_inbox", "read_projection"]
 
 DEFAULT_NAME = "default"
 
+_FlowState = tuple[str, int, dict[str, Any]]
+
 # The hot queries, named so tests can check their plans use an index.
-NEXT_ROW = "SELECT event_id, body FROM inbox WHERE flow_id = ? AND seq = ?"
-GAP_PROBE = "SELECT 1 FROM inbox WHERE flow_id = ? AND seq > ? LIMIT 1"
+# NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
+# of the flow at or after last_seq + 1 (later rows exist only past a gap).
+NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? ORDER BY seq LIMIT 1"
 OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
 
 
 def _check_flow_id(flow_id: object) -> str:
     # Same rules as the envelope's flow_id, so a typo'd argument is an error
     # rather than a silent "idle".
-    return envelope.make(
-        event_id="x", flow_id=flow_id, seq=1, kind="x", schema=1, payload={}
-    ).flow_id
+    return envelope.check_name("flow_id", flow_id)
 
 
 def _check_limit(name: str, value: object) -> int:
@@ -171,6 +172,16 @@ class Consumer:
         return results
 
     def _receive_in(self, conn: sqlite3.Connection, env: envelope.Envelope) -> ReceiveResult:
+        if self.max_inbox is None:
+            # The common case first: a new event is stored by one statement;
+            # only when a unique key refused it do we look at why.
+            stored = conn.execute(
+                "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (env.event_id, env.flow_id, env.seq, env.body),
+            ).rowcount
+            if stored:
+                crash_point("receive.after_inbox_insert")
+                return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
         row = conn.execute("SELECT body FROM inbox WHERE event_id = ?", (env.event_id,)).fetchone()
         if row is not None:
             if row[0] == env.body:
@@ -228,26 +239,33 @@ class Consumer:
         """
         flow_id = _check_flow_id(flow_id)
         with self._db.write() as conn:
-            result = self._apply_in(conn, flow_id)
+            result, _ = self._apply_in(conn, flow_id)
         if result.status == ApplyStatus.APPLIED:
             crash_point("apply.after_commit")
         return result
 
-    def _apply_in(self, conn: sqlite3.Connection, flow_id: str) -> ApplyResult:
-        """One apply step inside the caller's transaction."""
-        proj = conn.execute(
-            "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
-        ).fetchone()
-        state, last_seq, data = (
-            (self.protocol.initial, 0, {}) if proj is None else (proj[0], proj[1], json.loads(proj[2]))
-        )
+    def _apply_in(
+        self, conn: sqlite3.Connection, flow_id: str, known: _FlowState | None = None
+    ) -> tuple[ApplyResult, _FlowState | None]:
+        """One apply step inside the caller's transaction.
+
+        ``known`` is the flow's (state, last_seq, data) as left by the
+        previous step of the same transaction, which holds the write lock,
+        so it cannot be stale; the new one is returned after an apply.
+        """
+        if known is None:
+            proj = conn.execute(
+                "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
+            ).fetchone()
+            known = (self.protocol.initial, 0, {}) if proj is None else (proj[0], proj[1], json.loads(proj[2]))
+        state, last_seq, data = known
         seq = last_seq + 1
         row = conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
         if row is None:
-            if conn.execute(GAP_PROBE, (flow_id, seq)).fetchone() is not None:
-                return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived")
-            return ApplyResult(ApplyStatus.IDLE, flow_id, seq)
-        event_id, body = row
+            return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known
+        if row[0] != seq:
+            return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known
+        _, event_id, body = row
         event = json.loads(body)
         try:
             if event["schema"] not in self.schemas:
@@ -264,7 +282,7 @@ class Consumer:
                 "WHERE event_id = ? AND (state <> 'blocked' OR reason IS NOT ?)",
                 (rejected.reason.value, event_id, rejected.reason.value),
             )
-            return ApplyResult(ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail)
+            return ApplyResult(ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail), known
         new_state = event["kind"]
         view = self.protocol.view(new_state, new_data)
         conn.execute(
@@ -280,7 +298,7 @@ class Consumer:
         )
         conn.execute("UPDATE inbox SET state = 'applied', reason = NULL WHERE event_id = ?", (event_id,))
         crash_point("apply.after_effect")
-        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id)
+        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), (new_state, seq, new_data)
 
     def drain(self, flow_id: str, limit: int = 100, *, batch_size: int = 1) -> DrainResult:
         """Apply ``flow_id``'s next steps until a gap, a block, idle, or ``limit`` applies.
@@ -314,8 +332,9 @@ class Consumer:
         while flow is not None:
             done_in_batch = 0
             with self._db.write() as conn:
+                known: _FlowState | None = None  # re-read in every new transaction
                 while flow is not None and done_in_batch < batch_size:
-                    last = self._apply_in(conn, flow)
+                    last, known = self._apply_in(conn, flow, known)
                     if last.status == ApplyStatus.APPLIED:
                         applied += 1
                         done_in_batch += 1
@@ -326,7 +345,7 @@ class Consumer:
                         stop = DrainStop(last.status.value)
                     results[flow] = DrainResult(flow, applied, stop, last)
                     flow = next(queue, None)
-                    applied, last = 0, None
+                    applied, last, known = 0, None, None
             if done_in_batch:
                 crash_point("apply.after_commit")
         return results

@@ -174,19 +174,21 @@ def _mark(producer: Producer, consumer: Consumer, marks: list[tuple[int, Receive
         else:
             conflicts.append(row)
     with producer._db.write() as conn:
-        conn.executemany(
-            "UPDATE delivery SET state = 'accepted', last_status = ?, attempts = attempts + 1, "
-            "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = ? "
-            "WHERE consumer = ? AND pos = ?",
-            delivered,
-        )
+        if delivered:
+            conn.executemany(
+                "UPDATE delivery SET state = 'accepted', last_status = ?, attempts = attempts + 1, "
+                "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = ? "
+                "WHERE consumer = ? AND pos = ?",
+                delivered,
+            )
         # A conflict never turns into "accepted", and never undoes one.
-        conn.executemany(
-            "UPDATE delivery SET state = CASE state WHEN 'accepted' THEN state ELSE 'set_aside' END, "
-            "last_status = ?, attempts = attempts + 1, lease_owner = NULL, updated_at = ? "
-            "WHERE consumer = ? AND pos = ?",
-            conflicts,
-        )
+        if conflicts:
+            conn.executemany(
+                "UPDATE delivery SET state = CASE state WHEN 'accepted' THEN state ELSE 'set_aside' END, "
+                "last_status = ?, attempts = attempts + 1, lease_owner = NULL, updated_at = ? "
+                "WHERE consumer = ? AND pos = ?",
+                conflicts,
+            )
         crash_point("relay.after_mark")
     crash_point("relay.after_commit")
 
