@@ -138,6 +138,8 @@ def full_scans(conn: sqlite3.Connection, details: list[str], sql: str = "") -> l
 HOT_QUERIES = [
     # (id, side, sql, params, what the plan line must say)
     ("relay._NEXT_DUE", "producer", relay_module._NEXT_DUE, ("default", 1e300, 1), "USING INDEX delivery_due (consumer=?"),
+    ("relay._NEXT_DUE_BODY", "producer", relay_module._NEXT_DUE_BODY, ("default", 1e300),
+     "USING INDEX delivery_due (consumer=?"),
     ("outbox_by_event_id", "producer", "SELECT seq, body FROM outbox WHERE event_id = ?", ("F7-1",), "(event_id=?)"),
     ("outbox_body_by_pos", "producer", "SELECT body FROM outbox WHERE pos = ?", (7,), "USING INTEGER PRIMARY KEY (rowid=?)"),
     ("flow_by_id", "producer", "SELECT seq, state, data FROM flow WHERE flow_id = ?", ("F7",), "(flow_id=?)"),

@@ -121,6 +121,12 @@ _NEXT_DUE = (
 )
 
 
+_NEXT_DUE_BODY = (
+    "SELECT d.pos, o.body FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
+    "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT 1"
+)
+
+
 def _claim(producer: Producer, consumer: Consumer, policy: DeliveryPolicy, now: float, limit: int = 1) -> list[int]:
     """Pick up to ``limit`` next due events; with a lease, claim them first."""
     conn = producer._db.conn
@@ -228,11 +234,19 @@ def relay(
     _bind(producer, consumer)
     conn = producer._db.conn
     if event_id is None:
-        picked = _claim(producer, consumer, policy, policy.clock())
-        if not picked:
-            return RelayResult(RelayStatus.IDLE)
-        pos = picked[0]
-        body = conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()[0]
+        if policy.lease_seconds is None:
+            # No claim to write: pick the event and read its body in one query.
+            horizon = policy.clock() if policy.wait_for_due else float("inf")
+            row = conn.execute(_NEXT_DUE_BODY, (consumer.name, horizon)).fetchone()
+            if row is None:
+                return RelayResult(RelayStatus.IDLE)
+            pos, body = row
+        else:
+            picked = _claim(producer, consumer, policy, policy.clock())
+            if not picked:
+                return RelayResult(RelayStatus.IDLE)
+            pos = picked[0]
+            body = conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()[0]
     else:
         row = conn.execute("SELECT pos, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
         if row is None:
