@@ -161,9 +161,8 @@ Four durable commits per event on both sides (audit: {audit}). {cpu} To stay wit
 floor's {floor_us} us/event, the library could add at most {budget} us/event; the median
 per-round ratio means it added about {gap}.
 The overhead is the sum of four calls' own work (`advance`, `relay` = `receive` + mark, `apply_next`):
-envelope validation twice, the guarding reads, JSON parsing, protocol checks, and in `relay` two
-autocommit reads on the producer file (pick the next due event, then read its body) outside any
-transaction. {singles} It is a fixed CPU cost per event, so the ratio is highest when fsync is
+envelope validation twice, the guarding reads, JSON parsing, protocol checks, and in `relay` an
+autocommit read on the producer file (the next due event with its body) outside any transaction. {singles} It is a fixed CPU cost per event, so the ratio is highest when fsync is
 fastest (in this run the floor's one-commit `advance` took {commit} us/event). {profile}
 {avoidable}
 """

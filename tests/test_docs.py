@@ -51,3 +51,16 @@ def test_every_test_a_guarantee_cites_exists(page: str) -> None:
     assert cited, f"{page} cites no tests"
     missing = sorted(name for name in cited if name not in defined and not (DOCS.parent / "tests" / f"{name}.py").exists())
     assert not missing, f"{page} cites tests that do not exist: {missing}"
+
+
+def test_the_performance_page_shows_the_generated_results() -> None:
+    sys.path.insert(0, str(DOCS.parent / "benchmarks"))
+    try:
+        import sync_docs
+    finally:
+        sys.path.pop(0)
+    page = (DOCS / "performance.md").read_text(encoding="utf-8")
+    shown = page.split(sync_docs.START, 1)[1].split(sync_docs.END, 1)[0].strip()
+    generated = sync_docs.measured_block(sync_docs.RESULTS.read_text(encoding="utf-8")).strip()
+    assert shown == generated, "run python benchmarks/sync_docs.py after --write-results"
+    assert "| end to end, batched (100) |" in shown
