@@ -315,16 +315,44 @@ class Database:
         self._conn = self._open()
 
 
+BEGIN_RETRIES = 3
+
+
 # Primary result codes (the low byte of an extended code).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_FULL = 5, 6, 8, 13
 _STORAGE_CODES = {_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_FULL,
                   10, 11, 14, 26}  # IOERR, CORRUPT, CANTOPEN, NOTADB
-BEGIN_RETRIES = 3
+# Python 3.10's sqlite3 errors carry no result code.  There, and only there,
+# the code is recovered from the message when it is exactly SQLite's own
+# sqlite3_errstr() text for that code (never a substring, never a custom
+# message): the closest honest stand-in for the missing attribute.
+_ERRSTR_CODES = {
+    "database is locked": _SQLITE_BUSY,
+    "database table is locked": _SQLITE_LOCKED,
+    "attempt to write a readonly database": _SQLITE_READONLY,
+    "database or disk is full": _SQLITE_FULL,
+    "disk I/O error": 10,
+    "database disk image is malformed": 11,
+    "unable to open database file": 14,
+    "file is not a database": 26,
+}
+
+
+_CODE_NAMES = {5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 8: "SQLITE_READONLY", 13: "SQLITE_FULL",
+               10: "SQLITE_IOERR", 11: "SQLITE_CORRUPT", 14: "SQLITE_CANTOPEN", 26: "SQLITE_NOTADB"}
 
 
 def _primary_code(exc: sqlite3.Error) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
-    return None if code is None else int(code) & 0xFF
+    if code is None:
+        code = _ERRSTR_CODES.get(str(exc))
+        if code is not None:
+            # Give the chained error the attributes it has on 3.11+, so the
+            # caller can inspect it the same way on every supported Python.
+            setattr(exc, "sqlite_errorcode", code)  # noqa: B010 - not declared on 3.10
+            setattr(exc, "sqlite_errorname", _CODE_NAMES[code])  # noqa: B010
+        return code
+    return int(code) & 0xFF
 
 
 def storage_error(exc: sqlite3.Error, during: str) -> BaseException:
@@ -398,6 +426,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     except sqlite3.Error as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
+        _primary_code(exc)  # fills in the result code on Python 3.10
         raise CommitOutcomeUnknown(
             f"COMMIT failed ({getattr(exc, 'sqlite_errorname', type(exc).__name__)}: {exc}); "
             f"the write may or may not be durable. Retrying the same call with the same "

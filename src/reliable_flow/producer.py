@@ -11,7 +11,7 @@ from typing import Any
 
 from . import envelope
 from .crash import crash_point
-from .db import DEFAULT_BUSY_TIMEOUT, Database, PathLike
+from .db import DEFAULT_BUSY_TIMEOUT, Database, PathLike, storage_error
 from .errors import NotResolvable, StorageError, UnknownEvent
 from .protocol import Protocol, Rejected
 from .schema import PRODUCER
@@ -94,6 +94,10 @@ class Batch:
                 # SQLite already rolled the whole transaction back (e.g. disk
                 # full): the batch is lost, and must not go on in autocommit.
                 self._broken = exc
+                if isinstance(exc, sqlite3.Error):
+                    translated = storage_error(exc, "advance in a batch")
+                    if translated is not exc:
+                        raise translated from exc
             raise
         conn.execute("RELEASE advance")
         self.results.append(result)
