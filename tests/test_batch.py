@@ -918,12 +918,15 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
         commit_steps(producer, ("A1", "A", 1), ("A2", "A", 2), ("A3", "A", 3),
                      ("B1", "B", 1), ("B2", "B", 2), ("B3", "B", 3))
         r = relay_batch(producer, consumer, limit=100, policy=policy)
-        assert [(x.event_id, str(x.status)) for x in r.results] == [("A1", "accepted"), ("A2", "accepted")]
-        assert (r.counts, r.refused, r.idle) == ({"accepted": 2}, 4, False)
-        assert consumer.flows() == ["A"] and [x["event_id"] for x in consumer.inbox("A")] == ["A1", "A2"]
-        for event_id in ("A1", "A2"):
+        # A3 and B2, B3 are refused; B1 is B's next step, so it still gets in.
+        assert [(x.event_id, str(x.status)) for x in r.results] == [
+            ("A1", "accepted"), ("A2", "accepted"), ("B1", "accepted"),
+        ]
+        assert (r.counts, r.refused, r.idle) == ({"accepted": 3}, 3, False)
+        assert consumer.flows() == ["A", "B"] and [x["event_id"] for x in consumer.inbox("A")] == ["A1", "A2"]
+        for event_id in ("A1", "A2", "B1"):
             assert delivery(producer, event_id)["state"] == "accepted"
-        for event_id in ("A3", "B1", "B2", "B3"):
+        for event_id in ("A3", "B2", "B3"):
             e = delivery(producer, event_id)
             d = e["deliveries"]["default"]
             assert (e["state"], e["accepted"], d["attempts"]) == ("pending", False, 1), event_id
@@ -945,7 +948,7 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
             rounds.append(([x.event_id for x in r.results], r.refused))
         else:
             raise AssertionError(f"never idle: {rounds}")
-        assert rounds == [(["A3", "B1"], 2), (["B2", "B3"], 0)]
+        assert rounds == [(["A3", "B2"], 1), (["B3"], 0)]
         consumer.process_all()
         assert all(e["accepted"] for e in producer.outbox())
         for flow_id in "AB":
@@ -953,15 +956,15 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
             assert consumer.projection(flow_id) == {"state": "released", "last_seq": 3, "held": 0}
 
 
-def test_relay_batch_refused_on_its_first_event_raises_and_stores_nothing(tmp_path: Path) -> None:
-    """As documented: if the very first event is refused, InboxFull propagates and
-    the failure is recorded on every event of the batch."""
+def test_relay_batch_with_every_event_refused_stores_nothing_and_retries_later(tmp_path: Path) -> None:
+    """Every picked event refused: nothing stored, nothing accepted, all counted
+    in ``refused`` with a backoff recorded, and all delivered later."""
     with ExitStack() as stack:
         producer, consumer = pair(tmp_path, stack, max_inbox=1)
         commit_steps(producer, ("A1", "A", 1), ("A2", "A", 2), ("A3", "A", 3))
         assert relay_batch(producer, consumer, limit=1, policy=FIXED).counts == {"accepted": 1}
-        with pytest.raises(InboxFull):
-            relay_batch(producer, consumer, limit=100, policy=FIXED)
+        r = relay_batch(producer, consumer, limit=100, policy=FIXED)
+        assert (r.results, r.counts, r.refused, r.idle) == ((), {}, 2, False)
         assert [x["event_id"] for x in consumer.inbox("A")] == ["A1"]
         assert consumer._db.conn.in_transaction is False
         for event_id in ("A2", "A3"):
@@ -974,6 +977,29 @@ def test_relay_batch_refused_on_its_first_event_raises_and_stores_nothing(tmp_pa
         assert [x.event_id for x in relay_batch(producer, consumer, limit=100, policy=FIXED).results] == ["A3"]
         consumer.process_all()
         assert [e["event_id"] for e in consumer.effects("A")] == ["A1", "A2", "A3"]
+
+
+def test_relay_batch_lets_in_what_repeated_relay_lets_in_when_the_inbox_is_full(tmp_path: Path) -> None:
+    steps = [(f"{f}{n}", f, n) for f in "ABCD" for n in (1, 2, 3)]
+    policy = DeliveryPolicy(clock=lambda: 1000.0, random=lambda: 0.5)
+    inboxes = []
+    for mode in ("one_by_one", "batch"):
+        with ExitStack() as stack:
+            producer, consumer = pair(tmp_path, stack, name=mode, max_inbox=3)
+            commit_steps(producer, *steps)
+            if mode == "batch":
+                relay_batch(producer, consumer, limit=100, policy=policy)
+            else:
+                while True:
+                    try:
+                        if relay(producer, consumer, policy=policy).status == "idle":
+                            break
+                    except InboxFull:
+                        continue
+            inboxes.append({f: [x["event_id"] for x in consumer.inbox(f)] for f in "ABCD"})
+            inboxes.append([(e["event_id"], e["state"]) for e in producer.outbox()])
+    assert inboxes[0] == inboxes[2] and inboxes[1] == inboxes[3]
+    assert inboxes[0] == {"A": ["A1", "A2", "A3"], "B": ["B1"], "C": ["C1"], "D": ["D1"]}
 
 
 def test_relay_batch_sql_failure_in_the_consumer_stores_nothing_of_the_batch(tmp_path: Path) -> None:

@@ -147,27 +147,27 @@ class Consumer:
             crash_point("receive.after_commit")
         return result
 
-    def receive_many(self, envelopes: Sequence[dict[str, Any] | str | bytes]) -> list[ReceiveResult]:
-        """Receive several events in one transaction; one result per event, in order.
+    def receive_many(
+        self, envelopes: Sequence[dict[str, Any] | str | bytes]
+    ) -> list[ReceiveResult | None]:
+        """Receive several events in one transaction; one entry per event, in order.
 
         Same checks and statuses as :meth:`receive`.  Every envelope is
         validated before anything is stored: one malformed envelope raises
-        ``InvalidEnvelope`` and stores none.  If the inbox fills up
-        (``max_inbox``) part-way, the events before it are stored and the
-        returned list is shorter than the input: the rest were refused and
-        not stored.  If the very first one is refused, ``InboxFull`` is raised.
+        ``InvalidEnvelope`` and stores none.  An event that a full inbox
+        (``max_inbox``) refuses gets ``None`` and is not stored; the others
+        are still examined, exactly as separate ``receive`` calls would be
+        (so a flow's next step still gets in).
         """
         parsed = [envelope.parse(e) for e in envelopes]
-        results: list[ReceiveResult] = []
+        results: list[ReceiveResult | None] = []
         with self._db.write() as conn:
             for env in parsed:
                 try:
                     results.append(self._receive_in(conn, env))
                 except InboxFull:
-                    if not results:
-                        raise
-                    break
-        if any(r.status == ReceiveStatus.ACCEPTED for r in results):
+                    results.append(None)
+        if any(r is not None and r.status == ReceiveStatus.ACCEPTED for r in results):
             crash_point("receive.after_commit")
         return results
 

@@ -271,11 +271,12 @@ def relay_batch(
     """Deliver up to ``limit`` events in one consumer and one producer transaction.
 
     The same choice of events, statuses and marks as ``limit`` calls of
-    :func:`relay`, at the cost of two commits instead of ``2 * limit``.  If
-    the consumer's inbox fills up part-way, the refused events stay pending
-    (backoff recorded) and are counted in ``refused``.  If ``receive``
-    raises, nothing of the batch was stored, the failure is recorded on
-    every event of the batch, and the exception propagates.
+    :func:`relay`, at the cost of two commits instead of ``2 * limit``.
+    Events a full inbox (``max_inbox``) refuses stay pending, with a backoff
+    recorded, and are counted in ``refused``; the rest of the batch is still
+    delivered.  If ``receive_many`` raises, nothing of the batch was stored,
+    the failure is recorded on every event of the batch, and the exception
+    propagates.
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
@@ -295,12 +296,13 @@ def relay_batch(
     except Exception as exc:
         _record_failure(producer, consumer, picked, policy, exc)
         raise
-    marks = list(zip(picked, answers))
-    _mark(producer, consumer, marks, policy.clock())
-    refused = picked[len(answers):]
+    marks = [(pos, a) for pos, a in zip(picked, answers) if a is not None]
+    refused = [pos for pos, a in zip(picked, answers) if a is None]
+    if marks:
+        _mark(producer, consumer, marks, policy.clock())
     if refused:
         _record_failure(producer, consumer, refused, policy, InboxFull("inbox full (max_inbox)"))
-    results = tuple(_as_relay(a) for a in answers)
+    results = tuple(_as_relay(a) for _, a in marks)
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
