@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-
-def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_FLOW_CRASH_AT"}
-    return subprocess.run(
-        [sys.executable, "-m", "reliable_flow", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
-    )
+from _cli import run_cli
 
 
 def test_demo_tells_the_story_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    done = _run("demo", cwd=tmp_path)
+    done = run_cli("demo", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "apply_next(A) -> gap: seq 1 is missing" in out
@@ -35,9 +26,14 @@ def test_demo_tells_the_story_and_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_demo_keeps_its_files_when_asked_and_they_inspect_cleanly(tmp_path: Path) -> None:
     where = tmp_path / "kept"
-    done = _run("demo", "--dir", str(where), cwd=tmp_path)
+    done = run_cli("demo", "--dir", str(where), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (where / "producer.db").exists() and (where / "consumer.db").exists()
-    again = _run("demo", "--dir", str(where), cwd=tmp_path)  # a second run starts afresh
+    again = run_cli("demo", "--dir", str(where), cwd=tmp_path)  # a second run starts afresh
     assert again.returncode == 0, again.stderr
-    assert again.stdout == done.stdout.replace(str(where), str(where))
+    assert again.stdout == done.stdout
+    report = run_cli("inspect", str(where / "producer.db"), str(where / "consumer.db"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "to consumer 'default': 7 accepted, 0 undelivered, 0 set aside" in report.stdout
+    assert "inbox 0 pending, 0 blocked, 7 applied" in report.stdout
+    assert "no blocked events, no gaps" in report.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 import reliable_flow
+from _cli import run_cli
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS
 from reliable_flow.experiment import (
     FROZEN_RESULTS,
@@ -27,16 +27,7 @@ TIMEOUT = 300  # seconds; a watchdog, the experiment itself takes a few
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_FLOW_")}
-    return subprocess.run(
-        [sys.executable, "-m", "reliable_flow", "experiment", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return run_cli("experiment", *args, cwd=cwd, timeout=TIMEOUT)
 
 
 def _ints(obj: Any) -> list[int]:

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from _cli import run_cli
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_FLOW_CRASH_AT"}
-    return subprocess.run(
-        [sys.executable, "-m", "reliable_flow", *args], capture_output=True, text=True, timeout=60, env=env
-    )
 
 
 def _digest(path: Path) -> str:
@@ -46,7 +37,7 @@ def _troubled_files(tmp_path: Path) -> tuple[Path, Path]:
 def test_text_report_names_every_problem(tmp_path: Path) -> None:
     p_path, c_path = _troubled_files(tmp_path)
     before = (_digest(p_path), _digest(c_path))
-    done = _cli("inspect", str(p_path), str(c_path))
+    done = run_cli("inspect", str(p_path), str(c_path))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "producer (reservation): 4 flows, 7 events" in out
@@ -61,7 +52,7 @@ def test_text_report_names_every_problem(tmp_path: Path) -> None:
 
 def test_json_report_is_machine_readable(tmp_path: Path) -> None:
     p_path, c_path = _troubled_files(tmp_path)
-    done = _cli("inspect", str(p_path), str(c_path), "--json")
+    done = run_cli("inspect", str(p_path), str(c_path), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     default = report["producer"]["consumers"]["default"]
@@ -76,9 +67,9 @@ def test_json_report_is_machine_readable(tmp_path: Path) -> None:
 
 def test_wrong_or_missing_files_are_a_clear_error(tmp_path: Path) -> None:
     p_path, c_path = _troubled_files(tmp_path)
-    swapped = _cli("inspect", str(c_path), str(p_path))
+    swapped = run_cli("inspect", str(c_path), str(p_path))
     assert swapped.returncode == 2
     assert "is a reliable_flow consumer file, not a producer file" in swapped.stderr
-    missing = _cli("inspect", str(p_path), str(tmp_path / "absent.db"))
+    missing = run_cli("inspect", str(p_path), str(tmp_path / "absent.db"))
     assert missing.returncode == 2 and "absent.db" in missing.stderr
     assert not (tmp_path / "absent.db").exists()

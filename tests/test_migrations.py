@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import reliable_flow
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
@@ -280,3 +281,20 @@ def test_four_processes_opening_a_v1_file_at_once_upgrade_it_once(tmp_path: Path
     assert pragmas(producer_path)[0] == PRODUCER.version
     assert v1_content(producer_path) == before
     assert json.loads(rows(producer_path, "SELECT body FROM outbox WHERE event_id = 'A2'")[0][0])["seq"] == 2
+
+
+def test_check_constraints_of_new_files_list_exactly_the_enum_values(tmp_path: Path) -> None:
+    # Migrations spell their CHECK values out (an old migration must never
+    # change), so this is what keeps them equal to the enums the code uses.
+    Producer(tmp_path / "p.db", RESERVATION).close()
+    reliable_flow.Consumer(tmp_path / "c.db", RESERVATION).close()
+    kinds = (("p.db", "delivery", reliable_flow.DeliveryState), ("c.db", "inbox", reliable_flow.InboxState))
+    for path, table, enum in kinds:
+        conn = sqlite3.connect(tmp_path / path)
+        try:
+            (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+        finally:
+            conn.close()
+        listed = re.search(r"CHECK \(state IN \(([^)]*)\)\)", sql)
+        assert listed is not None, sql
+        assert {v.strip(" '") for v in listed.group(1).split(",")} == set(enum.values())

@@ -8,16 +8,15 @@ import importlib
 import importlib.metadata
 import importlib.resources
 import json
-import os
 import pkgutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import reliable_flow
+from _cli import clean_env, run_cli
 from reliable_flow import Consumer, Producer, relay, statuses
 
 # Pinned from src/reliable_flow/__init__.py: adding or removing a public name
@@ -80,7 +79,7 @@ assert {"AdvanceResult", "ReceiveResult", "RelayResult", "ApplyResult", "DrainRe
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_FLOW_")}
+    env = clean_env()
     env["PYTHONWARNINGS"] = "error"
     return env
 
@@ -171,10 +170,7 @@ def test_exception_tree() -> None:
 
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reliable_flow", *args],
-        capture_output=True, text=True, timeout=60, env=_env(), cwd=cwd, check=False,
-    )
+    return run_cli(*args, cwd=cwd, timeout=60, env=_env())
 
 
 def test_cli_version(tmp_path: Path) -> None:

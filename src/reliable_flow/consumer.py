@@ -318,7 +318,6 @@ class Consumer:
         A gap or a blocked event stops only its own flow; the others go on.
         ``batch_size`` applies share one transaction, across flows.
         """
-        limit = _check_limit("limit", limit)
         flows = [r[0] for r in self._db.conn.execute(OPEN_FLOWS)]
         return self._drain_flows(flows, limit, batch_size)
 

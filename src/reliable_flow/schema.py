@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .statuses import DeliveryState
-
 __all__ = ["CONSUMER", "PRODUCER", "FileKind"]
 
 
@@ -26,10 +24,6 @@ class FileKind:
     @property
     def version(self) -> int:
         return len(self.migrations)
-
-
-def _in(values: tuple[str, ...]) -> str:
-    return "(" + ",".join(f"'{v}'" for v in values) + ")"
 
 
 PRODUCER = FileKind(
@@ -73,10 +67,11 @@ PRODUCER = FileKind(
         (
             # v2: leases, backoff and operator actions.  SQLite cannot alter a
             # CHECK constraint, so the delivery table is rebuilt.
-            f"""CREATE TABLE delivery_v2(
+            """CREATE TABLE delivery_v2(
                 consumer TEXT NOT NULL REFERENCES consumer(name),
                 pos INTEGER NOT NULL REFERENCES outbox(pos),
-                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN {_in(DeliveryState.values())}),
+                state TEXT NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending','accepted','set_aside','skipped')),
                 last_status TEXT,
                 attempts INTEGER NOT NULL DEFAULT 0,
                 failures INTEGER NOT NULL DEFAULT 0,
