@@ -1,6 +1,6 @@
-"""``python -m reliable_flow``: see :mod:`reliable_flow.cli`."""
+"""``python -m reliable_flow``: see :mod:`reliable_flow.tools.cli`."""
 
-from .cli import main
+from .tools.cli import main
 
 __all__: list[str] = []
 

@@ -1,40 +1,39 @@
-"""The consumer: a persistent inbox, and strictly ordered apply per flow."""
+"""The consumer: a persistent inbox, and strictly ordered apply per flow.
+
+This is the public face: it checks arguments, opens the store and hands a
+unit of work to :mod:`reliable_flow.core.receive` and
+:mod:`reliable_flow.core.apply`, which decide.
+"""
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from . import envelope
+from .core.apply import apply_in, drain_flows
+from .core.receive import receive_in
 from .crash import crash_point
-from .db import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import InboxFull, InvalidEnvelope
-from .protocol import Protocol, Rejected
-from .schema import CONSUMER
+from .protocol import Protocol
+from .receiver import Answer
 from .statuses import (
     ApplyResult,
     ApplyStatus,
-    BlockReason,
     DrainResult,
-    DrainStop,
+    EffectRecord,
+    InboxEntry,
     ReceiveResult,
     ReceiveStatus,
+    Refused,
 )
+from .store import InboxStore
+from .store.sqlite import SqliteInboxStore
+from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
 
-__all__ = ["Consumer", "read_effects", "read_inbox", "read_projection"]
+__all__ = ["Consumer"]
 
 DEFAULT_NAME = "default"
-
-_FlowState = tuple[str, int, dict[str, Any]]
-
-# The hot queries, named so tests can check their plans use an index.
-# NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
-# of the flow at or after last_seq + 1 (later rows exist only past a gap).
-NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? ORDER BY seq LIMIT 1"
-OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
 
 
 def _check_flow_id(flow_id: object) -> str:
@@ -101,31 +100,36 @@ class Consumer:
                 _check_flow_id(name)
             except InvalidEnvelope as exc:
                 raise ValueError(f"name {exc.problem}") from None
-        new_name = name or DEFAULT_NAME
-
-        def on_create(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT INTO meta(key, value) VALUES (?, ?)",
-                [("protocol", protocol.name), ("name", new_name), ("uid", uuid.uuid4().hex)],
-            )
-
-        def check_meta(meta: dict[str, str]) -> str | None:
-            if meta.get("protocol") != protocol.name:
-                return f"was created for protocol {meta.get('protocol')!r}, not {protocol.name!r}"
-            if name is not None and meta.get("name") != name:
-                return f"belongs to consumer {meta.get('name')!r}, not {name!r}"
-            return None
-
-        self._db = Database(
-            path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta
+        self._store = SqliteInboxStore(
+            path, protocol.name, name=name, default_name=DEFAULT_NAME, busy_timeout=busy_timeout
         )
-        info = self._db.meta()
-        self.name: str = info["name"]
-        self.uid: str = info["uid"]
+        info = self._store.latest.meta()
+        self._name: str = info["name"]
+        self._uid: str = info["uid"]
+
+    @property
+    def name(self) -> str:
+        """The name producers keep this consumer's delivery state under."""
+        return self._name
+
+    @property
+    def uid(self) -> str:
+        """The identity of this consumer's file, fixed when it was created."""
+        return self._uid
+
+    @property
+    def store(self) -> InboxStore:
+        """The storage behind this consumer."""
+        return self._store
 
     @property
     def path(self) -> str:
-        return self._db.path
+        return self._store.location
+
+    @property
+    def location(self) -> str:
+        """Where the inbox lives (the file's path), for messages."""
+        return self._store.location
 
     # -- receive --------------------------------------------------------------------
 
@@ -141,8 +145,8 @@ class Consumer:
         full inbox (``max_inbox``) raises ``InboxFull``.
         """
         env = envelope.parse(envelope_in)
-        with self._db.write() as conn:
-            result = self._receive_in(conn, env)
+        with self._store.write() as unit:
+            result = receive_in(unit, env, self.max_inbox, self.path)
         if result.status == ReceiveStatus.ACCEPTED:
             crash_point("receive.after_commit")
         return result
@@ -161,66 +165,28 @@ class Consumer:
         """
         parsed = [envelope.parse(e) for e in envelopes]
         results: list[ReceiveResult | None] = []
-        with self._db.write() as conn:
+        with self._store.write() as unit:
             for env in parsed:
                 try:
-                    results.append(self._receive_in(conn, env))
+                    results.append(receive_in(unit, env, self.max_inbox, self.path))
                 except InboxFull:
                     results.append(None)
         if any(r is not None and r.status == ReceiveStatus.ACCEPTED for r in results):
             crash_point("receive.after_commit")
         return results
 
-    def _receive_in(self, conn: sqlite3.Connection, env: envelope.Envelope) -> ReceiveResult:
-        if self.max_inbox is None:
-            # The common case first: a new event is stored by one statement;
-            # only when a unique key refused it do we look at why.
-            stored = conn.execute(
-                "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (env.event_id, env.flow_id, env.seq, env.body),
-            ).rowcount
-            if stored:
-                crash_point("receive.after_inbox_insert")
-                return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
-        row = conn.execute("SELECT body FROM inbox WHERE event_id = ?", (env.event_id,)).fetchone()
-        if row is not None:
-            if row[0] == env.body:
-                return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
-            return ReceiveResult(
-                ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
-                "an event with this id and a different body is already in the inbox",
-            )
-        other = conn.execute(
-            "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", (env.flow_id, env.seq)
-        ).fetchone()
-        if other is not None:
-            return ReceiveResult(
-                ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
-                f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other[0]!r}",
-            )
-        if self.max_inbox is not None:
-            self._check_room(conn, env.flow_id, env.seq)
-        conn.execute(
-            "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)",
-            (env.event_id, env.flow_id, env.seq, env.body),
-        )
-        crash_point("receive.after_inbox_insert")
-        return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+    # -- as a Receiver (what relay() calls) -------------------------------------------
 
-    def _check_room(self, conn: sqlite3.Connection, flow_id: str, seq: int) -> None:
-        cap = self.max_inbox
-        used = conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state <> 'applied' LIMIT ?)", (cap,)
-        ).fetchone()[0]
-        if used < cap:
-            return
-        row = conn.execute("SELECT last_seq FROM projection WHERE flow_id = ?", (flow_id,)).fetchone()
-        if seq == (row[0] if row else 0) + 1:
-            return  # the flow's very next step: refusing it could deadlock a full inbox
-        raise InboxFull(
-            f"{self.path} holds {used} unapplied events (max_inbox={cap}); "
-            f"event {flow_id!r} seq {seq} refused, nothing stored"
-        )
+    def accept(self, body: str) -> Answer:
+        """:meth:`receive`, with a full inbox answered as :class:`Refused`."""
+        try:
+            return self.receive(body)
+        except InboxFull as exc:
+            return Refused(str(exc))
+
+    def accept_many(self, bodies: Sequence[str]) -> list[Answer]:
+        """:meth:`receive_many`, with each event a full inbox turned away answered as :class:`Refused`."""
+        return [Refused("inbox full (max_inbox)") if r is None else r for r in self.receive_many(bodies)]
 
     # -- apply ----------------------------------------------------------------------
 
@@ -238,67 +204,11 @@ class Consumer:
         the step had committed, the retry looks at the following seq.
         """
         flow_id = _check_flow_id(flow_id)
-        with self._db.write() as conn:
-            result, _ = self._apply_in(conn, flow_id)
+        with self._store.write() as unit:
+            result, _ = apply_in(unit, self.protocol, self.schemas, flow_id)
         if result.status == ApplyStatus.APPLIED:
             crash_point("apply.after_commit")
         return result
-
-    def _apply_in(
-        self, conn: sqlite3.Connection, flow_id: str, known: _FlowState | None = None
-    ) -> tuple[ApplyResult, _FlowState | None]:
-        """One apply step inside the caller's transaction.
-
-        ``known`` is the flow's (state, last_seq, data) as left by the
-        previous step of the same transaction, which holds the write lock,
-        so it cannot be stale; the new one is returned after an apply.
-        """
-        if known is None:
-            proj = conn.execute(
-                "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
-            ).fetchone()
-            known = (self.protocol.initial, 0, {}) if proj is None else (proj[0], proj[1], json.loads(proj[2]))
-        state, last_seq, data = known
-        seq = last_seq + 1
-        row = conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
-        if row is None:
-            return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known
-        if row[0] != seq:
-            return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known
-        _, event_id, body = row
-        event = json.loads(body)
-        try:
-            if event["schema"] not in self.schemas:
-                raise Rejected(
-                    BlockReason.UNSUPPORTED_SCHEMA,
-                    f"schema {event['schema']} is not decoded by this consumer (decodes {sorted(self.schemas)})",
-                )
-            new_data = self.protocol.next_data(state, data, event["kind"], event["schema"], event["payload"])
-        except Rejected as rejected:
-            # Only a change is written: re-examining an unchanged block then
-            # costs no fsync (a transaction without writes commits for free).
-            conn.execute(
-                "UPDATE inbox SET state = 'blocked', reason = ? "
-                "WHERE event_id = ? AND (state <> 'blocked' OR reason IS NOT ?)",
-                (rejected.reason.value, event_id, rejected.reason.value),
-            )
-            return ApplyResult(ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail), known
-        new_state = event["kind"]
-        view = self.protocol.view(new_state, new_data)
-        conn.execute(
-            "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
-            "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view",
-            (flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view)),
-        )
-        crash_point("apply.after_projection")
-        conn.execute(
-            "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)",
-            (event_id, flow_id, seq, new_state),
-        )
-        conn.execute("UPDATE inbox SET state = 'applied', reason = NULL WHERE event_id = ?", (event_id,))
-        crash_point("apply.after_effect")
-        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), (new_state, seq, new_data)
 
     def drain(self, flow_id: str, limit: int = 100, *, batch_size: int = 1) -> DrainResult:
         """Apply ``flow_id``'s next steps until a gap, a block, idle, or ``limit`` applies.
@@ -318,63 +228,42 @@ class Consumer:
         A gap or a blocked event stops only its own flow; the others go on.
         ``batch_size`` applies share one transaction, across flows.
         """
-        flows = [r[0] for r in self._db.conn.execute(OPEN_FLOWS)]
-        return self._drain_flows(flows, limit, batch_size)
+        return self._drain_flows(self._store.latest.open_flows(), limit, batch_size)
 
     def _drain_flows(self, flows: list[str], limit: int, batch_size: int) -> dict[str, DrainResult]:
         limit = _check_limit("limit", limit)
         batch_size = _check_limit("batch_size", batch_size)
-        results: dict[str, DrainResult] = {}
-        queue = iter(flows)
-        flow = next(queue, None)
-        applied, last = 0, None
-        while flow is not None:
-            done_in_batch = 0
-            with self._db.write() as conn:
-                known: _FlowState | None = None  # re-read in every new transaction
-                while flow is not None and done_in_batch < batch_size:
-                    last, known = self._apply_in(conn, flow, known)
-                    if last.status == ApplyStatus.APPLIED:
-                        applied += 1
-                        done_in_batch += 1
-                        if applied < limit:
-                            continue
-                        stop = DrainStop.LIMIT
-                    else:
-                        stop = DrainStop(last.status.value)
-                    results[flow] = DrainResult(flow, applied, stop, last)
-                    flow = next(queue, None)
-                    applied, last, known = 0, None, None
-            if done_in_batch:
-                crash_point("apply.after_commit")
-        return results
+        return drain_flows(self._store.write, self.protocol, self.schemas, flows, limit, batch_size)
 
     # -- reads ----------------------------------------------------------------------
 
     def projection(self, flow_id: str) -> dict[str, Any] | None:
-        """``{"state", "last_seq", **protocol.project(...)}`` as applied, or None."""
-        return read_projection(self._db.conn, flow_id)
+        """``{"state", "last_seq", **protocol.project(...)}`` as applied, or None.
 
-    def effects(self, flow_id: str) -> list[dict[str, Any]]:
+        A dict, because its keys beyond ``state`` and ``last_seq`` are the
+        protocol's own view fields."""
+        return self._store.latest.projection(flow_id)
+
+    def effects(self, flow_id: str) -> list[EffectRecord]:
         """The flow's effect records in the order they were applied."""
-        return read_effects(self._db.conn, flow_id)
+        return self._store.latest.effects(flow_id)
 
-    def inbox(self, flow_id: str) -> list[dict[str, Any]]:
+    def inbox(self, flow_id: str) -> list[InboxEntry]:
         """The flow's inbox rows by seq: ``event_id``, ``seq``, ``state``, ``reason``."""
-        return read_inbox(self._db.conn, flow_id)
+        return self._store.latest.inbox(flow_id)
 
     def flows(self) -> list[str]:
         """Ids of every flow with at least one inbox row, sorted."""
-        return [r[0] for r in self._db.conn.execute("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
+        return self._store.latest.flows()
 
     # -- lifecycle ------------------------------------------------------------------
 
     def close(self) -> None:
-        self._db.close()
+        self._store.close()
 
     def reopen(self) -> None:
         """Open a new connection in the current process (use after fork())."""
-        self._db.reopen()
+        self._store.reopen()
 
     def __enter__(self) -> Consumer:  # noqa: PYI034 - Self needs Python 3.11
         return self
@@ -383,31 +272,5 @@ class Consumer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Consumer({self._db.path!r}, {self.protocol.name}, name={self.name!r})"
+        return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"
 
-
-def read_projection(conn: sqlite3.Connection, flow_id: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        "SELECT state, last_seq, view FROM projection WHERE flow_id = ?", (flow_id,)
-    ).fetchone()
-    if row is None:
-        return None
-    return {"state": row[0], "last_seq": row[1], **json.loads(row[2])}
-
-
-def read_effects(conn: sqlite3.Connection, flow_id: str) -> list[dict[str, Any]]:
-    return [
-        {"event_id": r[0], "flow_id": r[1], "seq": r[2], "kind": r[3]}
-        for r in conn.execute(
-            "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = ? ORDER BY id", (flow_id,)
-        )
-    ]
-
-
-def read_inbox(conn: sqlite3.Connection, flow_id: str) -> list[dict[str, Any]]:
-    return [
-        {"event_id": r[0], "seq": r[1], "state": r[2], "reason": r[3]}
-        for r in conn.execute(
-            "SELECT event_id, seq, state, reason FROM inbox WHERE flow_id = ? ORDER BY seq", (flow_id,)
-        )
-    ]

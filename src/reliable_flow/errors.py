@@ -2,7 +2,9 @@
 
 A status (``duplicate``, ``stale``, ``gap`` ...) is an answer; an exception
 means the call could not give one: the input was malformed, or the storage
-failed.  Storage errors chain the original :class:`sqlite3.Error`.
+failed.  The classes do not depend on a storage engine: a storage error
+keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
+``__cause__`` (``raise ... from``), so any engine's failures fit this tree.
 
 ::
 
@@ -12,17 +14,18 @@ failed.  Storage errors chain the original :class:`sqlite3.Error`.
      +-- WrongFile                             not a file of the expected kind
      |    +-- SchemaTooNew                     written by a newer reliable_flow
      +-- ConsumerMismatch                      two consumer files share one name
- +-- InboxFull                             receive() refused: the inbox is at max_inbox
- +-- NotResolvable (also ValueError)       operator action on an event in the wrong state
+     +-- InboxFull                             receive() refused: the inbox is at max_inbox
+     +-- NotResolvable (also ValueError)       operator action on an event in the wrong state
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
-     +-- StorageError                          SQLite failed underneath us
+     +-- StorageError                          the storage engine failed underneath us
+          +-- StorageFull                      disk or database full; nothing written
+          +-- ReadOnlyStorage                  the store cannot be written; nothing written
+          +-- DatabaseBusy                     write lock held through every retry
           +-- CommitOutcomeUnknown             COMMIT itself failed
 """
 
 from __future__ import annotations
-
-import sqlite3
 
 __all__ = [
     "CommitOutcomeUnknown",
@@ -108,24 +111,26 @@ class WrongProcess(ReliableFlowError):
     """
 
 
-class StorageError(ReliableFlowError, sqlite3.DatabaseError):
-    """SQLite failed underneath an operation; the transaction was rolled back.
+class StorageError(ReliableFlowError):
+    """The storage engine failed underneath an operation; the transaction
+    was rolled back.
 
-    The original :class:`sqlite3.Error` is chained as ``__cause__``.
+    The driver's original exception (e.g. :class:`sqlite3.Error`) is chained
+    as ``__cause__``.
     """
 
 
-class StorageFull(StorageError, sqlite3.OperationalError):
+class StorageFull(StorageError):
     """The disk (or ``PRAGMA max_page_count``) is full.  Nothing was written;
     retry once space is back."""
 
 
-class ReadOnlyStorage(StorageError, sqlite3.OperationalError):
+class ReadOnlyStorage(StorageError):
     """The file cannot be written (read-only mount, ``mode=ro``, ``query_only``).
     Nothing was written."""
 
 
-class DatabaseBusy(StorageError, sqlite3.OperationalError):
+class DatabaseBusy(StorageError):
     """Another connection held the write lock through the busy timeout and
     every retry.  Nothing was written; the call can be retried."""
 

@@ -16,12 +16,18 @@ __all__ = [
     "ApplyResult",
     "ApplyStatus",
     "BlockReason",
+    "DeliveryRecord",
     "DeliveryState",
     "DrainResult",
     "DrainStop",
+    "EffectRecord",
+    "InboxEntry",
     "InboxState",
+    "OperatorAction",
+    "OutboxEntry",
     "ReceiveResult",
     "ReceiveStatus",
+    "Refused",
     "RelayBatchResult",
     "RelayResult",
     "RelayStatus",
@@ -188,3 +194,88 @@ class DrainResult:
     applied: int
     stop: DrainStop
     last: ApplyResult | None = None
+
+
+# -- what the read methods return ----------------------------------------------------
+# Fixed shapes are frozen dataclasses.  Two reads stay dicts on purpose:
+# ``Producer.flow`` / ``Consumer.projection`` (their keys are the protocol's
+# own data fields) and ``Producer.event`` (the envelope, a JSON object as
+# it travels).
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    """Where one outbox event stands towards one consumer.
+
+    ``attempts`` counts sends, ``last_status`` is the consumer's last answer
+    (None before the first), ``last_error`` the last failed send, and
+    ``due_at`` when the event may be sent next (seconds, the policy's clock;
+    0 = at once).  ``lease_owner`` is the relay holding a claim on it, if any.
+    """
+
+    state: DeliveryState
+    last_status: str | None
+    attempts: int
+    last_error: str | None
+    due_at: float
+    lease_owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One outbox event with its delivery state (see ``Producer.outbox``)."""
+
+    event_id: str
+    flow_id: str
+    seq: int
+    accepted: bool
+    state: DeliveryState
+    last_status: str | None
+    deliveries: dict[str, DeliveryRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorAction:
+    """A recorded operator decision (``redeliver`` or ``skip``): who, when, why.
+
+    ``previous_state`` is the delivery state the action changed; it is given
+    in the value ``redeliver`` / ``skip`` return and is None in
+    ``operator_actions()`` listings (it is not stored).
+    """
+
+    at: float
+    consumer: str
+    event_id: str
+    action: str
+    actor: str
+    reason: str
+    previous_state: DeliveryState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """One row of the consumer's inbox (see ``Consumer.inbox``)."""
+
+    event_id: str
+    seq: int
+    state: InboxState
+    reason: BlockReason | None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """The one effect an applied event left in the consumer file."""
+
+    event_id: str
+    flow_id: str
+    seq: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A :class:`~reliable_flow.receiver.Receiver`'s answer when its inbox is
+    full (``max_inbox``): nothing was stored; the relay records the refusal
+    and sends the event again after a backoff."""
+
+    reason: str

@@ -10,7 +10,7 @@ JSON.  ``--check`` compares a fresh run with the results frozen in
 
 The seed's scenarios come first, in the order the seed article tells them;
 ours follow and are marked ``"origin": "ours"``.  The deliberately wrong implementations they
-compare against live in :mod:`reliable_flow._wrong_ways`.
+compare against live in :mod:`reliable_flow.tools.experiment.wrong_ways`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._wrong_ways import UNSAFE_EXIT_CODE, NaiveLastWriteConsumer
-from .consumer import Consumer
-from .crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR
-from .producer import Producer
-from .relay import relay
-from .reservation import RESERVATION
-from .statuses import DrainResult
+from .wrong_ways import UNSAFE_EXIT_CODE, NaiveLastWriteConsumer
+from ...consumer import Consumer
+from ...crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR
+from ...producer import Producer
+from ...relay import relay
+from ...reservation import RESERVATION
+from ...statuses import DrainResult
 
 __all__ = [
     "FORMAT",
@@ -54,7 +54,7 @@ __all__ = [
 #: Version of the JSON layout; bump it when the layout (not a result) changes.
 FORMAT = 1
 #: The frozen results shipped with the package and checked by ``--check``.
-FROZEN_RESULTS = Path(__file__).with_name("experiment_results.json")
+FROZEN_RESULTS = Path(__file__).with_name("results.json")
 
 CHILD_TIMEOUT = 60.0  # seconds; a watchdog against hangs, never an ordering tool
 RACERS = 6
@@ -136,14 +136,18 @@ def _event(producer: Producer, event_id: str) -> Result:
 
 def _outbox(producer: Producer, flow_id: str | None = None) -> list[Result]:
     return [
-        {"event_id": e["event_id"], "seq": e["seq"], "accepted": e["accepted"], "state": e["state"]}
+        {"event_id": e.event_id, "seq": e.seq, "accepted": e.accepted, "state": e.state}
         for e in producer.outbox(flow_id)
     ]
 
 
+def _inbox(consumer: Consumer, flow_id: str) -> list[Result]:
+    return [asdict(row) for row in consumer.inbox(flow_id)]
+
+
 def _effects(consumer: Consumer, flow_id: str) -> list[Result]:
     return [
-        {"event_id": e["event_id"], "seq": e["seq"], "kind": e["kind"]}
+        {"event_id": e.event_id, "seq": e.seq, "kind": e.kind}
         for e in consumer.effects(flow_id)
     ]
 
@@ -170,7 +174,7 @@ def _observe(producer: Producer, consumer: Consumer, flow_id: str) -> Result:
     return {
         "flow": producer.flow(flow_id),
         "outbox": _outbox(producer, flow_id),
-        "inbox": consumer.inbox(flow_id),
+        "inbox": _inbox(consumer, flow_id),
         "projection": consumer.projection(flow_id),
         "effects": _effects(consumer, flow_id),
     }
@@ -344,7 +348,7 @@ def unsafe_dual_write(files: Files) -> Result:
     _create(files)
     code = (
         "import sys\n"
-        "from reliable_flow._wrong_ways import unsafe_dual_write_then_die\n"
+        "from reliable_flow.tools.experiment.wrong_ways import unsafe_dual_write_then_die\n"
         "unsafe_dual_write_then_die(sys.argv[1])\n"
     )
     exit_code = _run_child(code, [files.producer], files, expect=UNSAFE_EXIT_CODE)
@@ -358,7 +362,7 @@ def unsafe_dual_write(files: Files) -> Result:
             "flow_A": flow,
             "outbox": outbox,
             "relay": relayed,
-            "consumer_inbox_A": consumer.inbox("A"),
+            "consumer_inbox_A": _inbox(consumer, "A"),
             "safe_advance_of_A1_afterwards": retry,
         }
 
@@ -443,7 +447,7 @@ def arrival_3_1_2(files: Files) -> Result:
                         "by": by,
                         "relay": status,
                         "drain": _drain(drained),
-                        "applied_prefix": [e["seq"] for e in consumer.effects("A")],
+                        "applied_prefix": [e.seq for e in consumer.effects("A")],
                     }
                 )
 
@@ -461,8 +465,8 @@ def arrival_3_1_2(files: Files) -> Result:
             "child_exit_code": child_exit,
             "stages": stages,
             "projection": consumer.projection("A"),
-            "effect_kinds": [e["kind"] for e in consumer.effects("A")],
-            "inbox_states": [row["state"] for row in consumer.inbox("A")],
+            "effect_kinds": [e.kind for e in consumer.effects("A")],
+            "inbox_states": [row["state"] for row in _inbox(consumer, "A")],
         }
 
 
@@ -485,7 +489,7 @@ def naive_consumer(files: Files) -> Result:
             "reliable_flow": {
                 "steps": ours,
                 "final": consumer.projection("A"),
-                "effect_kinds": [e["kind"] for e in consumer.effects("A")],
+                "effect_kinds": [e.kind for e in consumer.effects("A")],
             },
         }
 
@@ -500,13 +504,13 @@ def schema_upgrade(files: Files) -> Result:
                 "drain": _drain(old.drain("A")),
                 "drain_again": _drain(old.drain("A")),
                 "projection": old.projection("A"),
-                "inbox": old.inbox("A"),
+                "inbox": _inbox(old, "A"),
             }
         with Consumer(files.consumer, RESERVATION, schemas={1, 2}) as upgraded:
             after = {
                 "drain": _drain(upgraded.drain("A")),
                 "projection": upgraded.projection("A"),
-                "inbox": upgraded.inbox("A"),
+                "inbox": _inbox(upgraded, "A"),
                 "effects": _effects(upgraded, "A"),
             }
     unchanged = _bodies(files.producer, "outbox") == _bodies(files.consumer, "inbox")
@@ -535,7 +539,7 @@ def flow_isolation(files: Files) -> Result:
             "projection_A": consumer.projection("A"),
             "projection_B": consumer.projection("B"),
             "outbox_A": _outbox(producer, "A"),
-            "inbox_A": consumer.inbox("A"),
+            "inbox_A": _inbox(consumer, "A"),
         }
 
 
@@ -554,19 +558,19 @@ def poison_isolation_and_explicit_relay(files: Files) -> Result:
         for _ in range(3):
             r = relay(producer, consumer)
             plain.append({"status": str(r.status), "event_id": r.event_id})
-        a1 = next(e for e in producer.outbox("A") if e["event_id"] == "A1")
+        a1 = next(e for e in producer.outbox("A") if e.event_id == "A1")
         explicit = {
             eid: str(relay(producer, consumer, event_id=eid).status) for eid in ("B1", "A1")
         }
         return {
             "planted_A1_with_amount_4": planted,
             "plain_relays": plain,
-            "A1_in_outbox": {k: a1[k] for k in ("accepted", "state", "last_status")},
+            "A1_in_outbox": {k: getattr(a1, k) for k in ("accepted", "state", "last_status")},
             "explicit_relays": explicit,
             "outbox_B": _outbox(producer, "B"),
             "drain_B": _drain(consumer.drain("B")),
             "projection_B": consumer.projection("B"),
-            "inbox_A": consumer.inbox("A"),
+            "inbox_A": _inbox(consumer, "A"),
         }
 
 
@@ -662,7 +666,7 @@ def trigger_rejected_effect_insert(files: Files) -> Result:
         right_after = {
             "projection": consumer.projection("A"),
             "effects": _effects(consumer, "A"),
-            "inbox": consumer.inbox("A"),
+            "inbox": _inbox(consumer, "A"),
         }
         _sql(files.consumer, "DROP TRIGGER experiment_reject")
         retry = str(consumer.apply_next("A").status)
@@ -700,7 +704,7 @@ def race_new_ids_expected_seq_0(files: Files) -> Result:
             "all_racers_exited_0": _all_exited_0(codes),
             "flow_A": producer.flow("A"),
             "outbox_A_count": len(outbox),
-            "outbox_A_seqs": [e["seq"] for e in outbox],
+            "outbox_A_seqs": [e.seq for e in outbox],
         }
 
 
@@ -713,7 +717,7 @@ def race_receive_one_envelope(files: Files) -> Result:
         return {
             "statuses": _counts(answers),
             "all_racers_exited_0": _all_exited_0(codes),
-            "inbox_A": consumer.inbox("A"),
+            "inbox_A": _inbox(consumer, "A"),
         }
 
 
@@ -729,7 +733,7 @@ def race_apply_next_one_event(files: Files) -> Result:
             "all_racers_exited_0": _all_exited_0(codes),
             "projection_A": consumer.projection("A"),
             "effects_A": _effects(consumer, "A"),
-            "inbox_A": consumer.inbox("A"),
+            "inbox_A": _inbox(consumer, "A"),
         }
 
 
@@ -750,8 +754,8 @@ def race_relay_several_events(files: Files) -> Result:
             "accepted_total": sum(statuses.count("accepted") for statuses in answers),
             "every_racer_ended_idle": all(statuses[-1:] == ["idle"] for statuses in answers),
             "all_racers_exited_0": _all_exited_0(codes),
-            "inbox": {flow: consumer.inbox(flow) for flow in ("A", "B")},
-            "outbox_accepted": {e["event_id"]: e["accepted"] for e in producer.outbox()},
+            "inbox": {flow: _inbox(consumer, flow) for flow in ("A", "B")},
+            "outbox_accepted": {e.event_id: e.accepted for e in producer.outbox()},
             "then_process_all": {flow: _drain(d) for flow, d in consumer.process_all().items()},
         }
 
@@ -769,13 +773,13 @@ def poison_resolved_then_explicit_relay(files: Files) -> Result:
         )
         plain = str(relay(producer, consumer).status)
         explicit = str(relay(producer, consumer, event_id="A1").status)
-        a1 = next(e for e in producer.outbox("A") if e["event_id"] == "A1")
+        a1 = next(e for e in producer.outbox("A") if e.event_id == "A1")
         return {
             "relay_until_idle_before_fix": first,
             "operator_deleted_inbox_rows": removed,
             "plain_relay_after_fix": plain,
             "explicit_relay_A1": explicit,
-            "A1_in_outbox": {k: a1[k] for k in ("accepted", "state", "last_status")},
+            "A1_in_outbox": {k: getattr(a1, k) for k in ("accepted", "state", "last_status")},
             "drain_A": _drain(consumer.drain("A")),
             "projection_A": consumer.projection("A"),
             "effects_A": _effects(consumer, "A"),
@@ -795,7 +799,7 @@ def arrival_all_permutations(files: Files) -> Result:
                 consumer.drain("A")
             finals[",".join(order)] = {
                 "projection": consumer.projection("A"),
-                "effect_kinds": [e["kind"] for e in consumer.effects("A")],
+                "effect_kinds": [e.kind for e in consumer.effects("A")],
             }
     distinct = {json.dumps(v, sort_keys=True) for v in finals.values()}
     return {"per_order": finals, "all_orders_end_the_same": len(distinct) == 1}
@@ -829,7 +833,7 @@ def consumer_blocks_invalid_events(files: Files) -> Result:
             "received": received,
             "process_all": first,
             "process_all_again": second,
-            "inbox": {flow: consumer.inbox(flow) for flow in ("X", "Y")},
+            "inbox": {flow: _inbox(consumer, flow) for flow in ("X", "Y")},
             "projections": {flow: consumer.projection(flow) for flow in ("X", "Y")},
         }
 

@@ -4,7 +4,7 @@ This private module exists only so that ``python -m reliable_flow
 experiment`` can *show*, on real SQLite files and real processes, the two
 mistakes the rest of the library is built to prevent.  It is not exported
 from :mod:`reliable_flow`, it is not part of the API, and nothing outside
-:mod:`reliable_flow.experiment` may import it.
+:mod:`reliable_flow.tools.experiment` may import it.
 
 1. :func:`unsafe_advance` commits the flow's new state in one
    transaction and would write the outbox event in a *second* one.  A process
@@ -27,7 +27,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from . import envelope
+from ... import envelope
 
 __all__ = [
     "UNSAFE_EXIT_CODE",

@@ -6,10 +6,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .consumer import Consumer
-from .producer import Producer
-from .relay import relay
-from .reservation import RESERVATION
+from ..consumer import Consumer
+from ..producer import Producer
+from ..relay import relay
+from ..reservation import RESERVATION
 from .snapshot import snapshot
 
 __all__ = ["run_demo"]
@@ -54,7 +54,7 @@ def _run(where: Path, say: Callable[[str], None], keep: bool) -> int:
     d = consumer.drain("A")
     say(f"   drain(A) -> applied {d.applied}, stopped at {d.stop}")
     p = consumer.projection("A")
-    effects = ", ".join(e["kind"] for e in consumer.effects("A"))
+    effects = ", ".join(e.kind for e in consumer.effects("A"))
     say(f"   projection A: {p['state']}, last_seq {p['last_seq']}, held {p['held']}; effects: {effects}")  # type: ignore[index]
     say("")
     say("3. Flow B changes payload format: B2 and B3 use schema 2 ({'units': n}),")

@@ -1,5 +1,5 @@
-"""Connections and transactions: the only module that talks to sqlite3 directly
-about pragmas, locking, file identity and migrations.
+"""SQLite connections and transactions: pragmas, locking, file identity and
+migrations, for both file kinds.
 
 Every write goes through :meth:`Database.write`, an explicit
 ``BEGIN IMMEDIATE`` ... ``COMMIT``: the write lock is taken *before* the
@@ -18,19 +18,17 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import NoReturn, Union
+from typing import Union
 
-from .errors import (
+from ...errors import (
     CommitOutcomeUnknown,
-    DatabaseBusy,
-    ReadOnlyStorage,
     SchemaTooNew,
     SQLiteTooOld,
     StorageError,
-    StorageFull,
     WrongFile,
     WrongProcess,
 )
+from .errors import BEGIN_RETRIES, SQLITE_BUSY, SQLITE_LOCKED, primary_code, reraise, storage_error
 from .schema import CONSUMER, PRODUCER, FileKind
 
 __all__ = [
@@ -39,7 +37,6 @@ __all__ = [
     "Database",
     "PathLike",
     "check_sqlite_version",
-    "storage_error",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -189,8 +186,8 @@ class Database:
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 break
             except sqlite3.OperationalError as exc:
-                if _primary_code(exc) not in (_SQLITE_BUSY, _SQLITE_LOCKED) or time.monotonic() >= deadline:
-                    _reraise(exc, f"switching {self.path} to WAL")
+                if primary_code(exc) not in (SQLITE_BUSY, SQLITE_LOCKED) or time.monotonic() >= deadline:
+                    reraise(exc, f"switching {self.path} to WAL")
                 time.sleep(random.uniform(0, pause))
                 pause = min(pause * 2, 0.05)
         if str(mode).lower() != "wal":
@@ -315,72 +312,6 @@ class Database:
         self._conn = self._open()
 
 
-BEGIN_RETRIES = 3
-
-
-# Primary result codes (the low byte of an extended code).
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_FULL = 5, 6, 8, 13
-_STORAGE_CODES = {_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_FULL,
-                  10, 11, 14, 26}  # IOERR, CORRUPT, CANTOPEN, NOTADB
-# Python 3.10's sqlite3 errors carry no result code.  There, and only there,
-# the code is recovered from the message when it is exactly SQLite's own
-# sqlite3_errstr() text for that code (never a substring, never a custom
-# message): the closest honest stand-in for the missing attribute.
-_ERRSTR_CODES = {
-    "database is locked": _SQLITE_BUSY,
-    "database table is locked": _SQLITE_LOCKED,
-    "attempt to write a readonly database": _SQLITE_READONLY,
-    "database or disk is full": _SQLITE_FULL,
-    "disk I/O error": 10,
-    "database disk image is malformed": 11,
-    "unable to open database file": 14,
-    "file is not a database": 26,
-}
-
-
-_CODE_NAMES = {5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 8: "SQLITE_READONLY", 13: "SQLITE_FULL",
-               10: "SQLITE_IOERR", 11: "SQLITE_CORRUPT", 14: "SQLITE_CANTOPEN", 26: "SQLITE_NOTADB"}
-
-
-def _primary_code(exc: sqlite3.Error) -> int | None:
-    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
-    if code is None:
-        code = _ERRSTR_CODES.get(str(exc))
-        if code is not None:
-            # Give the chained error the attributes it has on 3.11+, so the
-            # caller can inspect it the same way on every supported Python.
-            setattr(exc, "sqlite_errorcode", code)  # noqa: B010 - not declared on 3.10
-            setattr(exc, "sqlite_errorname", _CODE_NAMES[code])  # noqa: B010
-        return code
-    return int(code) & 0xFF
-
-
-def storage_error(exc: sqlite3.Error, during: str) -> BaseException:
-    """The reliable_flow error for a storage fault, or ``exc`` itself for any
-    other SQL error (constraints, triggers), which must propagate unchanged."""
-    code = _primary_code(exc)
-    if code not in _STORAGE_CODES:
-        return exc
-    said = f"{exc} ({getattr(exc, 'sqlite_errorname', '?')})"
-    if code == _SQLITE_FULL:
-        return StorageFull(f"{during}: {said}: the disk or database is full; nothing was written")
-    if code == _SQLITE_READONLY:
-        return ReadOnlyStorage(f"{during}: {said}: the file cannot be written; nothing was written")
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return DatabaseBusy(
-            f"{during}: {said}: another connection kept the write lock through the busy "
-            f"timeout and {BEGIN_RETRIES} retries; nothing was written, the call can be retried"
-        )
-    return StorageError(f"{during}: {said}")
-
-
-def _reraise(exc: sqlite3.Error, during: str) -> NoReturn:
-    translated = storage_error(exc, during)
-    if translated is exc:
-        raise exc
-    raise translated from exc
-
-
 def _begin(conn: sqlite3.Connection) -> None:
     """BEGIN IMMEDIATE, retried on busy: nothing has run yet, so a retry is safe.
 
@@ -400,9 +331,9 @@ def _begin(conn: sqlite3.Connection) -> None:
                 conn.execute("ROLLBACK")
             if not isinstance(exc, sqlite3.Error):
                 raise
-            busy = _primary_code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+            busy = primary_code(exc) in (SQLITE_BUSY, SQLITE_LOCKED)
             if not busy or attempt == BEGIN_RETRIES:
-                _reraise(exc, "BEGIN IMMEDIATE")
+                reraise(exc, "BEGIN IMMEDIATE")
         time.sleep(random.uniform(0, 0.05 * 2**attempt))
 
 
@@ -426,7 +357,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     except sqlite3.Error as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        _primary_code(exc)  # fills in the result code on Python 3.10
+        primary_code(exc)  # fills in the result code on Python 3.10
         raise CommitOutcomeUnknown(
             f"COMMIT failed ({getattr(exc, 'sqlite_errorname', type(exc).__name__)}: {exc}); "
             f"the write may or may not be durable. Retrying the same call with the same "

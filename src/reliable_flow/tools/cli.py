@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .. import __version__
 
 __all__ = ["main"]
 
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _inspect(producer: str, consumer: str, as_json: bool) -> int:
-    from .errors import ReliableFlowError
+    from ..errors import ReliableFlowError
     from .inspection import format_report, inspect_files
 
     try:
@@ -91,7 +91,7 @@ def _inspect(producer: str, consumer: str, as_json: bool) -> int:
 def _load_protocol(spec: str) -> Any:
     import importlib
 
-    from .protocol import Protocol
+    from ..protocol import Protocol
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -105,11 +105,11 @@ def _load_protocol(spec: str) -> Any:
 def _run(args: argparse.Namespace) -> int:
     import time
 
-    from .consumer import Consumer
-    from .errors import ReliableFlowError
-    from .producer import Producer
-    from .relay import DeliveryPolicy
-    from .worker import Worker, WorkerStats
+    from ..consumer import Consumer
+    from ..errors import ReliableFlowError
+    from ..producer import Producer
+    from ..relay import DeliveryPolicy
+    from ..worker import Worker, WorkerStats
 
     protocol = _load_protocol(args.protocol)
     schemas = None

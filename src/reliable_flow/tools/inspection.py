@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .db import PathLike
+from ..store.sqlite.connection import PathLike
 from .snapshot import snapshot
 
 __all__ = ["format_report", "inspect_files"]

@@ -1,0 +1,57 @@
+"""``receive``: store an arriving event once, or say why not, in the consumer's
+unit of work."""
+
+from __future__ import annotations
+
+from ..crash import crash_point
+from ..envelope import Envelope
+from ..errors import InboxFull
+from ..statuses import ReceiveResult, ReceiveStatus
+from ..store import InboxUnit
+
+__all__ = ["receive_in"]
+
+
+def receive_in(unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str) -> ReceiveResult:
+    """Decide and write one receive inside ``unit``'s transaction.
+
+    Raises :class:`InboxFull` (having written nothing) when ``max_inbox``
+    unapplied rows are held and the event is not its flow's next step.
+    """
+    if max_inbox is None:
+        # The common case first: a new event is stored by one statement;
+        # only when a unique key refused it do we look at why.
+        if unit.insert_new(env):
+            crash_point("receive.after_inbox_insert")
+            return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+    body = unit.body_of(env.event_id)
+    if body is not None:
+        if body == env.body:
+            return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
+        return ReceiveResult(
+            ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
+            "an event with this id and a different body is already in the inbox",
+        )
+    other = unit.holder(env.flow_id, env.seq)
+    if other is not None:
+        return ReceiveResult(
+            ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
+            f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other!r}",
+        )
+    if max_inbox is not None:
+        _check_room(unit, env, max_inbox, location)
+    unit.insert(env)
+    crash_point("receive.after_inbox_insert")
+    return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+
+
+def _check_room(unit: InboxUnit, env: Envelope, cap: int, location: str) -> None:
+    used = unit.unapplied(cap)
+    if used < cap:
+        return
+    if env.seq == unit.last_seq(env.flow_id) + 1:
+        return  # the flow's very next step: refusing it could deadlock a full inbox
+    raise InboxFull(
+        f"{location} holds {used} unapplied events (max_inbox={cap}); "
+        f"event {env.flow_id!r} seq {env.seq} refused, nothing stored"
+    )

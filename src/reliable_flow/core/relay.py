@@ -1,0 +1,175 @@
+"""``relay`` and ``relay_batch``: hand outbox events to a :class:`Receiver` and
+record what it answered.
+
+There is no transaction spanning the two stores.  The receiver commits the
+event into its inbox first; only then is it marked accepted on the producer
+side, in a second transaction.  A crash between the two leaves the event
+unmarked, so it is sent again and the inbox answers ``duplicate``: events
+are delivered at least once and stored exactly once.
+
+Which event goes next: the oldest commit among the events that are pending
+for this consumer and due.  A new event is due at once; an event whose send
+failed is due again after its backoff; an event leased by another relay is
+due when the lease expires.  So a flow whose events keep failing is skipped
+while it backs off, the others go first, and once it is due again it is
+older than anything committed since, so it cannot be starved by new work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..crash import crash_point
+from ..delivery import DeliveryPolicy, claim_until, retry_after
+from ..errors import ConsumerMismatch, InboxFull, UnknownEvent
+from ..receiver import Answer, Receiver
+from ..statuses import ReceiveResult, ReceiveStatus, Refused, RelayBatchResult, RelayResult, RelayStatus
+from ..store import OutboxStore
+
+__all__ = ["relay_batch_to", "relay_to"]
+
+PLAIN = DeliveryPolicy(wait_for_due=False)
+
+
+def _outside_batch(store: OutboxStore) -> None:
+    # Inside an open producer.batch() the connection would read the batch's
+    # uncommitted events and hand them to the consumer: refuse.
+    if store.in_transaction():
+        raise RuntimeError("relay() cannot run inside an open producer.batch(); relay after the block")
+
+
+def _bind(store: OutboxStore, receiver: Receiver) -> None:
+    """Make sure the producer keeps delivery state for this consumer."""
+    name, uid = receiver.name, receiver.uid
+    if store.known_binding(name, uid):
+        return
+    with store.write() as unit:
+        bound = unit.bound_uid(name)
+        if bound is None:
+            unit.add_consumer(name, uid)
+        elif bound != uid:
+            raise ConsumerMismatch(
+                f"producer {store.location} delivers to a consumer named {name!r} "
+                f"stored in another file (uid {bound}); {receiver.location} has uid {uid}. "
+                f"Give each consumer file its own name."
+            )
+    store.remember_binding(name, uid)
+
+
+def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, now: float, limit: int = 1) -> list[int]:
+    """Pick up to ``limit`` next due events; with a lease, claim them first."""
+    # Not waiting for due times: every pending event counts as due.
+    horizon = now if policy.wait_for_due else float("inf")
+    if policy.lease_seconds is None:
+        return store.latest.next_due(consumer, horizon, limit)
+    if not store.latest.next_due(consumer, horizon, 1):
+        return []  # cheap idle check without taking the write lock
+    # A lease is only a hint to other relays: losing it in a crash means at
+    # worst one more send, which the inbox answers with "duplicate".  So the
+    # claim is committed without waiting for the disk.
+    with store.write(durable=False) as unit:
+        picked = unit.next_due(consumer, horizon, limit)
+        unit.claim(consumer, picked, claim_until(policy, now), policy.owner, now)
+    return picked
+
+
+def _record_failure(
+    store: OutboxStore, consumer: str, positions: Sequence[int], policy: DeliveryPolicy, exc: BaseException
+) -> None:
+    now = policy.clock()
+    with store.write(durable=False) as unit:
+        for pos in positions:
+            failures = unit.pending_failures(consumer, pos)
+            if failures is None:
+                continue  # delivered or set aside meanwhile by someone else
+            unit.set_retry(consumer, pos, retry_after(policy, failures, now, exc), now)
+
+
+def _mark(store: OutboxStore, consumer: str, marks: Sequence[tuple[int, ReceiveResult]], now: float) -> None:
+    """Record the consumer's answers on the producer side, in one transaction."""
+    delivered, conflicts = [], []
+    for pos, answer in marks:
+        if answer.status in (ReceiveStatus.ACCEPTED, ReceiveStatus.DUPLICATE):
+            delivered.append((pos, answer.status.value))
+        else:
+            conflicts.append((pos, answer.status.value))
+    with store.write() as unit:
+        unit.mark(consumer, delivered, conflicts, now)
+        crash_point("relay.after_mark")
+    crash_point("relay.after_commit")
+
+
+def _as_relay(answer: ReceiveResult) -> RelayResult:
+    return RelayResult(RelayStatus(answer.status.value), answer.event_id, answer.flow_id, answer.seq, answer.reason)
+
+
+def _answered(answer: Answer) -> ReceiveResult:
+    if isinstance(answer, Refused):
+        raise InboxFull(answer.reason)
+    return answer
+
+
+def relay_to(
+    store: OutboxStore, receiver: Receiver, event_id: str | None, policy: DeliveryPolicy | None
+) -> RelayResult:
+    """One event to ``receiver``; see :func:`reliable_flow.relay`."""
+    policy = policy or PLAIN
+    _outside_batch(store)
+    _bind(store, receiver)
+    name = receiver.name
+    if event_id is None:
+        if policy.lease_seconds is None:
+            # No claim to write: pick the event and read its body in one query.
+            horizon = policy.clock() if policy.wait_for_due else float("inf")
+            found = store.latest.next_due_body(name, horizon)
+            if found is None:
+                return RelayResult(RelayStatus.IDLE)
+            pos, body = found
+        else:
+            picked = _claim(store, name, policy, policy.clock())
+            if not picked:
+                return RelayResult(RelayStatus.IDLE)
+            pos = picked[0]
+            body = store.latest.body_at(pos)
+    else:
+        stored = store.latest.find_event(event_id)
+        if stored is None:
+            raise UnknownEvent(f"event_id {event_id!r} is not in the outbox of {store.location}")
+        pos, body = stored.pos, stored.body
+    try:
+        answer = _answered(receiver.accept(body))
+    except Exception as exc:
+        _record_failure(store, name, [pos], policy, exc)
+        raise
+    _mark(store, name, [(pos, answer)], policy.clock())
+    return _as_relay(answer)
+
+
+def relay_batch_to(
+    store: OutboxStore, receiver: Receiver, limit: int, policy: DeliveryPolicy | None
+) -> RelayBatchResult:
+    """Up to ``limit`` events to ``receiver``; see :func:`reliable_flow.relay_batch`."""
+    policy = policy or PLAIN
+    _outside_batch(store)
+    _bind(store, receiver)
+    name = receiver.name
+    picked = _claim(store, name, policy, policy.clock(), limit)
+    if not picked:
+        return RelayBatchResult((), {})
+    bodies = store.latest.bodies(picked)
+    try:
+        answers = receiver.accept_many([bodies[pos] for pos in picked])
+    except Exception as exc:
+        _record_failure(store, name, picked, policy, exc)
+        raise
+    marks = [(pos, a) for pos, a in zip(picked, answers) if not isinstance(a, Refused)]
+    refused = [pos for pos, a in zip(picked, answers) if isinstance(a, Refused)]
+    if marks:
+        _mark(store, name, marks, policy.clock())
+    if refused:
+        _record_failure(store, name, refused, policy, InboxFull("inbox full (max_inbox)"))
+    results = tuple(_as_relay(a) for _, a in marks)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    return RelayBatchResult(results, counts, len(refused))

@@ -1,0 +1,81 @@
+"""How work is claimed and retried: :class:`DeliveryPolicy` and its backoff."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["DeliveryPolicy", "backoff_delay", "check_seconds"]
+
+
+def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
+    """A duration in seconds: a finite int or float (never a bool), > 0 or >= 0."""
+    if (
+        isinstance(value, bool) or not isinstance(value, (int, float))
+        or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)
+    ):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+def backoff_delay(failures: int, base: float, cap: float, rand: Callable[[], float]) -> float:
+    """Seconds to wait after ``failures`` consecutive failures (>= 1):
+    ``rand() * min(cap, base * 2**(failures-1))``, exponential with full jitter."""
+    ceiling = min(cap, base * 2 ** min(failures - 1, 62))
+    return float(rand() * ceiling)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """How a relay claims events and retries failed sends.
+
+    lease_seconds: None (the default for plain :func:`relay`) sends without
+        claiming.  A number makes the relay first claim the event for that
+        long, so concurrent relays (threads or processes) skip it; a relay
+        that dies mid-send loses the claim when it expires and the event is
+        sent again.  Use it whenever several relays share one producer.
+    wait_for_due: True: only events that are due are sent, so ``idle``
+        means "nothing due now" and a backing-off event waits its turn.
+        Plain ``relay()`` without a policy uses False: it sends the next
+        pending event even if it is backing off, so its ``idle`` means
+        "nothing left to deliver".
+    backoff_base, backoff_cap: after the n-th consecutive failure to send,
+        the event waits ``random() * min(cap, base * 2**(n-1))`` seconds
+        (exponential backoff with full jitter).
+    clock, random: injectable for tests; ``clock`` returns seconds.
+    owner: the name this relay's claims are recorded under.
+    """
+
+    lease_seconds: float | None = None
+    wait_for_due: bool = True
+    backoff_base: float = 0.5
+    backoff_cap: float = 300.0
+    clock: Callable[[], float] = time.time
+    random: Callable[[], float] = random.random
+    owner: str = field(default_factory=_owner)
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds is not None and not (
+            isinstance(self.lease_seconds, (int, float)) and not isinstance(self.lease_seconds, bool)
+            and self.lease_seconds > 0
+        ):
+            raise ValueError(f"lease_seconds must be None or a number > 0, got {self.lease_seconds!r}")
+        for name in ("backoff_base", "backoff_cap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` consecutive failed sends (>= 1)."""
+        return backoff_delay(failures, self.backoff_base, self.backoff_cap, self.random)

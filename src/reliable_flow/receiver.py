@@ -1,0 +1,50 @@
+"""What a relay needs from a consumer: the :class:`Receiver` interface.
+
+:class:`~reliable_flow.Consumer` satisfies it in process; a client that
+reaches a consumer over a network can satisfy it too, and ``relay``,
+``relay_batch`` and ``Worker`` will deliver to it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .statuses import ReceiveResult, Refused
+
+__all__ = ["Answer", "Receiver"]
+
+#: A receiver's answer to one event: the receive result, or :class:`Refused`
+#: when its inbox is full.
+Answer = ReceiveResult | Refused
+
+
+@runtime_checkable
+class Receiver(Protocol):
+    """A consumer as a relay sees it.
+
+    ``name`` is the name producers keep delivery state under; ``uid``
+    identifies the storage behind it (two stores may not share a name);
+    ``location`` says where it is, for messages.
+
+    ``accept(body)`` must store the event durably before it answers
+    ``accepted`` (or report ``duplicate`` / ``id_conflict`` /
+    ``sequence_conflict`` having stored nothing), answer :class:`Refused`
+    when it has no room, and raise for anything else (nothing stored, the
+    relay records the failure and retries after a backoff).
+    ``accept_many`` answers a list of bodies in one durable step, one
+    answer per body, in order.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def location(self) -> str: ...
+
+    def accept(self, body: str) -> Answer: ...
+
+    def accept_many(self, bodies: Sequence[str]) -> list[Answer]: ...

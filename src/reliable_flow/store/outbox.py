@@ -1,0 +1,146 @@
+"""The storage contract of the producer side: an outbox store and its unit of work.
+
+An engine implements :class:`OutboxStore`; the decision code in
+:mod:`reliable_flow.core` sees only these methods, never SQL or a driver.
+Every promise below is checked, through this interface, by the contract
+suite in ``tests/contract/`` for every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from ..delivery import Retry
+from ..envelope import Envelope
+from ..statuses import DeliveryState, OperatorAction, OutboxEntry
+from .records import FlowState, StoredEvent
+
+__all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
+
+
+class OutboxReads(Protocol):
+    """Reads of the producer side; inside :meth:`OutboxStore.read` they share one snapshot."""
+
+    def protocol_name(self) -> str | None:
+        """The protocol the store was created for."""
+
+    def flow(self, flow_id: str) -> dict[str, Any] | None:
+        """``{"state", "seq", **data}`` as committed, or None."""
+
+    def flows(self) -> list[str]:
+        """Every flow with a committed event, sorted."""
+
+    def event_body(self, event_id: str) -> str | None:
+        """The canonical body stored for ``event_id``, or None."""
+
+    def find_event(self, event_id: str) -> StoredEvent | None:
+        """Position, seq and body of ``event_id``, or None."""
+
+    def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
+        """Events in commit order with their delivery state per consumer."""
+
+    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        """Recorded operator actions, oldest first."""
+
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
+        """Positions of the oldest pending deliveries to ``consumer`` due at ``horizon``."""
+
+    def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
+        """The oldest due pending delivery's position and body, or None."""
+
+    def body_at(self, pos: int) -> str:
+        """The body of the event at ``pos`` (which must exist)."""
+
+    def bodies(self, positions: Sequence[int]) -> dict[int, str]:
+        """Bodies of the events at ``positions``."""
+
+
+class OutboxUnit(OutboxReads, Protocol):
+    """One write transaction on the producer side: all of it commits, or none.
+
+    ``lost`` is set when the engine dropped the transaction under a
+    :meth:`step` (nothing of it will commit).
+    """
+
+    lost: BaseException | None
+
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        """The flow's committed state, seq and data, or None before its first event."""
+
+    def backlog(self, cap: int) -> int:
+        """Pending deliveries over all consumers (events, before any consumer), up to ``cap``."""
+
+    def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
+        """Create or replace the flow row."""
+
+    def append_event(self, env: Envelope) -> None:
+        """Store the event, pending for every bound consumer.  A taken
+        event id or (flow, seq) raises the engine's integrity error."""
+
+    def step(self) -> AbstractContextManager[None]:
+        """A nested step: its writes vanish if it raises; the rest stays."""
+
+    def bound_uid(self, name: str) -> str | None:
+        """The uid of the consumer file bound to ``name``, or None."""
+
+    def add_consumer(self, name: str, uid: str) -> None:
+        """Bind ``name`` to ``uid``; every committed event becomes pending for it."""
+
+    def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
+        """Lease these deliveries to ``owner``: due again only at ``until``."""
+
+    def pending_failures(self, consumer: str, pos: int) -> int | None:
+        """Consecutive failures of a still-pending delivery, else None."""
+
+    def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
+        """Record a failed send: one more attempt, the failure count, due time and error; no lease."""
+
+    def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
+             conflicts: Sequence[tuple[int, str]], now: float) -> None:
+        """Record answers: ``delivered`` accepted, ``conflicts`` set aside (an accepted one stays accepted)."""
+
+    def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
+        """Position and delivery state of ``event_id`` towards ``consumer``, or None."""
+
+    def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
+        """Set a delivery's state by an operator's decision: due at once, no failures, no lease."""
+
+    def record_action(self, action: OperatorAction) -> None:
+        """Append an operator action to the record."""
+
+
+class OutboxStore(Protocol):
+    """A producer's storage: opens units of work and snapshots."""
+
+    @property
+    def location(self) -> str:
+        """Where the store lives (a path, a connection name), for messages."""
+
+    @property
+    def latest(self) -> OutboxReads:
+        """Reads outside a transaction, each seeing the latest commit."""
+
+    def write(self, *, durable: bool = True) -> AbstractContextManager[OutboxUnit]:
+        """A write transaction that holds what it reads until it commits.
+        ``durable=False`` may skip the wait for the disk: only for writes
+        whose loss is harmless (leases, backoff times)."""
+
+    def read(self) -> AbstractContextManager[OutboxReads]:
+        """A read-only snapshot."""
+
+    def in_transaction(self) -> bool:
+        """True inside an open unit of work (e.g. a batch)."""
+
+    def known_binding(self, name: str, uid: str) -> bool:
+        """True once this object has seen ``name`` bound to ``uid``."""
+
+    def remember_binding(self, name: str, uid: str) -> None:
+        """Remember that ``name`` is bound to ``uid`` (bindings are never undone)."""
+
+    def close(self) -> None:
+        """Release the connection."""
+
+    def reopen(self) -> None:
+        """A fresh connection in this process (after ``fork()``)."""

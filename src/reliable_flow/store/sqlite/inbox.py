@@ -1,0 +1,201 @@
+"""The consumer file on SQLite: every SQL statement the consumer side runs.
+
+:class:`SqliteInboxStore` owns the connection; :class:`SqliteInbox` is one
+view of it, a unit of work inside :meth:`SqliteInboxStore.write` or a
+consistent snapshot inside :meth:`SqliteInboxStore.read`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from ...envelope import Envelope
+from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
+from ..records import FlowState, NextRow
+from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
+from .schema import CONSUMER
+
+__all__ = ["NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
+
+_BLOCKED = InboxState.BLOCKED.value
+_APPLIED = InboxState.APPLIED.value
+
+# The hot queries, named so tests can check their plans use an index.
+# NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
+# of the flow at or after last_seq + 1 (later rows exist only past a gap).
+NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? ORDER BY seq LIMIT 1"
+OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
+_INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)"
+_UPSERT_PROJECTION = (
+    "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
+    "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
+)
+# Only a change is written: re-examining an unchanged block then costs no
+# fsync (a transaction without writes commits for free).
+_BLOCK = (
+    f"UPDATE inbox SET state = '{_BLOCKED}', reason = ? "
+    f"WHERE event_id = ? AND (state <> '{_BLOCKED}' OR reason IS NOT ?)"
+)
+
+
+class SqliteInbox:
+    """The consumer file's tables, seen through one connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    # -- receive --------------------------------------------------------------------
+
+    def insert_new(self, env: Envelope) -> bool:
+        """Store the event unless its id or its (flow, seq) is taken; True if stored."""
+        return bool(self._conn.execute(_INSERT + " ON CONFLICT DO NOTHING",
+                                       (env.event_id, env.flow_id, env.seq, env.body)).rowcount)
+
+    def insert(self, env: Envelope) -> None:
+        self._conn.execute(_INSERT, (env.event_id, env.flow_id, env.seq, env.body))
+
+    def body_of(self, event_id: str) -> str | None:
+        row = self._conn.execute("SELECT body FROM inbox WHERE event_id = ?", (event_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def holder(self, flow_id: str, seq: int) -> str | None:
+        """The event id stored at (flow, seq), if any."""
+        row = self._conn.execute(
+            "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", (flow_id, seq)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def unapplied(self, cap: int) -> int:
+        """Rows not yet applied, counted up to ``cap``."""
+        return int(self._conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state <> 'applied' LIMIT ?)", (cap,)
+        ).fetchone()[0])
+
+    def last_seq(self, flow_id: str) -> int:
+        row = self._conn.execute("SELECT last_seq FROM projection WHERE flow_id = ?", (flow_id,)).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- apply ----------------------------------------------------------------------
+
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        row = self._conn.execute(
+            "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
+        ).fetchone()
+        return None if row is None else FlowState(row[0], row[1], json.loads(row[2]))
+
+    def next_row(self, flow_id: str, seq: int) -> NextRow | None:
+        row = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
+        return None if row is None else NextRow(row[0], row[1], row[2])
+
+    def block(self, event_id: str, reason: BlockReason) -> None:
+        self._conn.execute(_BLOCK, (reason.value, event_id, reason.value))
+
+    def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
+        self._conn.execute(_UPSERT_PROJECTION, (flow_id, state, seq, data, view))
+
+    def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
+        """The event's one effect record, and its inbox row marked applied."""
+        self._conn.execute(
+            "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)", (event_id, flow_id, seq, kind)
+        )
+        self._conn.execute(f"UPDATE inbox SET state = '{_APPLIED}', reason = NULL WHERE event_id = ?", (event_id,))
+
+    def open_flows(self) -> list[str]:
+        return [r[0] for r in self._conn.execute(OPEN_FLOWS)]
+
+    # -- reads ----------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def projection(self, flow_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            "SELECT state, last_seq, view FROM projection WHERE flow_id = ?", (flow_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return {"state": row[0], "last_seq": row[1], **json.loads(row[2])}
+
+    def effects(self, flow_id: str) -> list[EffectRecord]:
+        return [
+            EffectRecord(*r)
+            for r in self._conn.execute(
+                "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = ? ORDER BY id", (flow_id,)
+            )
+        ]
+
+    def inbox(self, flow_id: str) -> list[InboxEntry]:
+        return [
+            InboxEntry(r[0], r[1], InboxState(r[2]), None if r[3] is None else BlockReason(r[3]))
+            for r in self._conn.execute(
+                "SELECT event_id, seq, state, reason FROM inbox WHERE flow_id = ? ORDER BY seq", (flow_id,)
+            )
+        ]
+
+    def flows(self) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
+
+
+class SqliteInboxStore:
+    """A consumer file on local disk: one connection, owned by the opening process.
+
+    A new file records ``protocol``, ``name`` and a fresh ``uid``; an
+    existing one must match ``protocol`` and, when given, ``name``.
+    ``readonly`` opens it ``mode=ro`` and never writes.
+    """
+
+    def __init__(
+        self, path: PathLike, protocol: str | None, *, name: str | None = None, default_name: str = "default",
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT, readonly: bool = False,
+    ) -> None:
+        def on_create(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO meta(key, value) VALUES (?, ?)",
+                [("protocol", protocol), ("name", name or default_name), ("uid", uuid.uuid4().hex)],
+            )
+
+        def check_meta(meta: dict[str, str]) -> str | None:
+            if protocol is not None and meta.get("protocol") != protocol:
+                return f"was created for protocol {meta.get('protocol')!r}, not {protocol!r}"
+            if name is not None and meta.get("name") != name:
+                return f"belongs to consumer {meta.get('name')!r}, not {name!r}"
+            return None
+
+        self._db = Database(
+            path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
+            readonly=readonly,
+        )
+
+    @property
+    def location(self) -> str:
+        return self._db.path
+
+    def write(self, *, durable: bool = True) -> AbstractContextManager[SqliteInbox]:
+        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`)."""
+        return self._unit(self._db.write(durable=durable))
+
+    def read(self) -> AbstractContextManager[SqliteInbox]:
+        """A consistent snapshot: every read inside sees the same commit."""
+        return self._unit(self._db.read())
+
+    @contextmanager
+    def _unit(self, transaction: AbstractContextManager[sqlite3.Connection]) -> Iterator[SqliteInbox]:
+        with transaction as conn:
+            yield SqliteInbox(conn)
+
+    @property
+    def latest(self) -> SqliteInbox:
+        """Reads outside any transaction: each sees the latest commit."""
+        return SqliteInbox(self._db.conn)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def reopen(self) -> None:
+        self._db.reopen()
