@@ -128,7 +128,7 @@ def open_floor(
 
 def _lib_conns(*objs: Any) -> list[Any]:
     # Audit only: the library's connections are private; read to count commits.
-    return [obj._db.conn for obj in objs]
+    return [obj._store._db.conn for obj in objs]
 
 
 # -- the benchmarks ------------------------------------------------------------------------

@@ -36,10 +36,10 @@ consumer.drain("A")
 def observe(producer: Producer, consumer: Consumer) -> str:
     flow = "flow" if producer.flow("A") else "-"
     outbox = producer.outbox("A")
-    sent = ("accepted" if outbox[0]["accepted"] else "unsent") if outbox else "-"
+    sent = ("accepted" if outbox[0].accepted else "unsent") if outbox else "-"
     inbox = consumer.inbox("A")
     effects = len(consumer.effects("A"))
-    return f"{flow:<5} {sent:<9} {inbox[0]['state'] if inbox else '-':<8} {effects}"
+    return f"{flow:<5} {sent:<9} {inbox[0].state if inbox else '-':<8} {effects}"
 
 
 def recover(producer: Producer, consumer: Consumer) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, Producer, relay
+from reliable_flow import Consumer, EffectRecord, InboxEntry, Producer, relay
 from reliable_flow.protocol import Protocol, exact, integer, text
 from reliable_flow.reservation import RESERVATION
 
@@ -125,11 +125,11 @@ def test_happy_path_committed_accepted_applied_with_projection_and_effects(tmp_p
         assert relay(producer, consumer).status == "idle"
         assert consumer.apply_next("T").status == "idle"
         assert consumer.effects("T") == [
-            {"event_id": f"T-{seq}", "flow_id": "T", "seq": seq, "kind": kind}
+            EffectRecord(event_id=f"T-{seq}", flow_id="T", seq=seq, kind=kind)
             for seq, (kind, _) in enumerate(HAPPY, start=1)
         ]
-        assert [e["accepted"] for e in producer.outbox("T")] == [True] * 5
-        assert {row["state"] for row in consumer.inbox("T")} == {"applied"}
+        assert [e.accepted for e in producer.outbox("T")] == [True] * 5
+        assert {row.state for row in consumer.inbox("T")} == {"applied"}
 
 
 @pytest.mark.parametrize(
@@ -279,7 +279,7 @@ def test_stale_existing_and_conflict(tmp_path: Path) -> None:
             r = producer.advance("T-1", args.pop("flow_id"), **args)
             assert (r.status, r.seq) == ("conflict", 1), change
         assert producer.flow("U") is None
-        assert [e["event_id"] for e in producer.outbox("T")] == ["T-1", "T-2", "T-3"]
+        assert [e.event_id for e in producer.outbox("T")] == ["T-1", "T-2", "T-3"]
 
 
 # -- the consumer side --------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_reverse_arrival_gaps_until_complete_then_applies_in_order(tmp_path: Pat
         assert relay(producer, consumer).status == "idle"
         d = consumer.drain("T")
         assert (d.applied, d.stop) == (5, "idle")
-        assert [e["seq"] for e in consumer.effects("T")] == [1, 2, 3, 4, 5]
+        assert [e.seq for e in consumer.effects("T")] == [1, 2, 3, 4, 5]
         assert consumer.projection("T") == {
             "state": "answered",
             "last_seq": 5,
@@ -324,7 +324,7 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path
         assert d.last is not None
         assert (d.last.seq, d.last.event_id, d.last.reason) == (3, "T-3", "unsupported_schema")
         assert consumer.apply_next("T").reason == "unsupported_schema"  # re-examined, still blocked
-        assert [(row["state"], row["reason"]) for row in consumer.inbox("T")] == [
+        assert [(row.state, row.reason) for row in consumer.inbox("T")] == [
             ("applied", None),
             ("applied", None),
             ("blocked", "unsupported_schema"),
@@ -341,8 +341,8 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path
             "tool_calls": 2,
             "answered": True,
         }
-        assert [e["event_id"] for e in upgraded.effects("T")] == [f"T-{seq}" for seq in range(1, 6)]
-        assert {row["state"] for row in upgraded.inbox("T")} == {"applied"}
+        assert [e.event_id for e in upgraded.effects("T")] == [f"T-{seq}" for seq in range(1, 6)]
+        assert {row.state for row in upgraded.inbox("T")} == {"applied"}
 
 
 @pytest.mark.parametrize(
@@ -401,12 +401,7 @@ def test_hand_built_bad_event_is_accepted_then_blocks(
             bad["event_id"],
             reason,
         )
-        assert consumer.inbox("X")[-1] == {
-            "event_id": bad["event_id"],
-            "seq": bad["seq"],
-            "state": "blocked",
-            "reason": reason,
-        }
+        assert consumer.inbox("X")[-1] == InboxEntry(event_id=bad["event_id"], seq=bad["seq"], state="blocked", reason=reason)
         assert len(consumer.effects("X")) == len(prefix)
         projection = consumer.projection("X")
         assert (projection or {}).get("last_seq", 0) == len(prefix)
@@ -490,7 +485,7 @@ def test_duplicate_never_adds_effect(tmp_path: Path, protocol: Protocol, steps: 
             )
         assert (consumer.drain("F").applied, consumer.process_all()) == (0, {})
         assert consumer.effects("F") == first
-        assert [e["event_id"] for e in first] == ["F-1", "F-2", "F-3"]
+        assert [e.event_id for e in first] == ["F-1", "F-2", "F-3"]
 
 
 @protocols
@@ -503,7 +498,7 @@ def test_arrival_orders_converge(tmp_path: Path, protocol: Protocol, steps: Step
                 for seq in order:
                     assert relay(producer, consumer, event_id=f"F-{seq}").status == "accepted"
                     consumer.process_all()
-                    applied = [e["seq"] for e in consumer.effects("F")]
+                    applied = [e.seq for e in consumer.effects("F")]
                     assert applied == list(range(1, len(applied) + 1))  # always a gap-free prefix
                 outcomes.append((consumer.projection("F"), consumer.effects("F")))
     assert len(outcomes) == 6
@@ -513,7 +508,7 @@ def test_arrival_orders_converge(tmp_path: Path, protocol: Protocol, steps: Step
         steps[-1][0],
         3,
     )
-    assert [(e["seq"], e["kind"]) for e in effects] == [
+    assert [(e.seq, e.kind) for e in effects] == [
         (seq, kind) for seq, (kind, _) in enumerate(steps, 1)
     ]
 

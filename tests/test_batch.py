@@ -42,6 +42,7 @@ from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     DrainResult,
+    InboxEntry,
     InboxFull,
     InvalidEnvelope,
     Producer,
@@ -177,7 +178,7 @@ def relay_all_batched(producer: Producer, consumer: Consumer, limit: int,
 
 
 def delivery(producer: Producer, event_id: str, consumer: str = "default") -> dict[str, Any]:
-    [entry] = [e for e in producer.outbox(consumer=consumer) if e["event_id"] == event_id]
+    [entry] = [e for e in producer.outbox(consumer=consumer) if e.event_id == event_id]
     return entry
 
 
@@ -186,7 +187,7 @@ def flow_invariant(producer: Producer) -> None:
     for flow_id in producer.flows():
         flow = producer.flow(flow_id)
         assert flow is not None
-        seqs = [e["seq"] for e in producer.outbox(flow_id)]
+        seqs = [e.seq for e in producer.outbox(flow_id)]
         assert seqs == list(range(1, flow["seq"] + 1)), (flow_id, flow, seqs)
 
 
@@ -468,7 +469,7 @@ def test_a_batch_commits_advances_across_flows_and_sees_its_own_earlier_advances
     assert b.results == results and b.committed == 4
     assert producer.flow("A") == {"state": "released", "seq": 3, "amount": 3}
     assert producer.flow("B") == {"state": "reserved", "seq": 1, "amount": 5}
-    assert [(e["event_id"], e["seq"]) for e in producer.outbox()] == [("A1", 1), ("B1", 1), ("A2", 2), ("A3", 3)]
+    assert [(e.event_id, e.seq) for e in producer.outbox()] == [("A1", 1), ("B1", 1), ("A2", 2), ("A3", 3)]
     flow_invariant(producer)
 
 
@@ -498,7 +499,7 @@ def test_every_status_inside_one_batch_is_the_single_call_status(tmp_path: Path)
             "committed", "existing", "conflict", "conflict", "stale", "invalid_transition",
             "invalid_payload", "invalid_payload", "committed", "existing", "committed", "conflict"]
         assert "payload" in (got[2].reason or "") and "schema" in (got[3].reason or "")
-        assert [e["event_id"] for e in batched.outbox()] == ["A1", "A2", "B1"]
+        assert [e.event_id for e in batched.outbox()] == ["A1", "A2", "B1"]
         assert [batched.event(e) for e in ("A1", "A2", "B1")] == [single.event(e) for e in ("A1", "A2", "B1")]
         assert batched.flow("A") == single.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
 
@@ -528,7 +529,7 @@ def test_an_exception_in_the_block_rolls_back_every_advance_of_the_batch(tmp_pat
             assert step(b, "B1", "B", 1).status == "committed"
             assert step(b, "C1", "C", 1).status == "committed"
             raise Boom("after three advances")
-        assert producer._db.conn.in_transaction is False
+        assert producer._store._db.conn.in_transaction is False
         assert snapshot(producer.path, consumer.path) == before
         assert producer.flows() == ["A"] and producer.flow("B") is None
         # The ids were never stored: the same advances commit now, one by one.
@@ -543,7 +544,7 @@ def test_a_sql_failure_on_the_kth_outbox_insert_rolls_back_the_whole_batch(tmp_p
         producer, consumer = pair(tmp_path, stack)
         commit_steps(producer, ("A1", "A", 1))
         before = snapshot(producer.path, consumer.path)
-        conn = producer._db.conn
+        conn = producer._store._db.conn
         conn.execute("CREATE TEMP TABLE outbox_inserts(n INTEGER NOT NULL)")
         conn.execute("INSERT INTO outbox_inserts VALUES (0)")
         conn.execute("CREATE TEMP TRIGGER count_inserts AFTER INSERT ON main.outbox "
@@ -573,7 +574,7 @@ def test_a_failed_advance_caught_inside_the_block_never_commits_a_flow_without_i
     """Regression: the flow UPDATE of an advance whose outbox INSERT failed must
     not ride along with the batch's COMMIT (the unsafe dual write advance()
     exists to prevent).  Each batched advance is all or nothing on its own."""
-    producer._db.conn.execute(
+    producer._store._db.conn.execute(
         "CREATE TEMP TRIGGER fail_b1 BEFORE INSERT ON main.outbox WHEN NEW.event_id = 'B1' "
         "BEGIN SELECT RAISE(ABORT, 'injected'); END")
     with producer.batch() as b:
@@ -583,10 +584,10 @@ def test_a_failed_advance_caught_inside_the_block_never_commits_a_flow_without_i
         assert producer.flow("B") is None  # already undone inside the batch
         assert step(b, "C1", "C", 1).status == "committed"
     assert [r.event_id for r in b.results] == ["A1", "C1"]
-    assert producer._db.conn.in_transaction is False
-    producer._db.conn.execute("DROP TRIGGER temp.fail_b1")
+    assert producer._store._db.conn.in_transaction is False
+    producer._store._db.conn.execute("DROP TRIGGER temp.fail_b1")
     assert producer.flows() == ["A", "C"]
-    assert [e["event_id"] for e in producer.outbox()] == ["A1", "C1"]
+    assert [e.event_id for e in producer.outbox()] == ["A1", "C1"]
     flow_invariant(producer)
     assert step(producer, "B1", "B", 1).status == "committed"  # not stale: nothing of it was kept
 
@@ -594,7 +595,7 @@ def test_a_failed_advance_caught_inside_the_block_never_commits_a_flow_without_i
 def test_a_batch_whose_transaction_sqlite_rolled_back_refuses_to_go_on_or_commit(producer: Producer) -> None:
     """RAISE(ROLLBACK) ends the whole transaction under the batch: later advances
     must not run in autocommit, and the block must not report success."""
-    conn = producer._db.conn
+    conn = producer._store._db.conn
     conn.execute(
         "CREATE TEMP TRIGGER kill_tx BEFORE INSERT ON main.outbox WHEN NEW.event_id = 'B1' "
         "BEGIN SELECT RAISE(ROLLBACK, 'injected rollback'); END")
@@ -620,7 +621,7 @@ def test_the_batch_cannot_be_used_after_its_block(producer: Producer, how: str) 
     assert producer.flow("B") is None
     assert producer.flows() == (["A"] if how == "normal" else [])
     assert len(b.results) == 1
-    assert producer._db.conn.in_transaction is False
+    assert producer._store._db.conn.in_transaction is False
 
 
 def test_malformed_arguments_raise_inside_a_batch_and_write_nothing(producer: Producer) -> None:
@@ -636,12 +637,12 @@ def test_malformed_arguments_raise_inside_a_batch_and_write_nothing(producer: Pr
     assert (bad_seq.value.field, bad_payload.value.field, bad_id.value.field) == \
         ("expected_seq", "payload.amount", "event_id")
     assert [str(r.status) for r in b.results] == ["committed", "committed"]
-    assert [e["event_id"] for e in producer.outbox()] == ["A1", "B1"]
+    assert [e.event_id for e in producer.outbox()] == ["A1", "B1"]
     # Not caught: the whole batch goes.
     with pytest.raises(InvalidEnvelope), producer.batch() as b:
         step(b, "C1", "C", 1)
         b.advance("D1", "D", expected_seq=-1, kind="reserved", payload={"amount": 1})
-    assert producer.flow("C") is None and producer._db.conn.in_transaction is False
+    assert producer.flow("C") is None and producer._store._db.conn.in_transaction is False
 
 
 def test_an_empty_batch_writes_nothing(tmp_path: Path) -> None:
@@ -655,7 +656,7 @@ def test_an_empty_batch_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_batch_is_one_transaction(producer: Producer) -> None:
-    with traced(producer._db.conn) as seen, producer.batch() as b:
+    with traced(producer._store._db.conn) as seen, producer.batch() as b:
         for n, f in enumerate("ABCDE"):
             step(b, f"{f}1", f, 1, amount=n + 1)
         step(b, "A1", "A", 1, amount=1)                    # existing: no write
@@ -687,8 +688,8 @@ def test_a_write_call_refused_inside_a_batch_neither_rolls_back_nor_splits_the_b
             step(b, "C1", "C", 1)
     except (sqlite3.Error, RuntimeError, ReliableFlowError) as exc:  # refusing the batch is fine too
         outcome = exc
-    assert producer._db.conn.in_transaction is False
-    stored = {e["event_id"] for e in producer.outbox()}
+    assert producer._store._db.conn.in_transaction is False
+    stored = {e.event_id for e in producer.outbox()}
     assert "X1" not in stored
     if outcome is None:  # the block reported success: every "committed" result is on disk
         assert stored == {"B1", "C1"}, stored
@@ -741,13 +742,13 @@ def test_receive_many_validates_every_envelope_before_storing_any(
         envelopes[position] = json.dumps(envelopes[position])[:-1] + ', "seq": 1}'
     else:
         envelopes[position] = {**envelopes[position], **bad}
-    with traced(consumer._db.conn) as seen, pytest.raises(InvalidEnvelope) as raised:
+    with traced(consumer._store._db.conn) as seen, pytest.raises(InvalidEnvelope) as raised:
         consumer.receive_many(envelopes)
     assert count(seen, "INSERT") == 0, seen  # not even stored and rolled back
     if field != "envelope":
         assert raised.value.field == field
     assert consumer.flows() == []
-    assert consumer._db.conn.in_transaction is False
+    assert consumer._store._db.conn.in_transaction is False
     assert [str(r.status) for r in consumer.receive_many(envelopes[:position])] == ["accepted"] * position
 
 
@@ -782,7 +783,7 @@ def test_relay_batch_delivers_in_relay_order_with_the_same_statuses_and_marks(tm
             ("B2", "id_conflict"), ("A3", "accepted"), ("D1", "accepted")]
         s1, s2 = snapshot(p1.path, c1.path), snapshot(p2.path, c2.path)
         assert s2 == s1
-        states = {e["event_id"]: (e["state"], e["accepted"], e["last_status"]) for e in p2.outbox()}
+        states = {e.event_id: (e.state, e.accepted, e.last_status) for e in p2.outbox()}
         assert states["C1"] == ("set_aside", False, "sequence_conflict")
         assert states["B2"] == ("set_aside", False, "id_conflict")
         assert all(states[e][:2] == ("accepted", True) for e in ("A1", "B1", "A2", "A3", "D1"))
@@ -796,7 +797,7 @@ def test_relay_batch_counts_by_status_and_never_counts_a_conflict_as_accepted(tm
         r = relay_batch(producer, consumer, limit=100)
         assert r.counts == {"duplicate": 1, "accepted": 4, "sequence_conflict": 1, "id_conflict": 1}
         assert (r.refused, r.idle, len(r.results)) == (0, False, 7)
-        assert sum(1 for e in producer.outbox() if e["accepted"]) == 5
+        assert sum(1 for e in producer.outbox() if e.accepted) == 5
         assert all(isinstance(x, RelayResult) for x in r.results)
         again = relay_batch(producer, consumer, limit=100)
         assert (again.results, again.counts, again.refused, again.idle) == ((), {}, 0, True)
@@ -808,8 +809,8 @@ def test_relay_batch_limit_picks_the_first_events_only(tmp_path: Path) -> None:
         commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("A2", "A", 2))
         r = relay_batch(producer, consumer, limit=2)
         assert [x.event_id for x in r.results] == ["A1", "B1"] and r.counts == {"accepted": 2}
-        assert [e["accepted"] for e in producer.outbox()] == [True, True, False]
-        assert consumer.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+        assert [e.accepted for e in producer.outbox()] == [True, True, False]
+        assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
 
 
 def test_relay_batch_is_idle_when_nothing_is_left(tmp_path: Path) -> None:
@@ -830,7 +831,7 @@ def test_relay_batch_refuses_a_bad_limit_before_doing_anything(tmp_path: Path, l
         commit_steps(producer, ("A1", "A", 1))
         with pytest.raises(ValueError, match="limit"):
             relay_batch(producer, consumer, limit=limit)
-        assert producer.outbox()[0]["deliveries"] == {}  # not even bound
+        assert producer.outbox()[0].deliveries == {}  # not even bound
         assert consumer.flows() == []
 
 
@@ -839,7 +840,7 @@ def test_relay_batch_is_one_transaction_on_each_side(tmp_path: Path) -> None:
         producer, consumer = pair(tmp_path, stack)
         assert relay_batch(producer, consumer).idle  # binds the consumer
         commit_steps(producer, *[(f"{f}1", f, 1) for f in "ABCDEF"])
-        with traced(producer._db.conn) as p_sql, traced(consumer._db.conn) as c_sql:
+        with traced(producer._store._db.conn) as p_sql, traced(consumer._store._db.conn) as c_sql:
             r = relay_batch(producer, consumer, limit=100)
         assert r.counts == {"accepted": 6}
         [c_tx] = transactions(c_sql)
@@ -866,9 +867,9 @@ def test_relaying_inside_an_open_batch_never_delivers_an_uncommitted_event(tmp_p
                     relay_batch(producer, consumer, limit=100)
         except (sqlite3.Error, RuntimeError, ReliableFlowError) as exc:
             refused = exc  # refusing to relay inside a batch is a fine answer
-        assert producer._db.conn.in_transaction is False
-        committed = {e["event_id"] for e in producer.outbox()}
-        received = {r["event_id"] for f in consumer.flows() for r in consumer.inbox(f)}
+        assert producer._store._db.conn.in_transaction is False
+        committed = {e.event_id for e in producer.outbox()}
+        received = {r.event_id for f in consumer.flows() for r in consumer.inbox(f)}
         assert received <= committed, (received, committed, refused)  # the bug: {"A1"} vs set()
 
 
@@ -879,7 +880,7 @@ def test_relay_batch_with_a_large_limit_does_not_depend_on_the_sql_variable_limi
     with ExitStack() as stack:
         producer, consumer = pair(tmp_path, stack)
         # Emulate the compile-time default of SQLite 3.24-3.31 on this connection.
-        producer._db.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        producer._store._db.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
         with producer.batch() as b:
             for i in range(1000):
                 step(b, f"E{i}", f"F{i:04d}", 1)
@@ -894,14 +895,14 @@ def test_relay_batch_leaves_a_second_consumer_untouched(tmp_path: Path) -> None:
         commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("A2", "A", 2))
         assert [x.event_id for x in relay_batch(producer, audit, limit=1).results] == ["A1"]
         assert relay_batch(producer, main, limit=100).counts == {"accepted": 3}
-        assert [e["state"] for e in producer.outbox(consumer="audit")] == ["accepted", "pending", "pending"]
-        assert [e["state"] for e in producer.outbox(consumer="default")] == ["accepted"] * 3
-        assert [e["accepted"] for e in producer.outbox()] == [True, False, False]
+        assert [e.state for e in producer.outbox(consumer="audit")] == ["accepted", "pending", "pending"]
+        assert [e.state for e in producer.outbox(consumer="default")] == ["accepted"] * 3
+        assert [e.accepted for e in producer.outbox()] == [True, False, False]
         assert audit.flows() == ["A"] and len(audit.inbox("A")) == 1
         r = relay_batch(producer, audit, limit=100)
         assert [(x.event_id, str(x.status)) for x in r.results] == [("B1", "accepted"), ("A2", "accepted")]
         assert relay_batch(producer, main).idle and relay_batch(producer, audit).idle
-        assert [e["accepted"] for e in producer.outbox()] == [True, True, True]
+        assert [e.accepted for e in producer.outbox()] == [True, True, True]
 
 
 FIXED = DeliveryPolicy(wait_for_due=False, clock=lambda: 1000.0, random=lambda: 0.5, backoff_base=0.5)
@@ -923,19 +924,19 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
             ("A1", "accepted"), ("A2", "accepted"), ("B1", "accepted"),
         ]
         assert (r.counts, r.refused, r.idle) == ({"accepted": 3}, 3, False)
-        assert consumer.flows() == ["A", "B"] and [x["event_id"] for x in consumer.inbox("A")] == ["A1", "A2"]
+        assert consumer.flows() == ["A", "B"] and [x.event_id for x in consumer.inbox("A")] == ["A1", "A2"]
         for event_id in ("A1", "A2", "B1"):
-            assert delivery(producer, event_id)["state"] == "accepted"
+            assert delivery(producer, event_id).state == "accepted"
         for event_id in ("A3", "B2", "B3"):
             e = delivery(producer, event_id)
-            d = e["deliveries"]["default"]
-            assert (e["state"], e["accepted"], d["attempts"]) == ("pending", False, 1), event_id
-            assert d["last_error"].startswith("InboxFull"), d
-            assert d["due_at"] == 1000.0 + 0.5 * 0.5  # backoff recorded
+            d = e.deliveries["default"]
+            assert (e.state, e.accepted, d.attempts) == ("pending", False, 1), event_id
+            assert d.last_error.startswith("InboxFull"), d
+            assert d.due_at == 1000.0 + 0.5 * 0.5  # backoff recorded
         consumer.process_all()
         if wait_for_due:  # backing off: not sent before the due time
             assert relay_batch(producer, consumer, limit=100, policy=policy).idle
-            assert delivery(producer, "A3")["deliveries"]["default"]["attempts"] == 1
+            assert delivery(producer, "A3").deliveries["default"].attempts == 1
         now[0] = 1001.0
         # Nothing is dropped: relay again, apply, until idle.
         rounds: list[tuple[list[str | None], int]] = []
@@ -950,9 +951,9 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
             raise AssertionError(f"never idle: {rounds}")
         assert rounds == [(["A3", "B2"], 1), (["B3"], 0)]
         consumer.process_all()
-        assert all(e["accepted"] for e in producer.outbox())
+        assert all(e.accepted for e in producer.outbox())
         for flow_id in "AB":
-            assert [x["event_id"] for x in consumer.effects(flow_id)] == [f"{flow_id}{n}" for n in (1, 2, 3)]
+            assert [x.event_id for x in consumer.effects(flow_id)] == [f"{flow_id}{n}" for n in (1, 2, 3)]
             assert consumer.projection(flow_id) == {"state": "released", "last_seq": 3, "held": 0}
 
 
@@ -965,18 +966,18 @@ def test_relay_batch_with_every_event_refused_stores_nothing_and_retries_later(t
         assert relay_batch(producer, consumer, limit=1, policy=FIXED).counts == {"accepted": 1}
         r = relay_batch(producer, consumer, limit=100, policy=FIXED)
         assert (r.results, r.counts, r.refused, r.idle) == ((), {}, 2, False)
-        assert [x["event_id"] for x in consumer.inbox("A")] == ["A1"]
-        assert consumer._db.conn.in_transaction is False
+        assert [x.event_id for x in consumer.inbox("A")] == ["A1"]
+        assert consumer._store._db.conn.in_transaction is False
         for event_id in ("A2", "A3"):
-            d = delivery(producer, event_id)["deliveries"]["default"]
-            assert (d["state"], d["attempts"]) == ("pending", 1) and d["last_error"].startswith("InboxFull")
+            d = delivery(producer, event_id).deliveries["default"]
+            assert (d.state, d.attempts) == ("pending", 1) and d.last_error.startswith("InboxFull")
         consumer.process_all()
         r = relay_batch(producer, consumer, limit=100, policy=FIXED)
         assert ([x.event_id for x in r.results], r.refused) == (["A2"], 1)  # A2 is the next step
         consumer.process_all()
         assert [x.event_id for x in relay_batch(producer, consumer, limit=100, policy=FIXED).results] == ["A3"]
         consumer.process_all()
-        assert [e["event_id"] for e in consumer.effects("A")] == ["A1", "A2", "A3"]
+        assert [e.event_id for e in consumer.effects("A")] == ["A1", "A2", "A3"]
 
 
 def test_relay_batch_lets_in_what_repeated_relay_lets_in_when_the_inbox_is_full(tmp_path: Path) -> None:
@@ -996,8 +997,8 @@ def test_relay_batch_lets_in_what_repeated_relay_lets_in_when_the_inbox_is_full(
                             break
                     except InboxFull:
                         continue
-            inboxes.append({f: [x["event_id"] for x in consumer.inbox(f)] for f in "ABCD"})
-            inboxes.append([(e["event_id"], e["state"]) for e in producer.outbox()])
+            inboxes.append({f: [x.event_id for x in consumer.inbox(f)] for f in "ABCD"})
+            inboxes.append([(e.event_id, e.state) for e in producer.outbox()])
     assert inboxes[0] == inboxes[2] and inboxes[1] == inboxes[3]
     assert inboxes[0] == {"A": ["A1", "A2", "A3"], "B": ["B1"], "C": ["C1"], "D": ["D1"]}
 
@@ -1006,18 +1007,18 @@ def test_relay_batch_sql_failure_in_the_consumer_stores_nothing_of_the_batch(tmp
     with ExitStack() as stack:
         producer, consumer = pair(tmp_path, stack)
         commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("C1", "C", 1))
-        consumer._db.conn.execute(
+        consumer._store._db.conn.execute(
             "CREATE TEMP TRIGGER fail_b1 BEFORE INSERT ON main.inbox WHEN NEW.event_id = 'B1' "
             "BEGIN SELECT RAISE(ABORT, 'injected inbox failure'); END")
         with pytest.raises(sqlite3.IntegrityError, match="injected inbox failure"):
             relay_batch(producer, consumer, limit=100, policy=FIXED)
-        assert consumer.flows() == [] and consumer._db.conn.in_transaction is False
-        assert producer._db.conn.in_transaction is False
+        assert consumer.flows() == [] and consumer._store._db.conn.in_transaction is False
+        assert producer._store._db.conn.in_transaction is False
         for event_id in ("A1", "B1", "C1"):
-            d = delivery(producer, event_id)["deliveries"]["default"]
-            assert (d["state"], d["attempts"]) == ("pending", 1)
-            assert "injected inbox failure" in d["last_error"]
-        consumer._db.conn.execute("DROP TRIGGER temp.fail_b1")
+            d = delivery(producer, event_id).deliveries["default"]
+            assert (d.state, d.attempts) == ("pending", 1)
+            assert "injected inbox failure" in d.last_error
+        consumer._store._db.conn.execute("DROP TRIGGER temp.fail_b1")
         assert relay_batch(producer, consumer, limit=100).counts == {"accepted": 3}
 
 
@@ -1027,18 +1028,18 @@ def test_relay_batch_sql_failure_while_marking_leaves_events_unmarked_then_dupli
         commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("A2", "A", 2))
         assert relay_batch(producer, consumer).counts == {"accepted": 3}  # binds the consumer
         commit_steps(producer, ("C1", "C", 1), ("D1", "D", 1))
-        producer._db.conn.execute(
+        producer._store._db.conn.execute(
             "CREATE TEMP TRIGGER fail_mark BEFORE UPDATE ON main.delivery WHEN NEW.state = 'accepted' "
             "BEGIN SELECT RAISE(ABORT, 'injected mark failure'); END")
         with pytest.raises(sqlite3.IntegrityError, match="injected mark failure"):
             relay_batch(producer, consumer, limit=100)
-        assert producer._db.conn.in_transaction is False
-        assert [delivery(producer, e)["state"] for e in ("C1", "D1")] == ["pending", "pending"]
+        assert producer._store._db.conn.in_transaction is False
+        assert [delivery(producer, e).state for e in ("C1", "D1")] == ["pending", "pending"]
         assert [len(consumer.inbox(f)) for f in "CD"] == [1, 1]  # the consumer owns them
-        producer._db.conn.execute("DROP TRIGGER temp.fail_mark")
+        producer._store._db.conn.execute("DROP TRIGGER temp.fail_mark")
         r = relay_batch(producer, consumer, limit=100)
         assert [(x.event_id, str(x.status)) for x in r.results] == [("C1", "duplicate"), ("D1", "duplicate")]
-        assert all(e["accepted"] for e in producer.outbox())
+        assert all(e.accepted for e in producer.outbox())
 
 
 # =====================================================================================
@@ -1088,8 +1089,8 @@ def check_consumer_after(consumer: Consumer, flow_id: str, envelopes: list[dict[
             want.append((seq, "blocked", blocked[1]))
         else:
             want.append((seq, "pending", None))
-    assert [(r["seq"], r["state"], r["reason"]) for r in rows] == want
-    assert [e["seq"] for e in consumer.effects(flow_id)] == list(range(1, applied + 1))
+    assert [(r.seq, r.state, r.reason) for r in rows] == want
+    assert [e.seq for e in consumer.effects(flow_id)] == list(range(1, applied + 1))
     projection = consumer.projection(flow_id)
     assert projection is not None
     assert (projection["last_seq"], projection["steps"]) == (applied, applied)
@@ -1112,7 +1113,7 @@ def test_drain_stops_where_the_single_step_path_stops(
         # and the blocked mark is written; a limit stop never looks at it.
         blocked = (want[2][1], want[2][3]) if want[1] == "blocked" else None
         check_consumer_after(consumer, "T", envelopes, want[0], blocked)  # type: ignore[arg-type]
-        assert consumer._db.conn.in_transaction is False
+        assert consumer._store._db.conn.in_transaction is False
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 5, 100])
@@ -1144,8 +1145,8 @@ def test_a_blocked_schema_applies_unchanged_after_the_upgrade(tmp_path: Path, ba
         assert shape(old.drain("T", batch_size=batch_size))[:2] == (0, "blocked")  # re-examined, still blocked
     with Consumer(tmp_path / "c.db", TICKER, schemas={1, 2}) as new:
         assert shape(new.drain("T", batch_size=batch_size)) == (3, "idle", ("idle", 7, None, None))
-        assert [e["event_id"] for e in new.effects("T")] == [f"T{n}" for n in range(1, 7)]
-        assert new.inbox("T")[3] == {"event_id": "T4", "seq": 4, "state": "applied", "reason": None}
+        assert [e.event_id for e in new.effects("T")] == [f"T{n}" for n in range(1, 7)]
+        assert new.inbox("T")[3] == InboxEntry(event_id="T4", seq=4, state="applied", reason=None)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 5, 100])
@@ -1178,7 +1179,7 @@ def test_process_all_with_batch_size_over_250_flows_applies_everything_in_full_b
     total = sum(sizes.values())
     with Consumer(tmp_path / "c.db", RESERVATION) as consumer:
         assert len(consumer.receive_many(envelopes)) == total
-        with traced(consumer._db.conn) as seen:
+        with traced(consumer._store._db.conn) as seen:
             results = consumer.process_all(limit=1000, batch_size=100)
         assert list(results) == sorted(sizes)
         for flow_id, result in results.items():
@@ -1187,7 +1188,7 @@ def test_process_all_with_batch_size_over_250_flows_applies_everything_in_full_b
             held = 0 if sizes[flow_id] == 3 else i + 1
             assert consumer.projection(flow_id) == {
                 "state": KINDS[sizes[flow_id] - 1], "last_seq": sizes[flow_id], "held": held}
-            assert [e["seq"] for e in consumer.effects(flow_id)] == list(range(1, sizes[flow_id] + 1))
+            assert [e.seq for e in consumer.effects(flow_id)] == list(range(1, sizes[flow_id] + 1))
         per_tx = [count(tx, "INSERT INTO effect") for tx in transactions(seen)]
         applying = [n for n in per_tx if n]
         assert max(applying) <= 100
@@ -1220,23 +1221,23 @@ def test_drain_and_process_all_refuse_a_bad_limit_with_batches(tmp_path: Path, l
 def test_a_sql_failure_in_a_drain_batch_keeps_the_earlier_batches_and_rolls_back_its_own(tmp_path: Path) -> None:
     with Consumer(tmp_path / "c.db", TICKER) as consumer:
         consumer.receive_many([tick("T", n) for n in range(1, 13)])
-        consumer._db.conn.execute(
+        consumer._store._db.conn.execute(
             "CREATE TEMP TRIGGER fail_t7 BEFORE INSERT ON main.effect WHEN NEW.event_id = 'T7' "
             "BEGIN SELECT RAISE(ABORT, 'injected effect failure'); END")
         with pytest.raises(sqlite3.IntegrityError, match="injected effect failure"):
             consumer.drain("T", limit=100, batch_size=5)
-        assert consumer._db.conn.in_transaction is False
-        assert [e["seq"] for e in consumer.effects("T")] == [1, 2, 3, 4, 5]  # T6 went with T7's batch
-        assert [r["state"] for r in consumer.inbox("T")] == ["applied"] * 5 + ["pending"] * 7
-        consumer._db.conn.execute("DROP TRIGGER temp.fail_t7")
+        assert consumer._store._db.conn.in_transaction is False
+        assert [e.seq for e in consumer.effects("T")] == [1, 2, 3, 4, 5]  # T6 went with T7's batch
+        assert [r.state for r in consumer.inbox("T")] == ["applied"] * 5 + ["pending"] * 7
+        consumer._store._db.conn.execute("DROP TRIGGER temp.fail_t7")
         assert shape(consumer.drain("T", limit=100, batch_size=5))[:2] == (7, "idle")
-        assert [e["seq"] for e in consumer.effects("T")] == list(range(1, 13))
+        assert [e.seq for e in consumer.effects("T")] == list(range(1, 13))
 
 
 def test_drain_commits_batch_size_applies_per_transaction(tmp_path: Path) -> None:
     with Consumer(tmp_path / "c.db", TICKER) as consumer:
         consumer.receive_many([tick("T", n) for n in range(1, 13)])
-        with traced(consumer._db.conn) as seen:
+        with traced(consumer._store._db.conn) as seen:
             assert consumer.drain("T", limit=100, batch_size=5).applied == 12
         per_tx = [count(tx, "INSERT INTO effect") for tx in transactions(seen)]
         assert [n for n in per_tx if n] == [5, 5, 2]
@@ -1280,10 +1281,10 @@ FINAL_ADVANCE_STATE = {
 
 def check_final(producer: Producer, consumer: Consumer, final: dict[str, Any]) -> None:
     for flow_id, event_ids in final["effects"].items():
-        assert [e["event_id"] for e in consumer.effects(flow_id)] == event_ids, flow_id
+        assert [e.event_id for e in consumer.effects(flow_id)] == event_ids, flow_id
     for flow_id, projection in final["projections"].items():
         assert consumer.projection(flow_id) == projection, flow_id
-    assert all(e["accepted"] for e in producer.outbox())
+    assert all(e.accepted for e in producer.outbox())
     flow_invariant(producer)
 
 
@@ -1415,9 +1416,9 @@ def test_a_crash_inside_an_apply_batch_leaves_none_of_it_and_after_its_commit_al
     with Consumer(c_path, protocol) as consumer:
         for flow_id, events in ids.items():
             rows = consumer.inbox(flow_id)
-            assert [(r["event_id"], r["state"]) for r in rows] == \
+            assert [(r.event_id, r.state) for r in rows] == \
                 [(e, "applied" if e in applied else "pending") for e in events]
-            assert [e["event_id"] for e in consumer.effects(flow_id)] == [e for e in events if e in applied]
+            assert [e.event_id for e in consumer.effects(flow_id)] == [e for e in events if e in applied]
             n = sum(1 for e in events if e in applied)
             projection = consumer.projection(flow_id)
             assert (projection or {}).get("last_seq", 0) == n
@@ -1428,8 +1429,8 @@ def test_a_crash_inside_an_apply_batch_leaves_none_of_it_and_after_its_commit_al
         else:
             apply_until_idle(consumer)
         for flow_id, events in ids.items():
-            assert [e["event_id"] for e in consumer.effects(flow_id)] == events
-            assert all(r["state"] == "applied" for r in consumer.inbox(flow_id))
+            assert [e.event_id for e in consumer.effects(flow_id)] == events
+            assert all(r.state == "applied" for r in consumer.inbox(flow_id))
         if mode == "drain":
             assert consumer.projection("T") == {"state": "done", "last_seq": 12, "n": 1, "steps": 12}
         else:

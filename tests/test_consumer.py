@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, InvalidEnvelope
+from reliable_flow import Consumer, EffectRecord, InboxEntry, InvalidEnvelope
 from reliable_flow.reservation import RESERVATION
 
 KINDS = {1: "reserved", 2: "confirmed", 3: "released"}
@@ -73,7 +73,7 @@ def a_flow(flow: str = "A", upto: int = 3) -> list[dict[str, Any]]:
 def test_receive_accepted_stores_one_pending_row(consumer: Consumer) -> None:
     r = consumer.receive(env("A1", 1))
     assert (r.status, r.event_id, r.flow_id, r.seq, r.reason) == ("accepted", "A1", "A", 1, None)
-    assert consumer.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+    assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
     assert raw_count(consumer.path, "inbox") == 1
     assert consumer.projection("A") is None  # accepted is not applied
     assert consumer.effects("A") == []
@@ -156,7 +156,7 @@ def test_receive_malformed_envelope_stores_nothing(consumer: Consumer) -> None:
         consumer.receive({**env("A1", 1), "seq": True})
     assert info.value.field == "seq"
     assert raw_count(consumer.path, "inbox") == 0
-    assert consumer._db.conn.in_transaction is False
+    assert consumer._store._db.conn.in_transaction is False
 
 
 # -- apply_next -------------------------------------------------------------------------
@@ -167,8 +167,8 @@ def test_apply_next_applied_commits_projection_effect_and_mark(consumer: Consume
     r = consumer.apply_next("A")
     assert (r.status, r.flow_id, r.seq, r.event_id, r.reason) == ("applied", "A", 1, "A1", None)
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert consumer.effects("A") == [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
-    assert consumer.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None}]
+    assert consumer.effects("A") == [EffectRecord(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+    assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="applied", reason=None)]
 
 
 def test_apply_next_walks_the_whole_flow(consumer: Consumer) -> None:
@@ -182,7 +182,7 @@ def test_apply_next_walks_the_whole_flow(consumer: Consumer) -> None:
         r = consumer.apply_next("A")
         assert (r.status, r.seq, r.event_id) == ("applied", n, f"A{n}")
         assert consumer.projection("A") == view
-    assert [(e["seq"], e["kind"]) for e in consumer.effects("A")] == [(1, "reserved"), (2, "confirmed"), (3, "released")]
+    assert [(e.seq, e.kind) for e in consumer.effects("A")] == [(1, "reserved"), (2, "confirmed"), (3, "released")]
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("idle", 4, None)
 
@@ -193,7 +193,7 @@ def test_apply_next_gap_names_the_missing_seq(consumer: Consumer) -> None:
     assert (r.status, r.seq, r.event_id, r.reason) == ("gap", 1, None, None)
     assert r.detail and "1" in r.detail
     assert consumer.projection("A") is None
-    assert consumer.inbox("A") == [{"event_id": "A2", "seq": 2, "state": "pending", "reason": None}]
+    assert consumer.inbox("A") == [InboxEntry(event_id="A2", seq=2, state="pending", reason=None)]
     receive_all(consumer, env("A1", 1), env("A3", 3))
     assert consumer.apply_next("A").status == "applied"
     assert consumer.apply_next("A").status == "applied"
@@ -214,7 +214,7 @@ def test_apply_next_idle_on_empty_and_unknown_flow(consumer: Consumer) -> None:
     assert (r.status, r.seq, r.event_id) == ("idle", 1, None)
     receive_all(consumer, env("B1", 1))
     assert consumer.apply_next("A").status == "idle"
-    assert consumer.inbox("B")[0]["state"] == "pending"
+    assert consumer.inbox("B")[0].state == "pending"
 
 
 BLOCKS = [
@@ -242,7 +242,7 @@ def test_apply_next_blocked_marks_the_row_and_is_reexamined(
         r = consumer.apply_next("A")
         assert (r.status, r.seq, r.event_id, r.reason) == ("blocked", seq, f"A{seq}", reason)
         assert r.detail
-        assert consumer.inbox("A")[seq - 1] == {"event_id": f"A{seq}", "seq": seq, "state": "blocked", "reason": reason}
+        assert consumer.inbox("A")[seq - 1] == InboxEntry(event_id=f"A{seq}", seq=seq, state="blocked", reason=reason)
         assert consumer.projection("A") == projection_before
         assert consumer.effects("A") == effects_before
     assert raw_count(consumer.path, "effect") == seq - 1
@@ -258,7 +258,7 @@ def test_blocked_row_is_applied_unchanged_by_an_upgraded_consumer(consumer: Cons
     with Consumer(path, RESERVATION, schemas={1, 2}) as upgraded:
         r = upgraded.apply_next("A")
         assert (r.status, r.seq, r.event_id, r.reason) == ("applied", 1, "A1", None)
-        assert upgraded.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None}]
+        assert upgraded.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="applied", reason=None)]
         assert upgraded.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
     assert raw_inbox(path)[0][3] == body_before == canonical(e)
 
@@ -272,7 +272,7 @@ def test_blocked_reason_is_recomputed_on_reexamination(consumer: Consumer) -> No
     with Consumer(path, RESERVATION, schemas={1, 2}) as upgraded:
         r = upgraded.apply_next("A")
         assert (r.status, r.reason) == ("blocked", "invalid_payload")
-        assert upgraded.inbox("A")[0]["reason"] == "invalid_payload"
+        assert upgraded.inbox("A")[0].reason == "invalid_payload"
 
 
 @pytest.mark.parametrize("flow_id", ["", "F" * 129, 5, None], ids=["empty", "129-chars", "int", "none"])
@@ -280,7 +280,7 @@ def test_apply_next_bad_flow_id_raises(consumer: Consumer, flow_id: Any) -> None
     with pytest.raises(InvalidEnvelope) as info:
         consumer.apply_next(flow_id)
     assert info.value.field == "flow_id"
-    assert consumer._db.conn.in_transaction is False
+    assert consumer._store._db.conn.in_transaction is False
 
 
 def test_apply_next_flow_id_of_128_chars_is_fine(consumer: Consumer) -> None:
@@ -304,7 +304,7 @@ def test_drain_stops_at_blocked(consumer: Consumer) -> None:
     d = consumer.drain("A")
     assert (d.applied, d.stop) == (1, "blocked")
     assert d.last is not None and (d.last.seq, d.last.reason) == (2, "unsupported_schema")
-    assert [row["state"] for row in consumer.inbox("A")] == ["applied", "blocked", "pending"]
+    assert [row.state for row in consumer.inbox("A")] == ["applied", "blocked", "pending"]
 
 
 def test_drain_stops_idle_with_applied_count(consumer: Consumer) -> None:
@@ -341,7 +341,7 @@ def test_invalid_limit_raises_value_error(consumer: Consumer, limit: Any) -> Non
     with pytest.raises(ValueError):
         consumer.process_all(limit=limit)
     assert consumer.projection("A") is None
-    assert consumer.inbox("A")[0]["state"] == "pending"
+    assert consumer.inbox("A")[0].state == "pending"
 
 
 # -- process_all ------------------------------------------------------------------------
@@ -401,12 +401,12 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     )
     with pytest.raises(sqlite3.IntegrityError, match="rejected"):
         consumer.apply_next("A")
-    assert consumer._db.conn.in_transaction is False
+    assert consumer._store._db.conn.in_transaction is False
     assert consumer.projection("A") == projection_before
     assert projection_before == (None if done == 0 else {"state": "reserved", "last_seq": 1, "held": 3})
     assert consumer.effects("A") == effects_before
     assert len(effects_before) == done
-    assert consumer.inbox("A")[done] == {"event_id": f"A{done + 1}", "seq": done + 1, "state": "pending", "reason": None}
+    assert consumer.inbox("A")[done] == InboxEntry(event_id=f"A{done + 1}", seq=done + 1, state="pending", reason=None)
     assert raw_inbox(consumer.path) == inbox_before
     assert raw_count(consumer.path, "effect") == done
     # drain propagates the error as well, never counting it as applied
@@ -417,5 +417,5 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     run_sql(consumer.path, "DROP TRIGGER reject_effect")
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("applied", done + 1, f"A{done + 1}")
-    assert [e["event_id"] for e in consumer.effects("A")] == [f"A{n}" for n in range(1, done + 2)]
-    assert consumer.inbox("A")[done]["state"] == "applied"
+    assert [e.event_id for e in consumer.effects("A")] == [f"A{n}" for n in range(1, done + 2)]
+    assert consumer.inbox("A")[done].state == "applied"

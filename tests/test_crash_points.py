@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -86,16 +87,16 @@ def recover(tmp_path: Path) -> tuple[str, list[str], int]:
             answers.append(str(relay(producer, consumer).status))
         drained = consumer.drain("A")
         assert drained.stop == "idle"
-        assert consumer.effects("A") == EFFECT
+        assert [asdict(e) for e in consumer.effects("A")] == EFFECT
         assert consumer.projection("A") == PROJECTION
-        assert consumer.inbox("A") == APPLIED
+        assert [asdict(r) for r in consumer.inbox("A")] == APPLIED
         assert producer.flow("A") == FLOW
-        assert [(e["event_id"], e["accepted"]) for e in producer.outbox("A")] == [("A1", True)]
+        assert [(e.event_id, e.accepted) for e in producer.outbox("A")] == [("A1", True)]
         # Recovering twice changes nothing: every step is safe to repeat.
         assert producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
         assert relay(producer, consumer, event_id="A1").status == "duplicate"
         assert consumer.apply_next("A").status == "idle"
-        assert consumer.effects("A") == EFFECT
+        assert [asdict(e) for e in consumer.effects("A")] == EFFECT
         return str(again.status), answers, drained.applied
 
 

@@ -11,6 +11,7 @@ that exits at a crash point.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -29,15 +30,17 @@ import pytest
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
+    DeliveryRecord,
     InboxFull,
     NotResolvable,
+    OutboxEntry,
     Producer,
     UnknownEvent,
     relay,
 )
 from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
-from reliable_flow.inspection import format_report, inspect_files
 from reliable_flow.reservation import RESERVATION
+from reliable_flow.tools.inspection import format_report, inspect_files
 
 KINDS = ("reserved", "confirmed", "released")
 NAMES = ("projection", "audit", "notifier")
@@ -104,14 +107,14 @@ def env(event_id: str, flow_id: str, seq: int, amount: int = 3) -> dict[str, Any
     }
 
 
-def entry(producer: Producer, event_id: str, consumer: str | None = None) -> dict[str, Any]:
-    found = [e for e in producer.outbox(consumer=consumer) if e["event_id"] == event_id]
+def entry(producer: Producer, event_id: str, consumer: str | None = None) -> OutboxEntry:
+    found = [e for e in producer.outbox(consumer=consumer) if e.event_id == event_id]
     assert len(found) == 1, found
     return found[0]
 
 
-def delivery(producer: Producer, event_id: str, consumer: str) -> dict[str, Any]:
-    return dict(entry(producer, event_id)["deliveries"][consumer])
+def delivery(producer: Producer, event_id: str, consumer: str) -> DeliveryRecord:
+    return entry(producer, event_id).deliveries[consumer]
 
 
 def rows(path: str | Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -167,17 +170,17 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
     assert sorted(answers) == sorted(f"{f}{n} accepted" for f in "ABCD" for n in (1, 2, 3))
     for flow in "ABCD":
         mine = producer.outbox(flow, consumer="projection")
-        assert [(e["event_id"], e["state"], e["accepted"]) for e in mine] == [
+        assert [(e.event_id, e.state, e.accepted) for e in mine] == [
             (f"{flow}{n}", "accepted", True) for n in (1, 2, 3)
         ]
         for other in ("audit", "notifier"):
             theirs = producer.outbox(flow, consumer=other)
-            assert [(e["state"], e["accepted"]) for e in theirs] == [("pending", False)] * 3
+            assert [(e.state, e.accepted) for e in theirs] == [("pending", False)] * 3
         together = producer.outbox(flow)
-        assert [(e["state"], e["accepted"]) for e in together] == [("pending", False)] * 3
-        assert all(set(e["deliveries"]) == set(NAMES) for e in together)
-        assert [e["deliveries"]["projection"]["state"] for e in together] == ["accepted"] * 3
-        assert [e["deliveries"]["audit"]["state"] for e in together] == ["pending"] * 3
+        assert [(e.state, e.accepted) for e in together] == [("pending", False)] * 3
+        assert all(set(e.deliveries) == set(NAMES) for e in together)
+        assert [e.deliveries["projection"].state for e in together] == ["accepted"] * 3
+        assert [e.deliveries["audit"].state for e in together] == ["pending"] * 3
 
     for name in ("audit", "notifier"):
         assert len(relay_until_idle(producer, three[name])) == 12
@@ -186,8 +189,8 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
         assert {f: (d.applied, d.stop) for f, d in drained.items()} == {f: (3, "idle") for f in "ABCD"}
         for flow in "ABCD":
             assert c.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-            assert [e["event_id"] for e in c.effects(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
-    assert all(e["accepted"] and e["state"] == "accepted" for e in producer.outbox())
+            assert [e.event_id for e in c.effects(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
+    assert all(e.accepted and e.state == "accepted" for e in producer.outbox())
     # Three separate files, each with its own copy.
     assert len({c.path for c in three.values()}) == 3
 
@@ -199,14 +202,14 @@ def test_a_conflict_for_one_consumer_is_pending_for_the_others(
     commit(producer, "A", 1)
     results = {name: relay(producer, c).status for name, c in three.items()}
     assert results == {"projection": "accepted", "audit": "id_conflict", "notifier": "accepted"}
-    d = entry(producer, "A1")["deliveries"]
-    assert {n: d[n]["state"] for n in NAMES} == {
+    d = entry(producer, "A1").deliveries
+    assert {n: d[n].state for n in NAMES} == {
         "projection": "accepted", "audit": "set_aside", "notifier": "accepted"
     }
-    assert entry(producer, "A1", "projection")["accepted"] is True
-    assert entry(producer, "A1", "audit")["state"] == "set_aside"
+    assert entry(producer, "A1", "projection").accepted is True
+    assert entry(producer, "A1", "audit").state == "set_aside"
     together = entry(producer, "A1")
-    assert (together["state"], together["accepted"]) == ("set_aside", False)
+    assert (together.state, together.accepted) == ("set_aside", False)
 
 
 # -- backoff with full jitter -----------------------------------------------------------------
@@ -245,30 +248,30 @@ def test_failed_sends_back_off_exponentially_with_jitter_and_cap(
             with pytest.raises(ConnectionError, match=rf"unreachable \(call {n}\)"):
                 relay(producer, c, policy=policy)
             d = delivery(producer, "A1", "projection")
-            assert (d["state"], d["attempts"]) == ("pending", n)
-            assert d["last_error"] == f"ConnectionError: consumer unreachable (call {n})"
-            assert d["due_at"] == clock.t + jitter * min(20.0, 2.0 * 2 ** (n - 1))
+            assert (d.state, d.attempts) == ("pending", n)
+            assert d.last_error == f"ConnectionError: consumer unreachable (call {n})"
+            assert d.due_at == clock.t + jitter * min(20.0, 2.0 * 2 ** (n - 1))
             raw = raw_delivery(producer.path, "A1", "projection")
             assert (raw["failures"], raw["lease_owner"]) == (n, None)
-            waits.append(d["due_at"] - clock.t)
+            waits.append(d.due_at - clock.t)
             # Not due yet: the relay has nothing to do and does not call the consumer.
-            clock.t = d["due_at"] - 0.01
+            clock.t = d.due_at - 0.01
             calls = c.calls
             assert relay(producer, c, policy=policy).status == "idle"
             assert c.calls == calls
-            clock.t = d["due_at"]  # due exactly now
+            clock.t = d.due_at  # due exactly now
         assert waits == [jitter * w for w in (2.0, 4.0, 8.0, 16.0, 20.0, 20.0)]
 
         c.down = False
         r = relay(producer, c, policy=policy)
         assert (r.status, r.event_id) == ("accepted", "A1")
         d = delivery(producer, "A1", "projection")
-        assert (d["state"], d["attempts"], d["last_error"], d["last_status"]) == ("accepted", 7, None, "accepted")
+        assert (d.state, d.attempts, d.last_error, d.last_status) == ("accepted", 7, None, "accepted")
         raw = raw_delivery(producer.path, "A1", "projection")
         assert (raw["failures"], raw["lease_owner"]) == (0, None)  # success resets the failure count
         assert relay(producer, c, policy=policy).status == "idle"
         assert c.calls == 7
-        assert [row["event_id"] for row in c.inbox("A")] == ["A1"]
+        assert [row.event_id for row in c.inbox("A")] == ["A1"]
 
 
 def test_a_failed_send_records_the_failure_and_propagates_the_exception(
@@ -282,13 +285,13 @@ def test_a_failed_send_records_the_failure_and_propagates_the_exception(
             relay(producer, c, policy=policy)
         assert c.inbox("A") == []  # nothing stored
         d = delivery(producer, "A1", "default")
-        assert (d["state"], d["attempts"], d["last_error"], d["due_at"]) == (
+        assert (d.state, d.attempts, d.last_error, d.due_at) == (
             "pending", 1, "TimeoutError: no answer in 5 s", 1001.0
         )
         # An explicit relay of the event also records and propagates.
         with pytest.raises(TimeoutError):
             relay(producer, c, "A1", policy=policy)
-        assert delivery(producer, "A1", "default")["attempts"] == 2
+        assert delivery(producer, "A1", "default").attempts == 2
 
 
 @pytest.mark.parametrize("kind", ["id_conflict", "sequence_conflict"])
@@ -308,8 +311,8 @@ def test_a_conflict_is_set_aside_and_never_retried_as_time_passes(
         clock.t = t
         assert relay(producer, consumer, policy=policy).status == "idle"
     d = delivery(producer, "A1", "default")
-    assert (d["state"], d["last_status"], d["attempts"]) == ("set_aside", kind, 1)
-    assert entry(producer, "A1")["accepted"] is False
+    assert (d.state, d.last_status, d.attempts) == ("set_aside", kind, 1)
+    assert entry(producer, "A1").accepted is False
     # The inbox still holds only what was planted.
     assert rows(consumer.path, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
         (planted["event_id"], json.dumps(planted, sort_keys=True, separators=(",", ":")))
@@ -342,7 +345,7 @@ def test_a_lease_keeps_other_relays_off_until_it_expires(tmp_path: Path, produce
         assert relay(producer, healthy, policy=other).status == "idle"
         clock.t = 1010.0
         assert relay_until_idle(producer, healthy, policy=other) == ["A1 accepted"]
-        assert [row["event_id"] for row in healthy.inbox("A")] == ["A1"]
+        assert [row.event_id for row in healthy.inbox("A")] == ["A1"]
         assert raw_delivery(producer.path, "A1", "default")["lease_owner"] is None
 
 
@@ -395,8 +398,8 @@ def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
         clock.t = 1010.0
         sent = relay_until_idle(producer, consumer, policy=policy)
         assert sent == ([] if resent_as is None else [f"A1 {resent_as}"])
-        assert [(r["event_id"], r["state"]) for r in consumer.inbox("A")] == [("A1", "pending")]
-        assert entry(producer, "A1", "projection")["accepted"] is True
+        assert [(r.event_id, r.state) for r in consumer.inbox("A")] == [("A1", "pending")]
+        assert entry(producer, "A1", "projection").accepted is True
         assert (consumer.drain("A").applied, len(consumer.effects("A"))) == (1, 1)
 
 
@@ -513,12 +516,12 @@ def test_a_flow_whose_sends_always_fail_does_not_hold_back_fifty_others(
             pytest.fail("the healthy flows were not all applied within 400 relays")
         assert relays - failures <= 150 + 2 * 3 + 1, (relays, failures)  # about one send per healthy event
         for flow in healthy_flows:
-            assert [e["seq"] for e in c.effects(flow)] == [1, 2, 3]
+            assert [e.seq for e in c.effects(flow)] == [1, 2, 3]
         assert c.projection("STUCK") is None and c.inbox("STUCK") == [] and c.effects("STUCK") == []
         stuck = producer.outbox("STUCK", consumer="default")
-        assert [e["state"] for e in stuck] == ["pending"] * 3
-        assert all(e["deliveries"]["default"]["attempts"] >= 2 for e in stuck)  # retried, with backoff
-        assert all(e["deliveries"]["default"]["last_error"].startswith("ConnectionError") for e in stuck)
+        assert [e.state for e in stuck] == ["pending"] * 3
+        assert all(e.deliveries["default"].attempts >= 2 for e in stuck)  # retried, with backoff
+        assert all(e.deliveries["default"].last_error.startswith("ConnectionError") for e in stuck)
         assert failures == c.sent.count("STUCK1") + c.sent.count("STUCK2") + c.sent.count("STUCK3")
 
 
@@ -542,8 +545,8 @@ def test_a_set_aside_conflict_does_not_hold_back_fifty_other_flows(producer: Pro
     assert answers.count("BAD1 id_conflict") == 1  # never sent again
     for flow in healthy_flows:
         assert consumer.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-    assert entry(producer, "BAD1")["state"] == "set_aside"
-    assert [e["state"] for e in producer.outbox("BAD")] == ["set_aside", "accepted", "accepted"]
+    assert entry(producer, "BAD1").state == "set_aside"
+    assert [e.state for e in producer.outbox("BAD")] == ["set_aside", "accepted", "accepted"]
 
 
 # -- backlog caps -----------------------------------------------------------------------------
@@ -558,7 +561,7 @@ def test_max_backlog_refuses_without_storing_then_commits_after_relaying(tmp_pat
         assert (r.status, r.seq) == ("backlog_full", None)
         assert "max_backlog" in r.reason
         assert producer.flow("D") is None
-        assert [e["event_id"] for e in producer.outbox()] == ["A1", "B1", "C1"]
+        assert [e.event_id for e in producer.outbox()] == ["A1", "B1", "C1"]
         # Answers that store nothing still come first.
         assert producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
         assert producer.advance("A9", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "stale"
@@ -603,10 +606,10 @@ def test_max_inbox_refuses_without_storing_and_the_relay_retries_later(
         assert relay(producer, c, policy=policy).event_id == "A2"
         with pytest.raises(InboxFull, match="max_inbox=2"):
             relay(producer, c, policy=policy)  # A3: two unapplied rows, and A3 is not A's next step
-        assert [r["event_id"] for r in c.inbox("A")] == ["A1", "A2"]
+        assert [r.event_id for r in c.inbox("A")] == ["A1", "A2"]
         d = delivery(producer, "A3", "projection")
-        assert (d["state"], d["attempts"], d["due_at"]) == ("pending", 1, 1001.0)
-        assert d["last_error"].startswith("InboxFull: ")
+        assert (d.state, d.attempts, d.due_at) == ("pending", 1, 1001.0)
+        assert d.last_error.startswith("InboxFull: ")
         # B1 is B's very next step: let in although the inbox is full.
         r = relay(producer, c, policy=policy)
         assert (r.status, r.event_id) == ("accepted", "B1")
@@ -666,7 +669,7 @@ def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
         else:
             pytest.fail("the capped pipeline never finished")
         assert (backlog_full > 0, inbox_full > 0) == (True, True), (backlog_full, inbox_full)  # both caps engaged
-        assert all(e["accepted"] for e in producer.outbox()) and len(producer.outbox()) == 60
+        assert all(e.accepted for e in producer.outbox()) and len(producer.outbox()) == 60
         assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
         assert rows(c.path, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
 
@@ -681,7 +684,7 @@ def set_aside(producer: Producer, three: dict[str, Consumer]) -> dict[str, Consu
     commit(producer, "A")
     for c in three.values():
         relay_until_idle(producer, c)
-    assert delivery(producer, "A1", "projection")["state"] == "set_aside"
+    assert delivery(producer, "A1", "projection").state == "set_aside"
     return three
 
 
@@ -693,18 +696,18 @@ def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_asi
     before = time.time()
     action = producer.redeliver("A1", consumer="projection", actor="alice", reason="removed the stray A1 (TICKET-7)")
     after = time.time()
-    assert action["previous_state"] == "set_aside"
-    assert (action["action"], action["actor"], action["reason"], action["consumer"], action["event_id"]) == (
+    assert action.previous_state == "set_aside"
+    assert (action.action, action.actor, action.reason, action.consumer, action.event_id) == (
         "redeliver", "alice", "removed the stray A1 (TICKET-7)", "projection", "A1"
     )
     recorded = producer.operator_actions("A1")
     assert len(recorded) == 1
-    assert recorded[0] == {k: action[k] for k in ("at", "consumer", "event_id", "action", "actor", "reason")}
-    assert before <= recorded[0]["at"] <= after
-    assert delivery(producer, "A1", "projection")["state"] == "pending"
+    assert recorded[0] == dataclasses.replace(action, previous_state=None)
+    assert before <= recorded[0].at <= after
+    assert delivery(producer, "A1", "projection").state == "pending"
 
     assert relay_until_idle(producer, projection) == ["A1 accepted"]
-    assert entry(producer, "A1")["accepted"] is True
+    assert entry(producer, "A1").accepted is True
     assert projection.drain("A").applied == 3
     assert projection.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
     assert producer.operator_actions() == recorded  # the relay itself records nothing
@@ -714,7 +717,7 @@ def test_redeliver_without_a_fix_is_set_aside_again(producer: Producer, set_asid
     producer.redeliver("A1", consumer="projection", actor="bob", reason="try again")
     assert relay_until_idle(producer, set_aside["projection"]) == ["A1 id_conflict"]
     d = delivery(producer, "A1", "projection")
-    assert (d["state"], d["attempts"]) == ("set_aside", 2)
+    assert (d.state, d.attempts) == ("set_aside", 2)
     assert relay(producer, set_aside["projection"]).status == "idle"
 
 
@@ -727,21 +730,21 @@ def test_redeliver_puts_a_backing_off_event_back_in_line_now(tmp_path: Path, pro
             relay(producer, c, policy=policy)
         assert relay(producer, c, policy=policy).status == "idle"
         action = producer.redeliver("A1", consumer="default", actor="ops", reason="link repaired")
-        assert action["previous_state"] == "pending"
+        assert action.previous_state == "pending"
         c.down = False
         assert relay(producer, c, policy=policy).event_id == "A1"  # no waiting out the backoff
 
 
 def test_skip_is_for_one_consumer_only_and_recorded(producer: Producer, set_aside: dict[str, Consumer]) -> None:
     action = producer.skip("A1", consumer="projection", actor="carol", reason="business agreed to drop it")
-    assert (action["action"], action["previous_state"]) == ("skip", "set_aside")
-    assert delivery(producer, "A1", "projection")["state"] == "skipped"
-    assert entry(producer, "A1", "projection")["state"] == "skipped"
-    assert entry(producer, "A1", "audit")["state"] == "accepted"
-    assert entry(producer, "A1", "notifier")["state"] == "accepted"
+    assert (action.action, action.previous_state) == ("skip", "set_aside")
+    assert delivery(producer, "A1", "projection").state == "skipped"
+    assert entry(producer, "A1", "projection").state == "skipped"
+    assert entry(producer, "A1", "audit").state == "accepted"
+    assert entry(producer, "A1", "notifier").state == "accepted"
     assert relay(producer, set_aside["projection"]).status == "idle"
     [recorded] = producer.operator_actions("A1")
-    assert (recorded["action"], recorded["actor"], recorded["reason"], recorded["consumer"]) == (
+    assert (recorded.action, recorded.actor, recorded.reason, recorded.consumer) == (
         "skip", "carol", "business agreed to drop it", "projection"
     )
     with pytest.raises(NotResolvable):
@@ -766,7 +769,7 @@ def test_operator_actions_refuse_accepted_and_unknown_events(
             with pytest.raises(ValueError):
                 action("A1", **kwargs)
     assert producer.operator_actions() == []
-    assert delivery(producer, "A1", "projection")["state"] == "set_aside"
+    assert delivery(producer, "A1", "projection").state == "set_aside"
 
 
 def test_inspection_shows_set_aside_events(producer: Producer, set_aside: dict[str, Consumer]) -> None:

@@ -13,7 +13,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _python_blocks(page: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
 
 
 def test_concepts_example_prints_what_its_comments_say(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_every_test_a_guarantee_cites_exists(page: str) -> None:
     text = (DOCS / page).read_text(encoding="utf-8")
     defined = set()
     for source in (DOCS.parent / "tests").glob("*.py"):
-        defined |= set(re.findall(r"^def (test_\w+)", source.read_text(encoding="utf-8"), flags=re.M))
+        defined |= set(re.findall(r"^def (test_\w+)", source.read_text(encoding="utf-8"), flags=re.MULTILINE))
     cited = set(re.findall(r"\b(test_\w+?)(?:\[|`|\b)", text)) - {"test_"}
     cited = {name for name in cited if not name.endswith("_")}
     assert cited, f"{page} cites no tests"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, InvalidEnvelope, Producer, ReliableFlowError, relay
+from reliable_flow import Consumer, InboxEntry, InvalidEnvelope, Producer, ReliableFlowError, relay
 from reliable_flow.envelope import MAX_BODY_BYTES, Envelope, canonical, make, parse
 
 FLOW = "F"
@@ -244,7 +244,7 @@ def test_malformed_envelope_after_a_good_one_leaves_the_good_one_alone(consumer:
     with pytest.raises(InvalidEnvelope):
         consumer.receive(base(seq=1, extra="x"))
     assert inbox_bodies(consumer.path) == before
-    assert [r["event_id"] for r in consumer.inbox(FLOW)] == ["E1"]
+    assert [r.event_id for r in consumer.inbox(FLOW)] == ["E1"]
 
 
 @pytest.mark.parametrize("where", ["seq", "payload"])
@@ -443,7 +443,7 @@ def test_valid_edge_case_is_accepted_once_in_every_spelling(
         if name != first:
             assert consumer.receive(spelling).status == "duplicate", name
     assert consumer.inbox(env["flow_id"]) == [
-        {"event_id": env["event_id"], "seq": env["seq"], "state": "pending", "reason": None}
+        InboxEntry(event_id=env["event_id"], seq=env["seq"], state="pending", reason=None)
     ]
     assert inbox_rows(consumer.path) == 1
     # Stored as the canonical body: sorted keys, compact, non-ASCII as UTF-8 text.
@@ -486,7 +486,7 @@ def test_escaped_and_raw_unicode_in_json_text_are_one_event(consumer: Consumer) 
     raw = valid_text(flow_id=f'"{UNICODE}"')
     assert consumer.receive(escaped).status == "accepted"
     assert consumer.receive(raw).status == "duplicate"
-    assert consumer.inbox(UNICODE)[0]["event_id"] == "E1"
+    assert consumer.inbox(UNICODE)[0].event_id == "E1"
     body = inbox_bodies(consumer.path)[0]
     assert UNICODE in body and "\\u" not in body
 
@@ -534,7 +534,7 @@ def test_advance_edge_values_survive_relay_unchanged(producer: Producer, consume
         "schema": 1, "payload": {"amount": 1_000_000}, "meta": meta,
     }
     assert relay(producer, consumer).status == "accepted"
-    assert consumer.inbox("f" * 128) == [{"event_id": UNICODE, "seq": 1, "state": "pending", "reason": None}]
+    assert consumer.inbox("f" * 128) == [InboxEntry(event_id=UNICODE, seq=1, state="pending", reason=None)]
     assert consumer.apply_next("f" * 128).status == "applied"
     assert consumer.projection("f" * 128) == {"state": "reserved", "last_seq": 1, "held": 1_000_000}
 

@@ -14,7 +14,7 @@ import pytest
 import reliable_flow
 from _cli import run_cli
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS
-from reliable_flow.experiment import (
+from reliable_flow.tools.experiment import (
     FROZEN_RESULTS,
     SCENARIOS,
     check,
@@ -144,10 +144,10 @@ def test_scenario_table() -> None:
 
 
 def test_wrong_ways_are_private() -> None:
-    from reliable_flow import _wrong_ways
+    from reliable_flow.tools.experiment import wrong_ways
 
-    assert "NEVER COPY" in (_wrong_ways.__doc__ or "")
-    for name in _wrong_ways.__all__:
+    assert "NEVER COPY" in (wrong_ways.__doc__ or "")
+    for name in wrong_ways.__all__:
         assert name not in reliable_flow.__all__
         assert not hasattr(reliable_flow, name)
 

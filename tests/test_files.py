@@ -12,13 +12,12 @@ import os
 import random
 import select
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
-
-import sys
 
 import pytest
 
@@ -26,6 +25,7 @@ import reliable_flow
 from reliable_flow import (
     CommitOutcomeUnknown,
     Consumer,
+    InboxEntry,
     Producer,
     SchemaTooNew,
     SQLiteTooOld,
@@ -35,10 +35,10 @@ from reliable_flow import (
     relay,
     snapshot,
 )
-from reliable_flow.db import MIN_SQLITE, Database, check_sqlite_version
 from reliable_flow.protocol import Protocol, exact, integer
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.schema import CONSUMER, PRODUCER, FileKind
+from reliable_flow.store.sqlite.connection import MIN_SQLITE, Database, check_sqlite_version
+from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 
 OTHER_PROTOCOL = Protocol(
     name="counter",
@@ -140,7 +140,7 @@ def test_new_producer_file_is_wal_full_sync_and_marked(tmp_path: Path) -> None:
     assert not path.exists()
     with Producer(path, RESERVATION) as p:
         assert path.is_file()
-        conn = p._db.conn
+        conn = p._store._db.conn
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
         assert conn.isolation_level is None
@@ -155,7 +155,7 @@ def test_new_producer_file_is_wal_full_sync_and_marked(tmp_path: Path) -> None:
 def test_new_consumer_file_is_wal_full_sync_and_marked(tmp_path: Path) -> None:
     path = tmp_path / "new-consumer.db"
     with Consumer(path, RESERVATION, busy_timeout=2.5) as c:
-        conn = c._db.conn
+        conn = c._store._db.conn
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2_500
         assert pragma(path, "journal_mode") == "wal"
@@ -519,9 +519,9 @@ def test_release_1_producer_file_upgrades_in_place(tmp_path: Path) -> None:
     make_v1_producer_file(path)
     assert pragma(path, "user_version") == 1
     with Producer(path, RESERVATION) as p:
-        assert p._db.conn.execute("PRAGMA user_version").fetchone()[0] == PRODUCER.version
+        assert p._store._db.conn.execute("PRAGMA user_version").fetchone()[0] == PRODUCER.version
         assert p.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
-        states = [(e["event_id"], e["deliveries"]["old"]["state"]) for e in p.outbox("A")]
+        states = [(e.event_id, e.deliveries["old"].state) for e in p.outbox("A")]
         assert states == [("A1", "accepted"), ("A2", "pending")]
         assert p.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3}).status == "committed"
         with Consumer(tmp_path / "c.db", RESERVATION) as c:
@@ -723,8 +723,8 @@ def test_producer_reopened_in_a_forked_child_can_advance(producer: Producer, con
     assert (code, report) == (0, "committed 1 accepted")
     # The parent's own connections see what the child committed.
     assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
-    assert producer.outbox("A")[0]["accepted"] is True
-    assert consumer.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+    assert producer.outbox("A")[0].accepted is True
+    assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
     assert producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3}).status == "committed"
 
 
@@ -852,7 +852,7 @@ def test_busy_timeout_that_sqlite_cannot_honour_is_refused(tmp_path: Path, timeo
     except ValueError:
         return
     try:
-        effective = p._db.conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        effective = p._store._db.conn.execute("PRAGMA busy_timeout").fetchone()[0]
     finally:
         p.close()
     pytest.fail(f"busy_timeout={timeout!r} accepted; SQLite busy_timeout is {effective} ms")

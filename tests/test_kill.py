@@ -246,20 +246,20 @@ def check_round_finished(producer_path: Path, consumer_path: Path, plan: _worklo
         for flow_id in plan.flows:
             assert producer.flow(flow_id)["seq"] == 3
             for event in producer.outbox(flow_id):
-                if event["event_id"] in plan.conflicting:
-                    assert (event["accepted"], event["state"], event["last_status"]) == (
-                        False, "set_aside", plan.conflicting[event["event_id"]]
+                if event.event_id in plan.conflicting:
+                    assert (event.accepted, event.state, event.last_status) == (
+                        False, "set_aside", plan.conflicting[event.event_id]
                     ), event
                 else:
-                    assert event["accepted"], event
+                    assert event.accepted, event
             expected_last = 1 if flow_id == plan.poison else 3
             projection = consumer.projection(flow_id)
             assert projection is not None and projection["last_seq"] == expected_last, (flow_id, projection)
         # The poison flow is blocked at seq 2; every other flow went all the way.
         assert consumer.projection(plan.poison) == {
             "state": "reserved", "last_seq": 1, "held": plan.amounts[plan.poison] + 1}
-        assert [r["state"] for r in consumer.inbox(plan.poison)] == ["applied", "blocked", "pending"]
-        assert [e["event_id"] for e in consumer.effects(plan.shadow)] == [
+        assert [r.state for r in consumer.inbox(plan.poison)] == ["applied", "blocked", "pending"]
+        assert [e.event_id for e in consumer.effects(plan.shadow)] == [
             f"{plan.shadow}-planted", f"{plan.shadow}-2", f"{plan.shadow}-3"]
         assert relay(producer, consumer).status == "idle"
 
@@ -416,7 +416,7 @@ def test_gapped_and_blocked_flows_do_not_stop_the_others(tmp_path: Path) -> None
             "A": (1, "gap"), "B": (3, "idle"), "P": (1, "blocked")}
         assert consumer.projection("B") == {"state": "released", "last_seq": 3, "held": 0}
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 4}
-        assert consumer.inbox("P")[1]["reason"] == "invalid_payload"
+        assert consumer.inbox("P")[1].reason == "invalid_payload"
         # A2 is the only event left to deliver; once it arrives, A moves on.
         assert (relay(producer, consumer).status, relay(producer, consumer).status) == ("accepted", "idle")
         assert consumer.drain("A").applied == 2

@@ -2,7 +2,7 @@
 place to the current schema and keep working.
 
 The v1 file is built the way the v1 release built it: the first migration
-only, through :class:`reliable_flow.db.Database`, then filled through raw
+only, through :class:`reliable_flow.store.sqlite.connection.Database`, then filled through raw
 SQL with rows in the v1 layout (an accepted, a pending and a set-aside
 delivery).  A pinned copy of the v1 DDL makes sure the first migration is
 never edited: files in the field were created from exactly that text.
@@ -30,9 +30,9 @@ from reliable_flow import (
     envelope,
     relay,
 )
-from reliable_flow.db import Database
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.schema import PRODUCER, FileKind
+from reliable_flow.store.sqlite.connection import Database
+from reliable_flow.store.sqlite.schema import PRODUCER, FileKind
 
 V1 = FileKind("producer", PRODUCER.application_id, PRODUCER.migrations[:1])
 
@@ -160,12 +160,12 @@ def test_a_v1_file_upgrades_in_place_and_every_row_survives(tmp_path: Path) -> N
         ]
         assert producer.operator_actions() == []
         assert producer.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
-        by_id = {e["event_id"]: e for e in producer.outbox()}
-        assert {k: (e["state"], e["last_status"]) for k, e in by_id.items()} == {
+        by_id = {e.event_id: e for e in producer.outbox()}
+        assert {k: (e.state, e.last_status) for k, e in by_id.items()} == {
             "A1": ("accepted", "accepted"), "A2": ("pending", None),
             "B1": ("pending", None), "C1": ("set_aside", "id_conflict"),
         }
-        assert by_id["B1"]["deliveries"]["default"]["attempts"] == 2
+        assert by_id["B1"].deliveries["default"].attempts == 2
     schema = schema_of(producer_path)
     assert ("index", "delivery_pending") not in schema
     assert ("table", "delivery_v2") not in schema
@@ -191,7 +191,7 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
         drained = consumer.process_all()
         assert (drained["A"].applied, drained["B"].applied) == (3, 1)
         assert consumer.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-        assert [e["state"] for e in producer.outbox("C")] == ["set_aside"]
+        assert [e.state for e in producer.outbox("C")] == ["set_aside"]
 
         # A consumer added after the upgrade gets every event, old ones included.
         with Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
@@ -209,8 +209,8 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
             conn.execute("DELETE FROM inbox WHERE flow_id = 'C'")
         producer.redeliver("C1", consumer="default", actor="ops", reason="removed the stray C1 after the upgrade")
         assert relay(producer, consumer, policy=policy).event_id == "C1"
-        assert [a["action"] for a in producer.operator_actions("C1")] == ["redeliver"]
-        assert all(e["accepted"] for e in producer.outbox())
+        assert [a.action for a in producer.operator_actions("C1")] == ["redeliver"]
+        assert all(e.accepted for e in producer.outbox())
 
 
 @pytest.mark.parametrize(

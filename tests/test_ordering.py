@@ -32,7 +32,7 @@ def raw_bodies(path: str) -> list[tuple[str, str]]:
 
 def assert_released_once(consumer: Consumer) -> None:
     assert consumer.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-    assert [(e["event_id"], e["seq"], e["kind"]) for e in consumer.effects("A")] == [
+    assert [(e.event_id, e.seq, e.kind) for e in consumer.effects("A")] == [
         ("A1", 1, "reserved"), ("A2", 2, "confirmed"), ("A3", 3, "released"),
     ]
 
@@ -53,10 +53,10 @@ def test_every_arrival_order_ends_released_with_ordered_effects(
         while expected_prefix + 1 in arrived:
             expected_prefix += 1
         assert last_seq == expected_prefix
-        assert [e["seq"] for e in consumer.effects("A")] == list(range(1, last_seq + 1))
+        assert [e.seq for e in consumer.effects("A")] == list(range(1, last_seq + 1))
     assert_released_once(consumer)
     assert relay(producer, consumer).status == "idle"
-    assert all(e["accepted"] for e in producer.outbox("A"))
+    assert all(e.accepted for e in producer.outbox("A"))
 
 
 def test_arrival_3_then_1_then_2_table(producer: Producer, consumer: Consumer) -> None:
@@ -92,7 +92,7 @@ def test_duplicates_at_every_position_leave_one_effect_each(
             consumer.drain("A")
         effects = consumer.effects("A")
         assert len(effects) <= 3
-        ids = [e["event_id"] for e in effects]
+        ids = [e.event_id for e in effects]
         assert len(ids) == len(set(ids))
     assert_released_once(consumer)
     assert len(consumer.inbox("A")) == 3
@@ -106,7 +106,7 @@ def test_schema_upgrade_blocks_then_applies_unchanged(producer: Producer, consum
     assert d.last is not None
     assert (d.last.reason, d.last.seq, d.last.event_id) == ("unsupported_schema", 2, "A2")
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert [(r["seq"], r["state"], r["reason"]) for r in consumer.inbox("A")] == [
+    assert [(r.seq, r.state, r.reason) for r in consumer.inbox("A")] == [
         (1, "applied", None), (2, "blocked", "unsupported_schema"), (3, "pending", None),
     ]
     path = consumer.path
@@ -117,10 +117,10 @@ def test_schema_upgrade_blocks_then_applies_unchanged(producer: Producer, consum
         d = upgraded.drain("A")
         assert (d.applied, d.stop) == (2, "idle")
         assert upgraded.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-        assert [(e["event_id"], e["kind"]) for e in upgraded.effects("A")] == [
+        assert [(e.event_id, e.kind) for e in upgraded.effects("A")] == [
             ("A1", "reserved"), ("A2", "confirmed"), ("A3", "released"),
         ]
-        assert [r["state"] for r in upgraded.inbox("A")] == ["applied"] * 3
+        assert [r.state for r in upgraded.inbox("A")] == ["applied"] * 3
     assert raw_bodies(path) == bodies_before
     event = producer.event("A2")
     assert event is not None and event["payload"] == {"units": 3} and event["schema"] == 2
@@ -137,11 +137,11 @@ def test_flow_isolation_a_gap_does_not_hold_back_b(producer: Producer, consumer:
     assert (results["B"].applied, results["B"].stop) == (3, "idle")
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
     assert consumer.projection("B") == {"state": "released", "last_seq": 3, "held": 0}
-    assert [e["event_id"] for e in consumer.effects("A")] == ["A1"]
-    assert [e["event_id"] for e in consumer.effects("B")] == ["B1", "B2", "B3"]
-    assert [(r["event_id"], r["state"]) for r in consumer.inbox("A")] == [("A1", "applied"), ("A3", "pending")]
+    assert [e.event_id for e in consumer.effects("A")] == ["A1"]
+    assert [e.event_id for e in consumer.effects("B")] == ["B1", "B2", "B3"]
+    assert [(r.event_id, r.state) for r in consumer.inbox("A")] == [("A1", "applied"), ("A3", "pending")]
     # A2 is still undelivered, and delivering it completes A.
-    outbox: dict[str, Any] = {e["event_id"]: e["accepted"] for e in producer.outbox("A")}
+    outbox: dict[str, Any] = {e.event_id: e.accepted for e in producer.outbox("A")}
     assert outbox == {"A1": True, "A2": False, "A3": True}
     assert relay(producer, consumer).event_id == "A2"
     assert (consumer.drain("A").applied, consumer.projection("A")) == (

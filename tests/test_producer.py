@@ -66,7 +66,7 @@ def test_committed_first_step_writes_flow_row_and_one_outbox_row(producer: Produ
     r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
     assert (r.status, r.seq, r.event_id, r.flow_id, r.reason) == ("committed", 1, "A1", "A", None)
     assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
-    assert [(e["event_id"], e["seq"], e["accepted"]) for e in producer.outbox("A")] == [("A1", 1, False)]
+    assert [(e.event_id, e.seq, e.accepted) for e in producer.outbox("A")] == [("A1", 1, False)]
     assert raw_counts(producer.path) == (1, 1)
     assert producer.event("A1") == {
         "event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved", "schema": 1, "payload": {"amount": 3},
@@ -79,7 +79,7 @@ def test_committed_seq_is_expected_seq_plus_one_at_every_step(producer: Producer
         assert (r.status, r.seq, r.event_id) == ("committed", expected + 1, event_id)
         assert producer.flow("A") == {"state": kind, "seq": n, "amount": 3}
         assert raw_counts(producer.path) == (1, n)
-    assert [(e["event_id"], e["seq"]) for e in producer.outbox("A")] == [("A1", 1), ("A2", 2), ("A3", 3)]
+    assert [(e.event_id, e.seq) for e in producer.outbox("A")] == [("A1", 1), ("A2", 2), ("A3", 3)]
 
 
 def test_committed_schema_2_units_and_amount_bounds(producer: Producer) -> None:
@@ -377,7 +377,7 @@ def test_malformed_arguments_raise_before_any_check(
         advance_a1(producer, **changes)
     assert info.value.field == field
     assert raw_rows(producer.path) == before
-    assert producer._db.conn.in_transaction is False
+    assert producer._store._db.conn.in_transaction is False
 
 
 # -- SQL failure injected with a trigger -------------------------------------------------
@@ -402,7 +402,7 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
     )
     with pytest.raises(sqlite3.IntegrityError, match="rejected by test"):
         producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
-    assert producer._db.conn.in_transaction is False
+    assert producer._store._db.conn.in_transaction is False
     assert producer.flow("A") == flow_before
     assert flow_before == (
         {"state": "reserved", "seq": 1, "amount": 3} if existing_flow else None
@@ -414,6 +414,6 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
     r = producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
     assert (r.status, r.seq) == ("committed", expected + 1)
     assert producer.flow("A") == {"state": kind, "seq": expected + 1, "amount": 3}
-    assert [e["event_id"] for e in producer.outbox("A")] == [s[0] for s in STEPS[: expected + 1]]
+    assert [e.event_id for e in producer.outbox("A")] == [s[0] for s in STEPS[: expected + 1]]
     stored = json.loads(raw_rows(producer.path)[1][-1][4])
     assert stored["event_id"] == event_id

@@ -32,19 +32,26 @@ PUBLIC_NAMES = [
     "ConsumerMismatch",
     "DatabaseBusy",
     "DeliveryPolicy",
+    "DeliveryRecord",
     "DeliveryState",
     "DrainResult",
     "DrainStop",
+    "EffectRecord",
+    "InboxEntry",
     "InboxFull",
     "InboxState",
     "InvalidEnvelope",
     "NotResolvable",
+    "OperatorAction",
+    "OutboxEntry",
     "PayloadError",
     "Producer",
     "Protocol",
     "ReadOnlyStorage",
     "ReceiveResult",
     "ReceiveStatus",
+    "Receiver",
+    "Refused",
     "RelayBatchResult",
     "RelayResult",
     "RelayStatus",
@@ -118,8 +125,12 @@ def _modules() -> list[str]:
 def test_the_module_walk_finds_the_core_modules() -> None:
     found = set(_modules())
     core = {
-        "consumer", "db", "envelope", "errors", "producer", "protocol",
-        "relay", "reservation", "schema", "snapshot", "statuses", "cli", "__main__",
+        "consumer", "envelope", "errors", "producer", "protocol", "receiver",
+        "relay", "reservation", "statuses", "worker", "__main__",
+        "core.advance", "core.apply", "core.receive", "core.relay",
+        "store.outbox", "store.inbox", "store.sqlite.connection", "store.sqlite.schema",
+        "store.sqlite.outbox", "store.sqlite.inbox", "delivery.policy", "delivery.lease",
+        "tools.cli", "tools.snapshot", "tools.inspection", "tools.experiment.runner",
     }
     assert {f"reliable_flow.{m}" for m in core} <= found
 

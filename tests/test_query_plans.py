@@ -31,8 +31,8 @@ import pytest
 from reliable_flow import Consumer, Producer, relay, relay_batch
 from reliable_flow.reservation import RESERVATION
 
-relay_module = importlib.import_module("reliable_flow.relay")
-consumer_module = importlib.import_module("reliable_flow.consumer")
+relay_module = importlib.import_module("reliable_flow.store.sqlite.outbox")
+consumer_module = importlib.import_module("reliable_flow.store.sqlite.inbox")
 
 KINDS = {1: "reserved", 2: "confirmed", 3: "released"}
 BIG, SMALL = 1000, 3  # flows of three events each
@@ -63,8 +63,8 @@ def build(directory: Path, flows: int, analyze: bool) -> Path:
         assert len(relay_batch(p, c, 10).results) == 10
         assert c.receive(envelope("G2", "G", 2)).status == "accepted"
         if analyze:
-            p._db.conn.execute("ANALYZE")
-            c._db.conn.execute("ANALYZE")
+            p._store._db.conn.execute("ANALYZE")
+            c._store._db.conn.execute("ANALYZE")
     return directory
 
 
@@ -137,8 +137,8 @@ def full_scans(conn: sqlite3.Connection, details: list[str], sql: str = "") -> l
 
 HOT_QUERIES = [
     # (id, side, sql, params, what the plan line must say)
-    ("relay._NEXT_DUE", "producer", relay_module._NEXT_DUE, ("default", 1e300, 1), "USING INDEX delivery_due (consumer=?"),
-    ("relay._NEXT_DUE_BODY", "producer", relay_module._NEXT_DUE_BODY, ("default", 1e300),
+    ("relay._NEXT_DUE", "producer", relay_module.NEXT_DUE, ("default", 1e300, 1), "USING INDEX delivery_due (consumer=?"),
+    ("relay._NEXT_DUE_BODY", "producer", relay_module.NEXT_DUE_BODY, ("default", 1e300),
      "USING INDEX delivery_due (consumer=?"),
     ("outbox_by_event_id", "producer", "SELECT seq, body FROM outbox WHERE event_id = ?", ("F7-1",), "(event_id=?)"),
     ("outbox_body_by_pos", "producer", "SELECT body FROM outbox WHERE pos = ?", (7,), "USING INTEGER PRIMARY KEY (rowid=?)"),
@@ -234,7 +234,7 @@ def test_every_statement_of_a_hot_call_avoids_full_scans(
     built: Callable[[int, bool], Path], tmp_path: Path, analyze: bool, name: str
 ) -> None:
     with opened(built(BIG, analyze), tmp_path / "files") as (p, c):
-        conns = (p._db.conn, c._db.conn)
+        conns = (p._store._db.conn, c._store._db.conn)
         with traced(*conns) as seen:
             HOT_CALLS[name](p, c)
         statements = [(i, sql) for i, sql in seen
@@ -278,7 +278,7 @@ def test_a_hot_call_costs_about_the_same_with_3000_events_of_history_as_with_9(
     costs = []
     for flows in (SMALL, BIG):
         with opened(built(flows, analyze), tmp_path / f"f{flows}") as (p, c):
-            costs.append(vm_steps((p._db.conn, c._db.conn), lambda: HOT_CALLS[name](p, c)))
+            costs.append(vm_steps((p._store._db.conn, c._store._db.conn), lambda: HOT_CALLS[name](p, c)))
     small, big = costs
     # B-trees get one or two levels deeper; anything proportional to history is 10-100x more.
     assert big <= 2 * small + 200, f"{name}: {small} VM steps with {SMALL * 3} events, {big} with {BIG * 3}"
@@ -291,7 +291,7 @@ def test_the_cost_check_sees_a_query_proportional_to_history(
     costs = []
     for flows in (SMALL, BIG):
         with opened(built(flows, False), tmp_path / f"f{flows}") as (_, c):
-            conn = c._db.conn
+            conn = c._store._db.conn
             query = "SELECT count(*) FROM inbox WHERE seq > 0"
             costs.append(vm_steps((conn,), lambda conn=conn, query=query: conn.execute(query).fetchone()))
     small, big = costs

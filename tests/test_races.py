@@ -24,7 +24,15 @@ from typing import Any
 import pytest
 
 import _workload
-from reliable_flow import Consumer, DatabaseBusy, Producer, StorageError, relay
+from reliable_flow import (
+    Consumer,
+    DatabaseBusy,
+    EffectRecord,
+    InboxEntry,
+    Producer,
+    StorageError,
+    relay,
+)
 from reliable_flow.crash import ENV_VAR
 from reliable_flow.reservation import RESERVATION
 
@@ -115,7 +123,7 @@ def test_same_event_advanced_six_times_commits_once(paths: tuple[Path, Path]) ->
     assert statuses == {"committed": 1, "existing": 5}
     with Producer(producer_path, RESERVATION) as producer:
         assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
-        assert [e["event_id"] for e in producer.outbox("A")] == ["A1"]
+        assert [e.event_id for e in producer.outbox("A")] == ["A1"]
 
 
 def test_six_new_ids_at_expected_seq_0_one_commits_five_are_stale(paths: tuple[Path, Path]) -> None:
@@ -126,7 +134,7 @@ def test_six_new_ids_at_expected_seq_0_one_commits_five_are_stale(paths: tuple[P
     winner = next(i for i, child in enumerate(results) if child == ["committed"])
     with Producer(producer_path, RESERVATION) as producer:
         assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
-        assert [(e["event_id"], e["seq"]) for e in producer.outbox("A")] == [(f"A1-{winner}", 1)]
+        assert [(e.event_id, e.seq) for e in producer.outbox("A")] == [(f"A1-{winner}", 1)]
 
 
 def test_six_receives_of_one_envelope_store_it_once(paths: tuple[Path, Path]) -> None:
@@ -134,7 +142,7 @@ def test_six_receives_of_one_envelope_store_it_once(paths: tuple[Path, Path]) ->
     statuses = Counter(s for child in race("receive", *paths) for s in child)
     assert statuses == {"accepted": 1, "duplicate": 5}
     with Consumer(consumer_path, RESERVATION) as consumer:
-        assert consumer.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+        assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
 
 
 def test_six_apply_next_on_one_pending_event_leave_exactly_one_effect(paths: tuple[Path, Path]) -> None:
@@ -145,9 +153,9 @@ def test_six_apply_next_on_one_pending_event_leave_exactly_one_effect(paths: tup
     statuses = Counter(s for child in race("apply", *paths) for s in child)
     assert statuses == {"applied": 1, "idle": 5}
     with Consumer(consumer_path, RESERVATION) as consumer:
-        assert consumer.effects("A") == [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
+        assert consumer.effects("A") == [EffectRecord(event_id="A1", flow_id="A", seq=1, kind="reserved")]
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-        assert consumer.inbox("A")[0]["state"] == "applied"
+        assert consumer.inbox("A")[0].state == "applied"
     assert effect_counts(consumer_path) == {"A1": 1}
 
 
@@ -167,11 +175,11 @@ def test_six_relays_over_several_pending_events_accept_each_event_once(paths: tu
     accepted = Counter(event_id for status, event_id in answers if status == "accepted")
     assert accepted == {event_id: 1 for event_id, *_ in events}, results
     with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
-        assert all(e["accepted"] for e in producer.outbox())
+        assert all(e.accepted for e in producer.outbox())
         for flow_id in ("A", "B", "C"):
             inbox = consumer.inbox(flow_id)
             ids = [e for e, f, *_ in events if f == flow_id]
-            assert [(row["event_id"], row["seq"], row["state"]) for row in inbox] == [
+            assert [(row.event_id, row.seq, row.state) for row in inbox] == [
                 (event_id, seq, "pending") for seq, event_id in enumerate(ids, start=1)
             ]
         assert relay(producer, consumer).status == "idle"
@@ -197,11 +205,10 @@ def test_beyond_the_busy_timeout_a_call_fails_cleanly_and_a_retry_succeeds(paths
         for name, path, call in calls:
             with closing(sqlite3.connect(path, isolation_level=None)) as holder:
                 holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock past the timeout
-                with pytest.raises(sqlite3.OperationalError) as caught:
+                with pytest.raises(DatabaseBusy) as caught:
                     call()
                 holder.execute("ROLLBACK")
-            # DatabaseBusy: a StorageError that is also a sqlite3.OperationalError,
-            # chaining SQLite's own SQLITE_BUSY.
+            # DatabaseBusy: a StorageError chaining SQLite's own SQLITE_BUSY.
             assert isinstance(caught.value, DatabaseBusy), (name, caught.value)
             assert getattr(caught.value.__cause__, "sqlite_errorname", None) == "SQLITE_BUSY", name
             assert "database is locked" in str(caught.value), name
@@ -213,9 +220,9 @@ def test_beyond_the_busy_timeout_a_call_fails_cleanly_and_a_retry_succeeds(paths
             assert consumer.effects("A") == [] and consumer.projection("A") is None, name
             retried = call()  # the same call, retried once the lock is free
             assert retried.status in ("committed", "accepted", "applied"), (name, retried)
-        assert [e["event_id"] for e in producer.outbox("A")] == ["A1"]
+        assert [e.event_id for e in producer.outbox("A")] == ["A1"]
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-        assert consumer.effects("A") == [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
+        assert consumer.effects("A") == [EffectRecord(event_id="A1", flow_id="A", seq=1, kind="reserved")]
 
 
 def test_six_processes_creating_the_same_new_files_all_open_them(tmp_path: Path) -> None:

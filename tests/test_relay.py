@@ -3,6 +3,7 @@ flows, explicit delivery, per-consumer delivery state, and snapshot()."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -50,7 +51,7 @@ def run_sql(path: str, sql: str) -> None:
 
 
 def entry(producer: Producer, event_id: str, consumer: str | None = None) -> dict[str, Any]:
-    found = [e for e in producer.outbox(consumer=consumer) if e["event_id"] == event_id]
+    found = [e for e in producer.outbox(consumer=consumer) if e.event_id == event_id]
     assert len(found) == 1
     return found[0]
 
@@ -72,7 +73,7 @@ def test_relay_idle_when_nothing_is_committed(producer: Producer, consumer: Cons
 
 def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A", 1)
-    assert entry(producer, "A1")["accepted"] is False
+    assert entry(producer, "A1").accepted is False
     r = relay(producer, consumer)
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("accepted", "A1", "A", 1)
     rows = raw_inbox(consumer.path)
@@ -80,10 +81,10 @@ def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, cons
     event = producer.event("A1")
     assert event is not None
     e = entry(producer, "A1")
-    assert (e["accepted"], e["state"], e["last_status"]) == (True, "accepted", "accepted")
-    assert list(e["deliveries"]) == ["default"]
-    d = e["deliveries"]["default"]
-    assert (d["state"], d["last_status"], d["attempts"]) == ("accepted", "accepted", 1)
+    assert (e.accepted, e.state, e.last_status) == (True, "accepted", "accepted")
+    assert list(e.deliveries) == ["default"]
+    d = e.deliveries["default"]
+    assert (d.state, d.last_status, d.attempts) == ("accepted", "accepted", 1)
     assert relay(producer, consumer).status == "idle"
     assert consumer.projection("A") is None  # accepted is not applied
 
@@ -98,17 +99,17 @@ def test_relay_does_not_mark_when_the_consumer_fails_to_store(producer: Producer
         relay(producer, consumer)
     assert raw_inbox(consumer.path) == []
     e = entry(producer, "A1")
-    assert (e["accepted"], e["state"], e["last_status"]) == (False, "pending", None)
-    assert e["deliveries"]["default"]["attempts"] == 1  # the failed send is recorded
-    assert "IntegrityError" in (e["deliveries"]["default"].get("last_error") or "")
-    assert producer._db.conn.in_transaction is False
-    assert consumer._db.conn.in_transaction is False
+    assert (e.accepted, e.state, e.last_status) == (False, "pending", None)
+    assert e.deliveries["default"].attempts == 1  # the failed send is recorded
+    assert "IntegrityError" in (e.deliveries["default"].last_error or "")
+    assert producer._store._db.conn.in_transaction is False
+    assert consumer._store._db.conn.in_transaction is False
     run_sql(consumer.path, "DROP TRIGGER reject_inbox")
     # (a plain relay may wait out a backoff; an explicit one sends now)
     r = relay(producer, consumer, event_id="A1")
     assert (r.status, r.event_id) == ("accepted", "A1")
     assert [(row[0], row[4]) for row in raw_inbox(consumer.path)] == [("A1", "pending")]
-    assert entry(producer, "A1")["accepted"] is True
+    assert entry(producer, "A1").accepted is True
 
 
 def test_relay_duplicate_when_the_inbox_already_has_it(producer: Producer, consumer: Consumer) -> None:
@@ -119,12 +120,12 @@ def test_relay_duplicate_when_the_inbox_already_has_it(producer: Producer, consu
     r = relay(producer, consumer)
     assert (r.status, r.event_id) == ("duplicate", "A1")
     e = entry(producer, "A1")
-    assert (e["accepted"], e["state"], e["last_status"]) == (True, "accepted", "duplicate")
+    assert (e.accepted, e.state, e.last_status) == (True, "accepted", "duplicate")
     assert len(raw_inbox(consumer.path)) == 1
     assert relay(producer, consumer).status == "idle"
     # an explicit re-send of an accepted event is a duplicate and stays accepted
     assert relay(producer, consumer, event_id="A1").status == "duplicate"
-    assert entry(producer, "A1")["deliveries"]["default"]["attempts"] == 2
+    assert entry(producer, "A1").deliveries["default"].attempts == 2
 
 
 @pytest.mark.parametrize(
@@ -145,8 +146,8 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     assert (r.status, r.event_id, r.flow_id, r.seq) == (status, "A1", "A", 1)
     assert r.reason
     e = entry(producer, "A1")
-    assert (e["accepted"], e["state"], e["last_status"]) == (False, "set_aside", status)
-    assert e["deliveries"]["default"]["state"] == "set_aside"
+    assert (e.accepted, e.state, e.last_status) == (False, "set_aside", status)
+    assert e.deliveries["default"].state == "set_aside"
     assert raw_inbox(consumer.path) == inbox_before  # the planted event is kept as it was
     # never re-selected by a plain relay
     assert relay(producer, consumer).status == "idle"
@@ -155,8 +156,8 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     r = relay(producer, consumer, event_id="A1")
     assert (r.status, r.event_id) == (status, "A1")
     e = entry(producer, "A1")
-    assert (e["accepted"], e["state"], e["last_status"]) == (False, "set_aside", status)
-    assert e["deliveries"]["default"]["attempts"] == 2
+    assert (e.accepted, e.state, e.last_status) == (False, "set_aside", status)
+    assert e.deliveries["default"].attempts == 2
     assert raw_inbox(consumer.path) == inbox_before
 
 
@@ -175,7 +176,7 @@ def test_poison_isolation_other_flows_keep_flowing(producer: Producer, consumer:
     assert r.status == "committed"
     assert [relay(producer, consumer).event_id for _ in range(2)] == ["C1", "B2"]
     assert relay(producer, consumer).status == "idle"
-    assert [(e["event_id"], e["state"]) for e in producer.outbox()] == [
+    assert [(e.event_id, e.state) for e in producer.outbox()] == [
         ("A1", "set_aside"), ("B1", "accepted"), ("C1", "accepted"), ("B2", "accepted"),
     ]
     assert consumer.process_all()["B"].applied == 2
@@ -186,8 +187,8 @@ def test_explicit_relay_delivers_the_chosen_event(producer: Producer, consumer: 
     commit(producer, "B", 1)
     r = relay(producer, consumer, event_id="B1")
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("accepted", "B1", "B", 1)
-    assert entry(producer, "B1")["accepted"] is True
-    assert entry(producer, "A1")["accepted"] is False
+    assert entry(producer, "B1").accepted is True
+    assert entry(producer, "A1").accepted is False
     assert [row[0] for row in raw_inbox(consumer.path)] == ["B1"]
     assert relay(producer, consumer).event_id == "A1"
     assert relay(producer, consumer).status == "idle"
@@ -199,8 +200,8 @@ def test_explicit_relay_of_an_unknown_event_raises(producer: Producer, consumer:
         relay(producer, consumer, event_id="nope")
     assert isinstance(info.value, LookupError)
     assert raw_inbox(consumer.path) == []
-    assert entry(producer, "A1")["accepted"] is False
-    assert producer._db.conn.in_transaction is False
+    assert entry(producer, "A1").accepted is False
+    assert producer._store._db.conn.in_transaction is False
 
 
 # -- several consumers ------------------------------------------------------------------
@@ -216,7 +217,7 @@ def test_two_files_with_the_default_name_are_a_mismatch(
         assert other.name == consumer.name == "default"
         with pytest.raises(reliable_flow.ConsumerMismatch):
             relay(producer, other)
-        assert producer._db.conn.in_transaction is False
+        assert producer._store._db.conn.in_transaction is False
         # a second Producer object on the same file knows the binding too
         with Producer(producer.path, RESERVATION) as again, pytest.raises(reliable_flow.ConsumerMismatch):
             relay(again, other, event_id="A2")
@@ -234,25 +235,25 @@ def test_distinct_consumer_names_each_get_every_event(
     r = relay(producer, audit)
     assert (r.status, r.event_id) == ("accepted", "A1")
 
-    assert [e["accepted"] for e in producer.outbox("A", consumer="default")] == [True, True, True]
-    assert [e["accepted"] for e in producer.outbox("A", consumer="audit")] == [True, False, False]
-    assert [e["state"] for e in producer.outbox("A", consumer="audit")] == ["accepted", "pending", "pending"]
-    assert [e["accepted"] for e in producer.outbox("A")] == [True, False, False]
-    deliveries = [e["deliveries"] for e in producer.outbox("A")]
-    assert [(d["default"]["state"], d["audit"]["state"]) for d in deliveries] == [
+    assert [e.accepted for e in producer.outbox("A", consumer="default")] == [True, True, True]
+    assert [e.accepted for e in producer.outbox("A", consumer="audit")] == [True, False, False]
+    assert [e.state for e in producer.outbox("A", consumer="audit")] == ["accepted", "pending", "pending"]
+    assert [e.accepted for e in producer.outbox("A")] == [True, False, False]
+    deliveries = [e.deliveries for e in producer.outbox("A")]
+    assert [(d["default"].state, d["audit"].state) for d in deliveries] == [
         ("accepted", "accepted"), ("accepted", "pending"), ("accepted", "pending"),
     ]
 
     assert [relay(producer, audit).event_id for _ in range(3)] == ["A2", "A3", None]
-    assert all(e["accepted"] for e in producer.outbox("A"))
+    assert all(e.accepted for e in producer.outbox("A"))
     # events committed after both are registered are pending for both
     commit(producer, "B", 1)
-    assert entry(producer, "B1", "audit")["state"] == "pending"
-    assert entry(producer, "B1", "default")["state"] == "pending"
+    assert entry(producer, "B1", "audit").state == "pending"
+    assert entry(producer, "B1", "default").state == "pending"
     assert relay(producer, audit).event_id == "B1"
-    assert entry(producer, "B1", "audit")["accepted"] is True
-    assert entry(producer, "B1", "default")["accepted"] is False
-    assert entry(producer, "B1")["accepted"] is False
+    assert entry(producer, "B1", "audit").accepted is True
+    assert entry(producer, "B1", "default").accepted is False
+    assert entry(producer, "B1").accepted is False
     assert relay(producer, consumer).event_id == "B1"
     for c in (consumer, audit):
         c.process_all()
@@ -266,12 +267,12 @@ def test_set_aside_for_one_consumer_is_pending_for_another(
     assert consumer.receive(env("A1", "A", 1, amount=8)).status == "accepted"
     commit(producer, "A", 1)
     assert relay(producer, consumer).status == "id_conflict"
-    assert entry(producer, "A1", "default")["state"] == "set_aside"
-    assert entry(producer, "A1", "audit")["state"] == "pending"
+    assert entry(producer, "A1", "default").state == "set_aside"
+    assert entry(producer, "A1", "audit").state == "pending"
     assert relay(producer, audit).status == "accepted"
-    assert entry(producer, "A1", "audit")["accepted"] is True
+    assert entry(producer, "A1", "audit").accepted is True
     overall = entry(producer, "A1")
-    assert (overall["accepted"], overall["state"]) == (False, "set_aside")
+    assert (overall.accepted, overall.state) == (False, "set_aside")
 
 
 def test_consumer_registered_after_commits_receives_all(
@@ -284,7 +285,7 @@ def test_consumer_registered_after_commits_receives_all(
         r = relay(producer, audit)
         got.append((str(r.status), r.event_id))
     assert got == [("accepted", e) for e in ("A1", "A2", "A3", "B1", "B2")] + [("idle", None)]
-    assert all(e["accepted"] for e in producer.outbox(consumer="audit"))
+    assert all(e.accepted for e in producer.outbox(consumer="audit"))
     results = audit.process_all()
     assert {f: (d.applied, d.stop) for f, d in results.items()} == {"A": (3, "idle"), "B": (2, "idle")}
 
@@ -318,8 +319,8 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
     ]
     b1 = p["outbox"]["B"][0]
     assert (b1["event_id"], b1["accepted"], b1["state"], b1["last_status"]) == ("B1", False, "set_aside", "id_conflict")
-    assert p["outbox"]["A"] == producer.outbox("A")
-    assert p["outbox"]["B"] == producer.outbox("B")
+    assert p["outbox"]["A"] == [dataclasses.asdict(e) for e in producer.outbox("A")]
+    assert p["outbox"]["B"] == [dataclasses.asdict(e) for e in producer.outbox("B")]
 
     assert (c["protocol"], c["name"]) == ("reservation", "default")
     assert c["projections"] == {"A": {"state": "confirmed", "last_seq": 2, "held": 3}, "B": None}
@@ -337,8 +338,8 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
         "B": [],
     }
     for flow in ("A", "B"):
-        assert c["inbox"][flow] == consumer.inbox(flow)
-        assert c["effects"][flow] == consumer.effects(flow)
+        assert c["inbox"][flow] == [dataclasses.asdict(r) for r in consumer.inbox(flow)]
+        assert c["effects"][flow] == [dataclasses.asdict(e) for e in consumer.effects(flow)]
         assert c["projections"][flow] == consumer.projection(flow)
 
     # the same picture with both objects closed

@@ -53,6 +53,7 @@ from reliable_flow import (
     Consumer,
     DatabaseBusy,
     DeliveryPolicy,
+    InboxEntry,
     Producer,
     ReadOnlyStorage,
     StorageError,
@@ -61,9 +62,10 @@ from reliable_flow import (
     relay,
     snapshot,
 )
-from reliable_flow.db import BEGIN_RETRIES, Database
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.schema import CONSUMER, PRODUCER
+from reliable_flow.store.sqlite.connection import Database
+from reliable_flow.store.sqlite.errors import BEGIN_RETRIES
+from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER
 
 KINDS = {1: "reserved", 2: "confirmed", 3: "released"}
 FULL = 2  # PRAGMA synchronous value of FULL
@@ -101,15 +103,15 @@ def dump(path: str | os.PathLike[str]) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def delivery_states(producer: Producer) -> dict[str, str]:
-    return {e["event_id"]: e["state"] for e in producer.outbox()}
+    return {e.event_id: e.state for e in producer.outbox()}
 
 
 def inbox_ids(consumer: Consumer, flow_id: str) -> list[str]:
-    return [r["event_id"] for r in consumer.inbox(flow_id)]
+    return [r.event_id for r in consumer.inbox(flow_id)]
 
 
 def effect_ids(consumer: Consumer, flow_id: str) -> list[str]:
-    return [e["event_id"] for e in consumer.effects(flow_id)]
+    return [e.event_id for e in consumer.effects(flow_id)]
 
 
 def assert_apply_consistent(consumer: Consumer, flows: list[str]) -> int:
@@ -117,7 +119,7 @@ def assert_apply_consistent(consumer: Consumer, flows: list[str]) -> int:
     total = 0
     for flow in flows:
         proj = consumer.projection(flow)
-        applied = [r["event_id"] for r in consumer.inbox(flow) if r["state"] == "applied"]
+        applied = [r.event_id for r in consumer.inbox(flow) if r.state == "applied"]
         effects = effect_ids(consumer, flow)
         assert effects == applied, (flow, effects, applied)
         assert (proj["last_seq"] if proj else 0) == len(effects), (flow, proj, effects)
@@ -126,7 +128,7 @@ def assert_apply_consistent(consumer: Consumer, flows: list[str]) -> int:
 
 
 def conn_of(producer: Producer, consumer: Consumer, side: str) -> sqlite3.Connection:
-    return producer._db.conn if side == "producer" else consumer._db.conn
+    return producer._store._db.conn if side == "producer" else consumer._store._db.conn
 
 
 def path_of(producer: Producer, consumer: Consumer, side: str) -> str:
@@ -134,8 +136,8 @@ def path_of(producer: Producer, consumer: Consumer, side: str) -> str:
 
 
 def no_transaction_open(producer: Producer, consumer: Consumer) -> None:
-    assert not producer._db.conn.in_transaction, "the producer connection was left inside a transaction"
-    assert not consumer._db.conn.in_transaction, "the consumer connection was left inside a transaction"
+    assert not producer._store._db.conn.in_transaction, "the producer connection was left inside a transaction"
+    assert not consumer._store._db.conn.in_transaction, "the consumer connection was left inside a transaction"
 
 
 # -- the operations every fault is tried against ----------------------------------------------
@@ -170,13 +172,13 @@ def _bind(p: Producer, c: Consumer) -> None:
 def _final_advance(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status in (("committed", "existing") if repeated else ("committed",)), r
     assert p.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
-    assert [e["event_id"] for e in p.outbox("A")] == ["A1"]
+    assert [e.event_id for e in p.outbox("A")] == ["A1"]
 
 
 def _final_advance_next(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status in (("committed", "existing") if repeated else ("committed",)), r
     assert p.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
-    assert [e["event_id"] for e in p.outbox("A")] == ["A1", "A2"]
+    assert [e.event_id for e in p.outbox("A")] == ["A1", "A2"]
 
 
 def _batch3(p: Producer, c: Consumer | None = None) -> tuple[str, ...]:
@@ -192,13 +194,13 @@ def _batch3(p: Producer, c: Consumer | None = None) -> tuple[str, ...]:
 def _final_batch(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     allowed = {("committed",) * 3} | ({("existing",) * 3} if repeated else set())
     assert r in allowed, r
-    assert [e["event_id"] for e in p.outbox()] == ["A1", "B1", "A2"]
+    assert [e.event_id for e in p.outbox()] == ["A1", "B1", "A2"]
     assert p.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
 
 
 def _final_receive(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status in (("accepted", "duplicate") if repeated else ("accepted",)), r
-    assert c.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+    assert c.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
 
 
 THREE = [envelope("A1", "A", 1), envelope("B1", "B", 1), envelope("A2", "A", 2)]
@@ -219,7 +221,7 @@ def _final_apply(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status in (("applied", "idle") if repeated else ("applied",)), r
     assert c.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
     assert effect_ids(c, "A") == ["A1"]
-    assert c.inbox("A")[0]["state"] == "applied"
+    assert c.inbox("A")[0].state == "applied"
 
 
 def _setup_blocked(p: Producer, c: Consumer) -> None:
@@ -228,7 +230,7 @@ def _setup_blocked(p: Producer, c: Consumer) -> None:
 
 def _final_blocked(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status == "blocked" and r.reason == "unsupported_schema", r
-    assert c.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "blocked", "reason": "unsupported_schema"}]
+    assert c.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="blocked", reason="unsupported_schema")]
     assert c.effects("A") == [] and c.projection("A") is None
 
 
@@ -269,7 +271,7 @@ def _setup_relay(p: Producer, c: Consumer) -> None:
 def _final_relay(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status in ("accepted", "duplicate", "idle"), r
     assert delivery_states(p) == {"A1": "accepted"}
-    assert c.inbox("A") == [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
+    assert c.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
     assert relay(p, c).status == "idle"
 
 
@@ -351,7 +353,7 @@ def run_interrupted(
     with interrupt_at_step(conn, k, **kw) as state:
         try:
             return op.call(p, c), None, state
-        except sqlite3.Error as exc:  # StorageError and CommitOutcomeUnknown are sqlite3 errors too
+        except (sqlite3.Error, StorageError) as exc:  # raw SQL errors, or ours with the sqlite3 one chained
             return None, exc, state
 
 
@@ -450,7 +452,7 @@ def test_commit_that_fails_raises_outcome_unknown_and_the_retry_is_idempotent(
         producer, consumer, op, 1 if when == "before_it_took_effect" else last, only="COMMIT", skip=None
     )
     assert isinstance(error, CommitOutcomeUnknown), (result, error)
-    assert isinstance(error, StorageError) and isinstance(error, sqlite3.DatabaseError)
+    assert isinstance(error, StorageError) and not isinstance(error, sqlite3.Error)
     assert "may or may not be durable" in str(error)
     assert isinstance(error.__cause__, sqlite3.OperationalError)
     no_transaction_open(producer, consumer)
@@ -538,7 +540,7 @@ def test_a_failed_advance_caught_inside_a_batch_leaves_nothing_of_itself(produce
     """A caller catches a rejected advance inside the block and carries on:
     that advance leaves nothing (no flow row without its outbox event), the
     others commit together."""
-    producer._db.conn.execute(
+    producer._store._db.conn.execute(
         "CREATE TEMP TRIGGER inject BEFORE INSERT ON main.outbox WHEN new.flow_id = 'B' "
         "BEGIN SELECT RAISE(ABORT, 'injected fault'); END"
     )
@@ -547,9 +549,9 @@ def test_a_failed_advance_caught_inside_a_batch_leaves_nothing_of_itself(produce
         with pytest.raises(sqlite3.IntegrityError, match="injected fault"):
             b.advance("B1", "B", expected_seq=0, kind="reserved", payload={"amount": 3})  # caught: carry on
         assert b.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
-    producer._db.conn.execute("DROP TRIGGER temp.inject")
+    producer._store._db.conn.execute("DROP TRIGGER temp.inject")
     assert producer.flow("B") is None and producer.outbox("B") == [], "half an advance was committed"
-    assert [e["event_id"] for e in producer.outbox()] == ["A1", "C1"]
+    assert [e.event_id for e in producer.outbox()] == ["A1", "C1"]
     assert advance(producer, "B1", "B", 1).status == "committed"  # not "stale": nothing of B1 was kept
 
 
@@ -557,20 +559,20 @@ def test_advances_after_a_storage_error_inside_a_batch_are_refused_and_nothing_c
     """SQLITE_FULL ends the batch's transaction inside SQLite; a caller that
     catches it and carries on must not get the later advances committed one
     statement at a time (autocommit) outside the batch."""
-    conn = producer._db.conn
+    conn = producer._store._db.conn
     conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
     big = {f"k{i}": "x" * 1800 for i in range(8)}  # a 15 KB body needs new pages
     try:
-        with pytest.raises((RuntimeError, sqlite3.Error)) as raised, producer.batch() as b:
+        with pytest.raises((RuntimeError, StorageError)) as raised, producer.batch() as b:
             b.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-            with pytest.raises(sqlite3.OperationalError, match="full"):
+            with pytest.raises(StorageFull, match="full"):
                 b.advance("B1", "B", expected_seq=0, kind="reserved", payload={"amount": 3}, meta=big)
             b.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 3})
     finally:
         conn.execute(f"PRAGMA max_page_count = {UNLIMITED_PAGES}")
     assert "batch" in str(raised.value)
     assert getattr(raised.value.__cause__, "sqlite_errorname", None) == "SQLITE_FULL"
-    assert not producer._db.conn.in_transaction
+    assert not producer._store._db.conn.in_transaction
     assert producer.flow("A") is None and producer.flow("C") is None, "part of a failed batch was committed"
     assert producer.outbox() == []
     assert _batch_of_three_again(producer) == ("committed",) * 3
@@ -588,12 +590,12 @@ def test_a_failure_in_a_lease_claim_never_leaves_the_connection_less_durable(
     _setup_relay(producer, consumer)
     policy = DeliveryPolicy(lease_seconds=30, wait_for_due=False)
     for k in range(1, 5000):
-        with interrupt_at_step(producer._db.conn, k) as state:
+        with interrupt_at_step(producer._store._db.conn, k) as state:
             try:
                 relay(producer, consumer, policy=policy)
-            except sqlite3.Error:
+            except (sqlite3.Error, StorageError):
                 pass
-        assert producer._db.conn.execute("PRAGMA synchronous").fetchone()[0] == FULL, (
+        assert producer._store._db.conn.execute("PRAGMA synchronous").fetchone()[0] == FULL, (
             f"after a failure in {state['fired_in']!r} the producer connection is no longer synchronous=FULL"
         )
         if state["fired_in"] is None:
@@ -667,7 +669,7 @@ def test_disk_full_writes_nothing_partial_and_work_resumes_when_space_returns(
                 break
         else:
             pytest.fail("the file never filled up")
-        assert isinstance(error, sqlite3.OperationalError) and isinstance(error, StorageError)
+        assert isinstance(error, StorageError) and isinstance(error.__cause__, sqlite3.OperationalError)
         assert not isinstance(error, CommitOutcomeUnknown)
         assert error.__cause__.sqlite_errorname == "SQLITE_FULL"  # type: ignore[union-attr]
         assert "full" in str(error) and "nothing was written" in str(error)
@@ -690,7 +692,7 @@ def test_disk_full_on_the_consumer_during_relay_is_recorded_and_delivery_resumes
     producer: Producer, consumer: Consumer
 ) -> None:
     _bind(producer, consumer)
-    conn = consumer._db.conn
+    conn = consumer._store._db.conn
     conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
     try:
         for i in range(300):
@@ -705,13 +707,13 @@ def test_disk_full_on_the_consumer_during_relay_is_recorded_and_delivery_resumes
         no_transaction_open(producer, consumer)
         assert dump(consumer.path) == before
         failed = producer.outbox(f"F{i}")[0]
-        assert failed["state"] == "pending" and not failed["accepted"]
-        assert failed["deliveries"][consumer.name]["last_error"].startswith("StorageFull")
+        assert failed.state == "pending" and not failed.accepted
+        assert (failed.deliveries[consumer.name].last_error or "").startswith("StorageFull")
     finally:
         conn.execute(f"PRAGMA max_page_count = {UNLIMITED_PAGES}")
     assert relay(producer, consumer).status == "accepted"
     assert relay(producer, consumer).status == "idle"
-    assert producer.outbox(f"F{i}")[0]["accepted"] is True
+    assert producer.outbox(f"F{i}")[0].accepted is True
     assert inbox_ids(consumer, f"F{i}") == [f"E{i}"]
 
 
@@ -719,14 +721,14 @@ def test_disk_full_on_the_consumer_during_relay_is_recorded_and_delivery_resumes
 
 
 def _assert_read_only(error: BaseException) -> None:
-    assert isinstance(error, ReadOnlyStorage) and isinstance(error, sqlite3.OperationalError)
+    assert isinstance(error, ReadOnlyStorage) and isinstance(error.__cause__, sqlite3.OperationalError)
     assert error.__cause__.sqlite_errorname == "SQLITE_READONLY"  # type: ignore[union-attr]
     assert "cannot be written" in str(error)
 
 
 def test_read_only_producer_file_refuses_writes_clearly_and_keeps_reads(producer: Producer) -> None:
     assert advance(producer, "A1", "A", 1).status == "committed"
-    conn = producer._db.conn
+    conn = producer._store._db.conn
     before = dump(producer.path)
     conn.execute("PRAGMA query_only = ON")
     try:
@@ -738,7 +740,7 @@ def test_read_only_producer_file_refuses_writes_clearly_and_keeps_reads(producer
             _assert_read_only(raised.value)
             assert not conn.in_transaction
         assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
-        assert [e["event_id"] for e in producer.outbox("A")] == ["A1"]
+        assert [e.event_id for e in producer.outbox("A")] == ["A1"]
     finally:
         conn.execute("PRAGMA query_only = OFF")
     assert dump(producer.path) == before
@@ -750,7 +752,7 @@ def test_read_only_consumer_file_refuses_writes_clearly_and_keeps_reads(
 ) -> None:
     assert consumer.receive(envelope("A1", "A", 1)).status == "accepted"
     _setup_relay(producer, consumer)  # A1 in the outbox too, consumer bound
-    conn = consumer._db.conn
+    conn = consumer._store._db.conn
     before = dump(consumer.path)
     conn.execute("PRAGMA query_only = ON")
     try:
@@ -767,8 +769,8 @@ def test_read_only_consumer_file_refuses_writes_clearly_and_keeps_reads(
         with pytest.raises(ReadOnlyStorage):
             relay(producer, consumer)
         entry = producer.outbox("A")[0]
-        assert entry["state"] == "pending"
-        assert entry["deliveries"][consumer.name]["last_error"].startswith("ReadOnlyStorage")
+        assert entry.state == "pending"
+        assert entry.deliveries[consumer.name].last_error.startswith("ReadOnlyStorage")
         assert inbox_ids(consumer, "A") == ["A1"] and consumer.projection("A") is None
     finally:
         conn.execute("PRAGMA query_only = OFF")
@@ -781,7 +783,7 @@ def test_read_only_producer_during_relay_leaves_the_event_unmarked_until_writabl
     producer: Producer, consumer: Consumer
 ) -> None:
     _setup_relay(producer, consumer)
-    conn = producer._db.conn
+    conn = producer._store._db.conn
     before = dump(producer.path)
     conn.execute("PRAGMA query_only = ON")
     try:
@@ -870,7 +872,7 @@ def test_busy_beyond_every_retry_is_a_clear_error_and_the_retry_after_release_co
                 call(p, c)
             elapsed = time.monotonic() - started
         error = raised.value
-        assert isinstance(error, sqlite3.OperationalError) and "database is locked" in str(error)
+        assert isinstance(error.__cause__, sqlite3.OperationalError) and "database is locked" in str(error)
         assert error.__cause__.sqlite_errorname == "SQLITE_BUSY"  # type: ignore[union-attr]
         # Bounded: the first BEGIN IMMEDIATE and BEGIN_RETRIES more, each waiting the busy timeout.
         assert begins == ["BEGIN IMMEDIATE"] * (BEGIN_RETRIES + 1)
@@ -882,7 +884,7 @@ def test_busy_beyond_every_retry_is_a_clear_error_and_the_retry_after_release_co
 
 def test_a_lock_released_between_begin_retries_lets_the_call_succeed(tmp_path: Path) -> None:
     with Producer(tmp_path / "producer.db", RESERVATION, busy_timeout=0.1) as p:
-        conn = p._db.conn
+        conn = p._store._db.conn
         begins: list[str] = []
         with write_lock_held(p.path) as blocker:
             def release_on_second_begin(sql: str) -> None:
@@ -894,7 +896,7 @@ def test_a_lock_released_between_begin_retries_lets_the_call_succeed(tmp_path: P
             with traced(conn, release_on_second_begin):
                 assert advance(p, "A1", "A", 1).status == "committed"
         assert begins == ["BEGIN IMMEDIATE", "BEGIN IMMEDIATE"]
-        assert [e["event_id"] for e in p.outbox("A")] == ["A1"]
+        assert [e.event_id for e in p.outbox("A")] == ["A1"]
 
 
 def test_busy_consumer_during_relay_is_recorded_and_delivery_resumes(tmp_path: Path) -> None:
@@ -904,8 +906,8 @@ def test_busy_consumer_during_relay_is_recorded_and_delivery_resumes(tmp_path: P
         with write_lock_held(c.path), pytest.raises(DatabaseBusy):
             relay(p, c)
         entry = p.outbox("A")[0]
-        assert entry["state"] == "pending"
-        assert entry["deliveries"][c.name]["last_error"].startswith("DatabaseBusy")
+        assert entry.state == "pending"
+        assert entry.deliveries[c.name].last_error.startswith("DatabaseBusy")
         assert inbox_ids(c, "A") == []
         assert relay(p, c).status == "accepted"
         assert delivery_states(p) == {"A1": "accepted"}
@@ -1025,7 +1027,7 @@ except Exception as exc:
     out["first"] = type(exc).__name__ + ": " + str(exc)
 # Looked at without reopening anything (the library may have discarded the
 # connection after the failed COMMIT; the shim is still armed here).
-out["in_transaction"] = [x._db._conn is not None and x._db._conn.in_transaction for x in (p, c)]
+out["in_transaction"] = [x._store._db._conn is not None and x._store._db._conn.in_transaction for x in (p, c)]
 if os.path.exists(arm):
     os.remove(arm)
 if mode == "retry":
@@ -1088,15 +1090,15 @@ def _reopened_state(tmp_path: Path, op: str) -> tuple[bool, Producer, Consumer]:
     c = Consumer(tmp_path / "consumer.db", RESERVATION)
     if op == "advance":
         present = p.event("A1") is not None
-        assert [e["event_id"] for e in p.outbox("A")] == (["A1"] if present else [])
+        assert [e.event_id for e in p.outbox("A")] == (["A1"] if present else [])
         assert p.flow("A") == ({"state": "reserved", "seq": 1, "amount": 3} if present else None)
     elif op == "receive":
         present = bool(c.inbox("A"))
-        assert c.inbox("A") == ([{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}] if present else [])
+        assert c.inbox("A") == ([InboxEntry(event_id="A1", seq=1, state="pending", reason=None)] if present else [])
     elif op == "apply_next":
         present = c.projection("A") is not None
         assert effect_ids(c, "A") == (["A1"] if present else [])
-        assert c.inbox("A")[0]["state"] == ("applied" if present else "pending")
+        assert c.inbox("A")[0].state == ("applied" if present else "pending")
     else:  # relay: the consumer's commit was sound, the producer's mark may be lost
         assert inbox_ids(c, "A") == ["A1"]
         present = delivery_states(p) == {"A1": "accepted"}

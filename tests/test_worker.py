@@ -118,8 +118,8 @@ def test_a_worker_relays_and_applies_everything_for_several_consumers(
     for c in (a, b):
         for flow in "ABCD":
             assert c.projection(flow) == RELEASED
-            assert [e["seq"] for e in c.effects(flow)] == [1, 2, 3]
-    assert all(e["accepted"] for e in producer.outbox())
+            assert [e.seq for e in c.effects(flow)] == [1, 2, 3]
+    assert all(e.accepted for e in producer.outbox())
     assert worker.stopping is False
 
 
@@ -148,8 +148,8 @@ def test_a_consumer_that_raises_is_recorded_and_the_others_go_on(tmp_path: Path)
         assert stats.errors == 3 and stats.relayed["idle"] == 4 + 1
         assert stats.last_error == "down: ConnectionError: connection refused"
         assert up.projection("A") == RELEASED and stats.applied == 3
-        deliveries = [e["deliveries"]["down"] for e in producer.outbox()]
-        assert [(d["state"], d["attempts"], d["due_at"]) for d in deliveries] == [("pending", 1, 1010.0)] * 3
+        deliveries = [e.deliveries["down"] for e in producer.outbox()]
+        assert [(d.state, d.attempts, d.due_at) for d in deliveries] == [("pending", 1, 1010.0)] * 3
         clock.t += 10.0
         worker.run(max_passes=1, handle_signals=False)
         assert stats.errors == 4
@@ -189,7 +189,7 @@ def test_a_flow_that_keeps_failing_does_not_hold_back_the_workers_other_flows(tm
         assert stats.errors < stats.passes  # ... but not on every pass
         assert stats.last_error == "default: ConnectionError: partition of STUCK unreachable"
         assert c.projection("STUCK") is None
-        assert [e["state"] for e in producer.outbox("STUCK")] == ["pending"] * 3
+        assert [e.state for e in producer.outbox("STUCK")] == ["pending"] * 3
 
 
 def test_the_worker_waits_out_a_full_inbox_and_drops_nothing(tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_the_worker_waits_out_a_full_inbox_and_drops_nothing(tmp_path: Path) -> 
         stats = worker.run(max_passes=200, handle_signals=False)
         assert stats.errors > 0 and "InboxFull" in (stats.last_error or "")
         assert all(c.projection(f) == {"state": "released", "last_seq": 3, "held": 0} for f in flows)
-        assert all(e["accepted"] for e in producer.outbox())
+        assert all(e.accepted for e in producer.outbox())
         assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(18, 18)]
 
 
@@ -223,7 +223,7 @@ def test_gaps_and_conflicts_are_counted_not_fatal(two: tuple[Producer, Consumer,
     stats = worker.run(max_passes=2, handle_signals=False)
     assert stats.relayed["id_conflict"] == 1 and stats.relayed["accepted"] == 1
     assert stats.stops["gap"] == 2  # G stops at its gap once per pass
-    assert producer.outbox()[0]["deliveries"]["projection"]["state"] == "set_aside"
+    assert producer.outbox()[0].deliveries["projection"].state == "set_aside"
 
 
 def test_stop_returns_after_the_current_step(two: tuple[Producer, Consumer, Consumer], tmp_path: Path) -> None:
@@ -239,7 +239,7 @@ def test_stop_returns_after_the_current_step(two: tuple[Producer, Consumer, Cons
         assert worker.stopping is True
         # The third relay finished (stored and marked); nothing after it ran.
         assert stats.relayed["accepted"] == 3 and stats.applied == 0 and stats.passes == 0
-        marks = [e["deliveries"].get("projection", {}).get("state") for e in producer.outbox()]
+        marks = [getattr(e.deliveries.get("projection"), "state", None) for e in producer.outbox()]
         assert marks == ["accepted"] * 3 + ["pending"] * 3
         assert rows(a.path, "SELECT count(*) FROM inbox") == [(3,)]
         assert b.flows() == []
@@ -334,7 +334,7 @@ def settled(producer):
     if any(seq_of(producer, f) < 3 for f in FLOWS):
         return False
     return all(
-        len(e["deliveries"]) == 2 and all(d["state"] in ("accepted", "set_aside") for d in e["deliveries"].values())
+        len(e.deliveries) == 2 and all(d.state in ("accepted", "set_aside") for d in e.deliveries.values())
         for e in producer.outbox()
     )
 
@@ -362,7 +362,7 @@ def kill_mode(d, seed, finish):
                 return 2
             quota -= 1
         if rng.random() < 0.3:  # the network delivers a committed event again
-            ids = [e["event_id"] for e in producer.outbox()]
+            ids = [e.event_id for e in producer.outbox()]
             if ids:
                 event_id, consumer = rng.choice(ids), rng.choice(consumers)
                 status = consumer.receive(producer.event(event_id)).status
@@ -458,7 +458,7 @@ def test_a_worker_process_stops_cleanly_on_a_signal(tmp_path: Path, child_script
     with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
             Consumer(tmp_path / "projection.db", RESERVATION) as a, Consumer(tmp_path / "audit.db", RESERVATION) as b:
         Worker(producer, [a, b], relay_batch=1000, apply_limit=10, idle_sleep=0).run(max_passes=2, handle_signals=False)
-        assert all(e["accepted"] for e in producer.outbox())
+        assert all(e.accepted for e in producer.outbox())
     assert check_files_agree(tmp_path)["effects"] == 360
 
 
@@ -682,7 +682,7 @@ def test_cli_run_once_relays_and_applies(tmp_path: Path, cli_files: list[str]) -
     stats = stopped_stats(proc.stderr)
     assert (stats["passes"], stats["applied"], stats["relayed"]["accepted"], stats["errors"]) == (1, 12, 12, 0)
     with Producer(tmp_path / "producer.db", RESERVATION) as producer:
-        assert all(e["accepted"] for e in producer.outbox())
+        assert all(e.accepted for e in producer.outbox())
     for name in ("projection", "audit"):
         with Consumer(tmp_path / f"{name}.db", RESERVATION) as c:
             assert c.projection("A") == c.projection("B") == RELEASED
@@ -696,7 +696,7 @@ def test_cli_run_refuses_a_consumer_file_under_another_name(tmp_path: Path, cli_
     assert proc.returncode != 0
     assert "projection" in proc.stderr and "Traceback" not in proc.stderr
     with Producer(tmp_path / "producer.db", RESERVATION) as producer:
-        assert not any(e["deliveries"] for e in producer.outbox())  # nothing was relayed
+        assert not any(e.deliveries for e in producer.outbox())  # nothing was relayed
 
 
 def test_cli_run_stops_cleanly_on_sigterm(tmp_path: Path, cli_files: list[str]) -> None:

@@ -35,9 +35,8 @@ from .errors import (
 )
 from .producer import Producer
 from .protocol import PayloadError, Protocol
-from .relay import DeliveryPolicy, relay, relay_batch
 from .receiver import Receiver
-from .tools.snapshot import snapshot
+from .relay import DeliveryPolicy, relay, relay_batch
 from .statuses import (
     AdvanceResult,
     AdvanceStatus,
@@ -60,6 +59,7 @@ from .statuses import (
     RelayResult,
     RelayStatus,
 )
+from .tools.snapshot import snapshot
 from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"

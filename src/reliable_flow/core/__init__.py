@@ -6,3 +6,5 @@ work (:mod:`reliable_flow.store`) and asks it questions and for writes.  The
 crash points sit here too, between the writes they separate, so every
 engine dies at the same places.
 """
+
+__all__: list[str] = []

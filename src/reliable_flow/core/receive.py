@@ -18,12 +18,11 @@ def receive_in(unit: InboxUnit, env: Envelope, max_inbox: int | None, location: 
     Raises :class:`InboxFull` (having written nothing) when ``max_inbox``
     unapplied rows are held and the event is not its flow's next step.
     """
-    if max_inbox is None:
-        # The common case first: a new event is stored by one statement;
-        # only when a unique key refused it do we look at why.
-        if unit.insert_new(env):
-            crash_point("receive.after_inbox_insert")
-            return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+    # The common case first: a new event is stored by one statement; only
+    # when a unique key refused it do we look at why.
+    if max_inbox is None and unit.insert_new(env):
+        crash_point("receive.after_inbox_insert")
+        return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
     body = unit.body_of(env.event_id)
     if body is not None:
         if body == env.body:

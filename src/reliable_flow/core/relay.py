@@ -23,7 +23,14 @@ from ..crash import crash_point
 from ..delivery import DeliveryPolicy, claim_until, retry_after
 from ..errors import ConsumerMismatch, InboxFull, UnknownEvent
 from ..receiver import Answer, Receiver
-from ..statuses import ReceiveResult, ReceiveStatus, Refused, RelayBatchResult, RelayResult, RelayStatus
+from ..statuses import (
+    ReceiveResult,
+    ReceiveStatus,
+    Refused,
+    RelayBatchResult,
+    RelayResult,
+    RelayStatus,
+)
 from ..store import OutboxStore
 
 __all__ = ["relay_batch_to", "relay_to"]

@@ -16,10 +16,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from ...delivery import Retry
 from ...envelope import Envelope
 from ...errors import StorageError
 from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
-from ...delivery import Retry
 from ..records import FlowState, StoredEvent
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
