@@ -28,6 +28,7 @@ from .statuses import (
     Refused,
 )
 from .store import InboxStore
+from .store.owner import StoreOwner
 from .store.sqlite import SqliteInboxStore
 from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
 
@@ -48,7 +49,7 @@ def _check_limit(name: str, value: object) -> int:
     return value
 
 
-class Consumer:
+class Consumer(StoreOwner[SqliteInboxStore]):
     """Owns a consumer file: the inbox, the projection and the effect records.
 
     ``schemas`` are the payload versions this consumer can decode (default:
@@ -121,10 +122,6 @@ class Consumer:
     def store(self) -> InboxStore:
         """The storage behind this consumer."""
         return self._store
-
-    @property
-    def path(self) -> str:
-        return self._store.location
 
     @property
     def location(self) -> str:
@@ -255,21 +252,6 @@ class Consumer:
     def flows(self) -> list[str]:
         """Ids of every flow with at least one inbox row, sorted."""
         return self._store.latest.flows()
-
-    # -- lifecycle ------------------------------------------------------------------
-
-    def close(self) -> None:
-        self._store.close()
-
-    def reopen(self) -> None:
-        """Open a new connection in the current process (use after fork())."""
-        self._store.reopen()
-
-    def __enter__(self) -> Consumer:  # noqa: PYI034 - Self needs Python 3.11
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"

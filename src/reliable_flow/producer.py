@@ -14,28 +14,21 @@ from typing import Any
 
 from .core.advance import advance_in, build
 from .crash import crash_point
+from .envelope import Envelope
 from .errors import NotResolvable, StorageError, UnknownEvent
 from .protocol import Protocol
 from .statuses import AdvanceResult, AdvanceStatus, DeliveryState, OperatorAction, OutboxEntry
 from .store import OutboxStore, OutboxUnit
+from .store.owner import StoreOwner
 from .store.sqlite import SqliteOutboxStore
 from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
 
 __all__ = ["Batch", "Producer"]
 
 
-class Batch:
-    """Advances that commit together; made by :meth:`Producer.batch`."""
-
-    def __init__(self, producer: Producer) -> None:
-        self._producer = producer
-        self._unit: OutboxUnit | None = None
-        self.results: list[AdvanceResult] = []
-
-    @property
-    def committed(self) -> int:
-        """How many advances of this batch will commit (status ``committed``)."""
-        return sum(1 for r in self.results if r.status == AdvanceStatus.COMMITTED)
+class _Advancing:
+    """``advance``, shared by :class:`Producer` (one commit per call) and
+    :class:`Batch` (inside the batch's transaction)."""
 
     def advance(
         self,
@@ -48,15 +41,46 @@ class Batch:
         schema: int = 1,
         meta: dict[str, str] | None = None,
     ) -> AdvanceResult:
-        """As :meth:`Producer.advance`, inside the batch's transaction."""
-        unit = self._unit
-        if unit is None:
-            raise RuntimeError("this batch is closed; use it inside its with-block")
-        if unit.lost is not None:
-            raise StorageError(
-                "SQLite rolled this batch back after an earlier advance failed; nothing of it will commit"
-            ) from unit.lost
-        env = build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
+        """Move ``flow_id`` one step and record the event, in one transaction.
+
+        Guarantees: either the flow row *and* its outbox event are committed
+        together (``committed``), or nothing is written.  Re-sending the same
+        call is safe: an identical event id and body returns ``existing``
+        even after the flow has moved on; the same id with any other body
+        returns ``conflict``.  A new id with the wrong ``expected_seq`` is
+        ``stale``; an illegal step is ``invalid_transition`` or
+        ``invalid_payload``; over ``max_backlog`` it is ``backlog_full``.
+        Malformed arguments raise ``InvalidEnvelope``.
+        SQL errors roll everything back and propagate.  In a
+        :meth:`Producer.batch`, the same checks and statuses, inside the
+        batch's transaction.
+        """
+        self._ready()
+        return self._advance(build(event_id, flow_id, expected_seq, kind, payload, schema, meta))
+
+    def _ready(self) -> object:
+        """Refuse the call before its arguments are looked at (a closed batch)."""
+        return None
+
+    def _advance(self, env: Envelope) -> AdvanceResult:
+        raise NotImplementedError
+
+
+class Batch(_Advancing):
+    """Advances that commit together; made by :meth:`Producer.batch`."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self._unit: OutboxUnit | None = None
+        self.results: list[AdvanceResult] = []
+
+    @property
+    def committed(self) -> int:
+        """How many advances of this batch will commit (status ``committed``)."""
+        return sum(1 for r in self.results if r.status == AdvanceStatus.COMMITTED)
+
+    def _advance(self, env: Envelope) -> AdvanceResult:
+        unit = self._ready()
         # A nested step per advance: if one fails and the caller catches the
         # error, none of its half-done writes stay in the batch.
         with unit.step():
@@ -64,8 +88,18 @@ class Batch:
         self.results.append(result)
         return result
 
+    def _ready(self) -> OutboxUnit:
+        unit = self._unit
+        if unit is None:
+            raise RuntimeError("this batch is closed; use it inside its with-block")
+        if unit.lost is not None:
+            raise StorageError(
+                "SQLite rolled this batch back after an earlier advance failed; nothing of it will commit"
+            ) from unit.lost
+        return unit
 
-class Producer:
+
+class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
     """Owns a producer file: flows, and the outbox of events they committed.
 
     ``Producer(path, protocol)`` creates the file if it is absent, upgrades an
@@ -101,34 +135,7 @@ class Producer:
         """The storage behind this producer (what ``relay`` works on)."""
         return self._store
 
-    @property
-    def path(self) -> str:
-        return self._store.location
-
-    def advance(
-        self,
-        event_id: str,
-        flow_id: str,
-        *,
-        expected_seq: int,
-        kind: str,
-        payload: dict[str, Any],
-        schema: int = 1,
-        meta: dict[str, str] | None = None,
-    ) -> AdvanceResult:
-        """Move ``flow_id`` one step and record the event, in one transaction.
-
-        Guarantees: either the flow row *and* its outbox event are committed
-        together (``committed``), or nothing is written.  Re-sending the same
-        call is safe: an identical event id and body returns ``existing``
-        even after the flow has moved on; the same id with any other body
-        returns ``conflict``.  A new id with the wrong ``expected_seq`` is
-        ``stale``; an illegal step is ``invalid_transition`` or
-        ``invalid_payload``; over ``max_backlog`` it is ``backlog_full``.
-        Malformed arguments raise ``InvalidEnvelope``.
-        SQL errors roll everything back and propagate.
-        """
-        env = build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
+    def _advance(self, env: Envelope) -> AdvanceResult:
         with self._store.write() as unit:
             result = advance_in(unit, self.protocol, env, self.max_backlog)
         if result.status == AdvanceStatus.COMMITTED:
@@ -237,21 +244,6 @@ class Producer:
         A dict, because it is the envelope exactly as it travels: a JSON object."""
         body = self._store.latest.event_body(event_id)
         return None if body is None else dict(json.loads(body))
-
-    # -- lifecycle ----------------------------------------------------------------
-
-    def close(self) -> None:
-        self._store.close()
-
-    def reopen(self) -> None:
-        """Open a new connection in the current process (use after fork())."""
-        self._store.reopen()
-
-    def __enter__(self) -> Producer:  # noqa: PYI034 - Self needs Python 3.11
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Producer({self.path!r}, {self.protocol.name})"

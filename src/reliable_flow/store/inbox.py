@@ -1,18 +1,17 @@
-"""The storage contract of the consumer side: an inbox store and its unit of work.
+"""What the consumer side asks of its storage (:class:`InboxStore`).
 
-An engine implements :class:`InboxStore`; the decision code in
-:mod:`reliable_flow.core` sees only these methods, never SQL or a driver.
-Every promise below is checked, through this interface, by the contract
-suite in ``tests/contract/`` for every engine.
+``receive``, ``apply_next`` and the reads of a consumer work through these
+methods alone.  The contract suite (``tests/contract/test_inbox_store.py``)
+holds each engine to every promise written here.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from ..envelope import Envelope
 from ..statuses import BlockReason, EffectRecord, InboxEntry
+from .base import Store
 from .records import FlowState, NextRow
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
@@ -78,25 +77,5 @@ class InboxUnit(InboxReads, Protocol):
         effect for the event or (flow, seq) raises the engine's integrity error."""
 
 
-class InboxStore(Protocol):
-    """A consumer's storage: opens units of work and snapshots."""
-
-    @property
-    def location(self) -> str:
-        """Where the store lives, for messages."""
-
-    @property
-    def latest(self) -> InboxReads:
-        """Reads outside a transaction, each seeing the latest commit."""
-
-    def write(self, *, durable: bool = True) -> AbstractContextManager[InboxUnit]:
-        """A write transaction that holds what it reads until it commits."""
-
-    def read(self) -> AbstractContextManager[InboxReads]:
-        """A read-only snapshot."""
-
-    def close(self) -> None:
-        """Release the connection."""
-
-    def reopen(self) -> None:
-        """A fresh connection in this process (after ``fork()``)."""
+class InboxStore(Store[InboxReads, InboxUnit], Protocol):
+    """A consumer's storage: see :class:`~reliable_flow.store.base.Store`."""

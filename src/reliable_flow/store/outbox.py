@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ..delivery import Retry
 from ..envelope import Envelope
 from ..statuses import DeliveryState, OperatorAction, OutboxEntry
+from .base import Store
 from .records import FlowState, StoredEvent
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
@@ -30,7 +31,7 @@ class OutboxReads(Protocol):
         """``{"state", "seq", **data}`` as committed, or None."""
 
     def flows(self) -> list[str]:
-        """Every flow with a committed event, sorted."""
+        """Every flow with a flow row (written by ``put_flow``), sorted."""
 
     def event_body(self, event_id: str) -> str | None:
         """The canonical body stored for ``event_id``, or None."""
@@ -111,36 +112,15 @@ class OutboxUnit(OutboxReads, Protocol):
         """Append an operator action to the record."""
 
 
-class OutboxStore(Protocol):
-    """A producer's storage: opens units of work and snapshots."""
-
-    @property
-    def location(self) -> str:
-        """Where the store lives (a path, a connection name), for messages."""
-
-    @property
-    def latest(self) -> OutboxReads:
-        """Reads outside a transaction, each seeing the latest commit."""
-
-    def write(self, *, durable: bool = True) -> AbstractContextManager[OutboxUnit]:
-        """A write transaction that holds what it reads until it commits.
-        ``durable=False`` may skip the wait for the disk: only for writes
-        whose loss is harmless (leases, backoff times)."""
-
-    def read(self) -> AbstractContextManager[OutboxReads]:
-        """A read-only snapshot."""
+class OutboxStore(Store[OutboxReads, OutboxUnit], Protocol):
+    """A producer's storage: see :class:`~reliable_flow.store.base.Store`, plus
+    what the relay needs to know about the connection and bindings."""
 
     def in_transaction(self) -> bool:
-        """True inside an open unit of work (e.g. a batch)."""
+        """True while a unit of work or snapshot is open on this object (e.g. a batch)."""
 
     def known_binding(self, name: str, uid: str) -> bool:
         """True once this object has seen ``name`` bound to ``uid``."""
 
     def remember_binding(self, name: str, uid: str) -> None:
         """Remember that ``name`` is bound to ``uid`` (bindings are never undone)."""
-
-    def close(self) -> None:
-        """Release the connection."""
-
-    def reopen(self) -> None:
-        """A fresh connection in this process (after ``fork()``)."""

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from ...envelope import Envelope
 from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
 from ..records import FlowState, NextRow
+from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .schema import CONSUMER
 
@@ -142,7 +141,7 @@ class SqliteInbox:
         return [r[0] for r in self._conn.execute("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
 
 
-class SqliteInboxStore:
+class SqliteInboxStore(SqliteStore[SqliteInbox]):
     """A consumer file on local disk: one connection, owned by the opening process.
 
     A new file records ``protocol``, ``name`` and a fresh ``uid``; an
@@ -167,35 +166,7 @@ class SqliteInboxStore:
                 return f"belongs to consumer {meta.get('name')!r}, not {name!r}"
             return None
 
-        self._db = Database(
+        super().__init__(Database(
             path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
-        )
-
-    @property
-    def location(self) -> str:
-        return self._db.path
-
-    def write(self, *, durable: bool = True) -> AbstractContextManager[SqliteInbox]:
-        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`)."""
-        return self._unit(self._db.write(durable=durable))
-
-    def read(self) -> AbstractContextManager[SqliteInbox]:
-        """A consistent snapshot: every read inside sees the same commit."""
-        return self._unit(self._db.read())
-
-    @contextmanager
-    def _unit(self, transaction: AbstractContextManager[sqlite3.Connection]) -> Iterator[SqliteInbox]:
-        with transaction as conn:
-            yield SqliteInbox(conn)
-
-    @property
-    def latest(self) -> SqliteInbox:
-        """Reads outside any transaction: each sees the latest commit."""
-        return SqliteInbox(self._db.conn)
-
-    def close(self) -> None:
-        self._db.close()
-
-    def reopen(self) -> None:
-        self._db.reopen()
+        ), SqliteInbox)

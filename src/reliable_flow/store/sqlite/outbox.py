@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from ...delivery import Retry
@@ -21,6 +21,7 @@ from ...envelope import Envelope
 from ...errors import StorageError
 from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
 from ..records import FlowState, StoredEvent
+from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
 from .schema import PRODUCER
@@ -279,7 +280,7 @@ class SqliteOutbox:
         ]
 
 
-class SqliteOutboxStore:
+class SqliteOutboxStore(SqliteStore[SqliteOutbox]):
     """A producer file on local disk: one connection, owned by the opening process.
 
     Creates the file if absent (recording ``protocol``), upgrades an older
@@ -300,45 +301,14 @@ class SqliteOutboxStore:
                 return None
             return f"was created for protocol {stored!r}, not {protocol!r}"
 
-        self._db = Database(
+        super().__init__(Database(
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
-        )
+        ), SqliteOutbox)
         self._bound: set[tuple[str, str]] = set()
-
-    @property
-    def location(self) -> str:
-        return self._db.path
-
-    def write(self, *, durable: bool = True) -> AbstractContextManager[SqliteOutbox]:
-        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`)."""
-        return self._unit(self._db.write(durable=durable))
-
-    def read(self) -> AbstractContextManager[SqliteOutbox]:
-        """A consistent snapshot: every read inside sees the same commit."""
-        return self._unit(self._db.read())
-
-    @contextmanager
-    def _unit(self, transaction: AbstractContextManager[sqlite3.Connection]) -> Iterator[SqliteOutbox]:
-        with transaction as conn:
-            yield SqliteOutbox(conn)
-
-    @property
-    def latest(self) -> SqliteOutbox:
-        """Reads outside any transaction: each sees the latest commit."""
-        return SqliteOutbox(self._db.conn)
-
-    def in_transaction(self) -> bool:
-        return self._db.conn.in_transaction
 
     def known_binding(self, name: str, uid: str) -> bool:
         return (name, uid) in self._bound
 
     def remember_binding(self, name: str, uid: str) -> None:
         self._bound.add((name, uid))
-
-    def close(self) -> None:
-        self._db.close()
-
-    def reopen(self) -> None:
-        self._db.reopen()
