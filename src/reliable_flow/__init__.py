@@ -16,100 +16,26 @@ Quick tour::
 from __future__ import annotations
 
 from .consumer import Consumer
-from .errors import (
-    CommitOutcomeUnknown,
-    ConsumerMismatch,
-    DatabaseBusy,
-    InboxFull,
-    InvalidEnvelope,
-    NotResolvable,
-    ReadOnlyStorage,
-    ReliableFlowError,
-    SchemaTooNew,
-    SQLiteTooOld,
-    StorageError,
-    StorageFull,
-    UnknownEvent,
-    WrongFile,
-    WrongProcess,
-)
+from .errors import *  # every public error, as listed in errors.__all__
 from .producer import Producer
 from .protocol import PayloadError, Protocol
 from .receiver import Receiver
 from .relay import DeliveryPolicy, relay, relay_batch
-from .statuses import (
-    AdvanceResult,
-    AdvanceStatus,
-    ApplyResult,
-    ApplyStatus,
-    BlockReason,
-    DeliveryRecord,
-    DeliveryState,
-    DrainResult,
-    DrainStop,
-    EffectRecord,
-    InboxEntry,
-    InboxState,
-    OperatorAction,
-    OutboxEntry,
-    ReceiveResult,
-    ReceiveStatus,
-    Refused,
-    RelayBatchResult,
-    RelayResult,
-    RelayStatus,
-)
+from .statuses import *  # every status, result and record, as in statuses.__all__
 from .tools.snapshot import snapshot
 from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
+# Sorted, and pinned by tests/test_public_api.py.
 __all__ = [
-    "AdvanceResult",
-    "AdvanceStatus",
-    "ApplyResult",
-    "ApplyStatus",
-    "BlockReason",
-    "CommitOutcomeUnknown",
-    "Consumer",
-    "ConsumerMismatch",
-    "DatabaseBusy",
-    "DeliveryPolicy",
-    "DeliveryRecord",
-    "DeliveryState",
-    "DrainResult",
-    "DrainStop",
-    "EffectRecord",
-    "InboxEntry",
-    "InboxFull",
-    "InboxState",
-    "InvalidEnvelope",
-    "NotResolvable",
-    "OperatorAction",
-    "OutboxEntry",
-    "PayloadError",
-    "Producer",
-    "Protocol",
-    "ReadOnlyStorage",
-    "ReceiveResult",
-    "ReceiveStatus",
-    "Receiver",
-    "Refused",
-    "RelayBatchResult",
-    "RelayResult",
-    "RelayStatus",
-    "ReliableFlowError",
-    "SQLiteTooOld",
-    "SchemaTooNew",
-    "StorageError",
-    "StorageFull",
-    "UnknownEvent",
-    "Worker",
-    "WorkerStats",
-    "WrongFile",
-    "WrongProcess",
-    "__version__",
-    "relay",
-    "relay_batch",
-    "snapshot",
+    "AdvanceResult", "AdvanceStatus", "ApplyResult", "ApplyStatus", "BlockReason",
+    "CommitOutcomeUnknown", "Consumer", "ConsumerMismatch", "DatabaseBusy", "DeliveryPolicy",
+    "DeliveryRecord", "DeliveryState", "DrainResult", "DrainStop", "EffectRecord", "InboxEntry",
+    "InboxFull", "InboxState", "InvalidEnvelope", "NotResolvable", "OperatorAction",
+    "OutboxEntry", "PayloadError", "Producer", "Protocol", "ReadOnlyStorage", "ReceiveResult",
+    "ReceiveStatus", "Receiver", "Refused", "RelayBatchResult", "RelayResult", "RelayStatus",
+    "ReliableFlowError", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull",
+    "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "__version__",
+    "relay", "relay_batch", "snapshot",
 ]

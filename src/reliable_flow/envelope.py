@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from .errors import InvalidEnvelope
 
@@ -132,36 +132,40 @@ def _check_key(field: str, key: object) -> str:
     return key
 
 
-def _check_payload(value: object) -> dict[str, Scalar]:
+Item = TypeVar("Item")
+
+
+def _check_object(
+    field: str, value: object, what: str, limit: int, unit: str, check_item: Callable[[str, object], Item]
+) -> dict[str, Item]:
     if not isinstance(value, Mapping):
-        raise InvalidEnvelope("payload", f"must be an object, got {type(value).__name__}")
-    if len(value) > MAX_PAYLOAD_KEYS:
-        raise InvalidEnvelope("payload", f"must have at most {MAX_PAYLOAD_KEYS} keys, got {len(value)}")
-    out: dict[str, Scalar] = {}
+        raise InvalidEnvelope(field, f"must be {what}, got {type(value).__name__}")
+    if len(value) > limit:
+        raise InvalidEnvelope(field, f"must have at most {limit} {unit}, got {len(value)}")
+    out: dict[str, Item] = {}
     for key, item in value.items():
-        name = _check_key("payload", key)
-        out[name] = _check_value(f"payload.{name}", item)
+        name = _check_key(field, key)
+        out[name] = check_item(f"{field}.{name}", item)
     return out
+
+
+def _check_payload(value: object) -> dict[str, Scalar]:
+    return _check_object("payload", value, "an object", MAX_PAYLOAD_KEYS, "keys", _check_value)
+
+
+def _check_meta_value(field: str, item: object) -> str:
+    if not isinstance(item, str):
+        raise InvalidEnvelope(field, f"must be a string, got {type(item).__name__}")
+    if len(item) > MAX_TEXT_CHARS:
+        raise InvalidEnvelope(field, f"must be at most {MAX_TEXT_CHARS} characters")
+    _utf8(field, item)
+    return item
 
 
 def _check_meta(value: object) -> dict[str, str]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
-        raise InvalidEnvelope("meta", f"must be an object or null, got {type(value).__name__}")
-    if len(value) > MAX_META_ENTRIES:
-        raise InvalidEnvelope("meta", f"must have at most {MAX_META_ENTRIES} entries, got {len(value)}")
-    out: dict[str, str] = {}
-    for key, item in value.items():
-        name = _check_key("meta", key)
-        field = f"meta.{name}"
-        if not isinstance(item, str):
-            raise InvalidEnvelope(field, f"must be a string, got {type(item).__name__}")
-        if len(item) > MAX_TEXT_CHARS:
-            raise InvalidEnvelope(field, f"must be at most {MAX_TEXT_CHARS} characters")
-        _utf8(field, item)
-        out[name] = item
-    return out
+    return _check_object("meta", value, "an object or null", MAX_META_ENTRIES, "entries", _check_meta_value)
 
 
 # One encoder for every call: json.dumps() with these options builds a new

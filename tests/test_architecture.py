@@ -1,0 +1,137 @@
+"""The layering stays visible: checked on the source, so a shortcut fails here.
+
+* ``core/`` (the decisions) has no SQL and no ``sqlite3``; SQL lives only in
+  ``store/sqlite/`` (and in the experiment's deliberately wrong ways);
+* every status written into SQL text is a value of the enum it stands for;
+* the tree drawn in ``errors``' docstring is the real class hierarchy, and
+  no public error depends on a storage engine's exception classes;
+* no module grows past ~400 lines.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import reliable_flow
+from reliable_flow import errors, statuses
+from reliable_flow.store.sqlite import inbox as sqlite_inbox
+from reliable_flow.store.sqlite import outbox as sqlite_outbox
+from reliable_flow.store.sqlite import schema as sqlite_schema
+
+PACKAGE = Path(reliable_flow.__file__).parent
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+# Raw SQL allowed outside the engine: the experiment's wrong ways and its
+# operator-style raw statements (they imitate a person at the sqlite3 prompt).
+SQL_ALLOWED = {PACKAGE / "store" / "sqlite", PACKAGE / "tools" / "experiment"}
+SQL_TEXT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE TABLE|BEGIN IMMEDIATE)\b")
+MAX_LINES = 400
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
+def test_the_package_has_the_layers() -> None:
+    for folder in ("core", "store", "store/sqlite", "delivery", "tools", "tools/experiment"):
+        assert (PACKAGE / folder / "__init__.py").is_file(), folder
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "core").rglob("*.py")), ids=_relative)
+def test_core_has_no_sqlite_and_no_sql(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert "sqlite3" not in text
+    assert SQL_TEXT.search(text) is None, SQL_TEXT.search(text)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_relative)
+def test_sql_lives_in_the_engine(path: Path) -> None:
+    if any(path.is_relative_to(allowed) for allowed in SQL_ALLOWED):
+        return
+    found = SQL_TEXT.search(path.read_text(encoding="utf-8"))
+    assert found is None, f"{_relative(path)} holds SQL ({found.group(0)!r}); SQL belongs in store/sqlite/"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_relative)
+def test_no_module_is_too_long(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{_relative(path)} has {lines} lines"
+
+
+def _sql_strings(module: object) -> list[str]:
+    return [value for value in vars(module).values() if isinstance(value, str) and SQL_TEXT.search(value)]
+
+
+def _state_literals(sql: str) -> set[str]:
+    """Every literal the SQL compares a ``state`` column with, or sets it to."""
+    found = set(re.findall(r"state\s*(?:=|<>|!=)\s*'(\w+)'", sql))
+    found |= set(re.findall(r"WHEN\s+'(\w+)'", sql)) | set(re.findall(r"ELSE\s+'(\w+)'", sql))
+    for group in re.findall(r"state\s+IN\s*\(([^)]*)\)", sql):
+        found |= set(re.findall(r"'(\w+)'", group))
+    return found
+
+
+def _all_migration_sql(kind: sqlite_schema.FileKind) -> list[str]:
+    return [statement for migration in kind.migrations for statement in migration]
+
+
+@pytest.mark.parametrize(
+    ("name", "sql_texts", "enum"),
+    [
+        ("outbox queries", _sql_strings(sqlite_outbox), statuses.DeliveryState),
+        ("inbox queries", _sql_strings(sqlite_inbox), statuses.InboxState),
+        ("producer schema", _all_migration_sql(sqlite_schema.PRODUCER), statuses.DeliveryState),
+        ("consumer schema", _all_migration_sql(sqlite_schema.CONSUMER), statuses.InboxState),
+    ],
+)
+def test_every_status_literal_in_sql_is_an_enum_value(name: str, sql_texts: list[str], enum: type) -> None:
+    literals = set().union(*(_state_literals(sql) for sql in sql_texts))
+    assert literals, f"no state literal found in the {name}: the check would be vacuous"
+    values = {member.value for member in enum}  # type: ignore[attr-defined]
+    assert literals <= values, f"{name}: {sorted(literals - values)} are not {enum.__name__} values"
+
+
+def test_the_state_literal_check_catches_a_typo() -> None:
+    assert _state_literals("UPDATE delivery SET state = 'acepted' WHERE state = 'pending'") == {"acepted", "pending"}
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def _drawn_tree() -> dict[str, str]:
+    """{class name: parent name} as drawn in the errors module's docstring:
+    the tree after ``::``, where a class's column is its depth."""
+    drawing = (errors.__doc__ or "").split("::", 1)[1]
+    parents: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    for line in drawing.splitlines():
+        match = re.match(r"([\s|]*(?:\+--\s*)?)([A-Z]\w+)", line)
+        if match is None:
+            continue
+        column, name = len(match.group(1)), match.group(2)
+        while stack and stack[-1][0] >= column:
+            stack.pop()
+        if stack:
+            parents[name] = stack[-1][1]
+        stack.append((column, name))
+    return parents
+
+
+def test_the_errors_docstring_draws_the_real_hierarchy() -> None:
+    drawn = _drawn_tree()
+    public = {name: getattr(errors, name) for name in errors.__all__}
+    assert set(drawn) == set(public) - {"ReliableFlowError"}, "every error is drawn, once"
+    for name, parent in drawn.items():
+        bases = [b.__name__ for b in public[name].__bases__ if issubclass(b, errors.ReliableFlowError)]
+        assert bases == [parent], f"{name} is drawn under {parent} but derives from {bases}"
+
+
+def test_no_public_error_derives_from_an_engine_exception() -> None:
+    import sqlite3
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert not issubclass(cls, sqlite3.Error), name
+        assert all(base.__module__ in ("builtins", errors.__name__) for base in cls.__mro__), name
