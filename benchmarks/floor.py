@@ -2,10 +2,12 @@
 
 The floor is what a careful hand-written pipeline would cost on this
 machine: the same two files, the same tables and indexes (the library's own
-DDL from ``reliable_flow.schema``, executed with plain ``sqlite3``), the same
-pragmas (WAL, ``synchronous=FULL``, ``isolation_level=None``, explicit
-``BEGIN IMMEDIATE``), the same rows with the same bytes (canonical bodies,
-flow data, projection view), and the same number of durable commits.
+DDL from ``reliable_flow.store.sqlite.schema``, executed with plain
+``sqlite3``), the same pragmas (WAL, ``synchronous=FULL``,
+``isolation_level=None``, explicit ``BEGIN IMMEDIATE``; see
+``reliable_flow.store.sqlite.connection``), the same rows with the same
+bytes (canonical bodies, flow data, projection view), and the same number of
+durable commits.
 
 What it leaves out is exactly the library's own work: validating and
 canonicalising envelopes, parsing JSON, the guarding reads (duplicate id,
@@ -24,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from common import Event
-from reliable_flow.schema import CONSUMER, PRODUCER, FileKind
+from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 
 __all__ = ["FloorConsumer", "FloorProducer", "connect", "create_files"]
 
@@ -32,7 +34,7 @@ CONSUMER_NAME = "default"  # the library's default consumer name
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """A connection configured like the library's (see reliable_flow/db.py)."""
+    """A connection configured like the library's (see reliable_flow/store/sqlite/connection.py)."""
     conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     assert str(mode).lower() == "wal", mode

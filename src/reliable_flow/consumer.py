@@ -7,14 +7,18 @@ unit of work to :mod:`reliable_flow.core.receive` and
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from . import envelope
-from .core.apply import apply_in, drain_flows
+from .core.apply import ApplyRules, apply_in, drain_flows
 from .core.receive import receive_in
 from .crash import crash_point
+from .effect_admin import EffectAdmin
+from .effects import Effects
 from .errors import InboxFull, InvalidEnvelope
+from .handlers import AppSchema, Handler
 from .protocol import Protocol
 from .receiver import Answer
 from .statuses import (
@@ -49,7 +53,7 @@ def _check_limit(name: str, value: object) -> int:
     return value
 
 
-class Consumer(StoreOwner[SqliteInboxStore]):
+class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
     """Owns a consumer file: the inbox, the projection and the effect records.
 
     ``schemas`` are the payload versions this consumer can decode (default:
@@ -65,6 +69,12 @@ class Consumer(StoreOwner[SqliteInboxStore]):
     ``max_inbox``: if set, ``receive`` raises :class:`InboxFull` (storing
     nothing) for a new event while that many rows are unapplied, unless the
     event is the next step of its flow (so a full inbox cannot deadlock).
+
+    ``handlers`` run inside the apply transaction of every applied event
+    (see :mod:`reliable_flow.handlers`); the effects they schedule must be
+    registered in ``effects`` when one is given.  ``app_schema`` creates
+    and migrates the application's own tables in this consumer's file.
+    ``clock`` (seconds) stamps scheduled effects and tells their deadlines.
     """
 
     def __init__(
@@ -76,6 +86,10 @@ class Consumer(StoreOwner[SqliteInboxStore]):
         name: str | None = None,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         max_inbox: int | None = None,
+        handlers: Sequence[Handler] = (),
+        effects: Effects | None = None,
+        app_schema: AppSchema | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
@@ -107,6 +121,28 @@ class Consumer(StoreOwner[SqliteInboxStore]):
         info = self._store.latest.meta()
         self._name: str = info["name"]
         self._uid: str = info["uid"]
+        if isinstance(handlers, (str, bytes)) or not all(callable(h) for h in handlers):
+            raise TypeError("handlers must be a sequence of functions of one ApplyContext")
+        if effects is not None and not isinstance(effects, Effects):
+            raise TypeError(f"effects must be an Effects registry or None, got {type(effects).__name__}")
+        if not callable(clock):
+            raise TypeError("clock must be a function returning seconds")
+        self.effect_registry = effects
+        self._rules = ApplyRules(protocol, chosen, tuple(handlers), effects, self._name, clock)
+        if app_schema is not None:
+            self._migrate_app(app_schema)
+
+    def _migrate_app(self, app: AppSchema) -> None:
+        if not isinstance(app, AppSchema):
+            raise TypeError(f"app_schema must be an AppSchema, got {type(app).__name__}")
+        for version, statements in enumerate(app.migrations, start=1):
+            with self._store.write() as unit:
+                # Re-read under the write lock: another process may have just done it.
+                if unit.app_version(app.name) >= version:
+                    continue
+                for statement in statements:
+                    unit.user_execute(statement)
+                unit.set_app_version(app.name, version)
 
     @property
     def name(self) -> str:
@@ -202,7 +238,7 @@ class Consumer(StoreOwner[SqliteInboxStore]):
         """
         flow_id = _check_flow_id(flow_id)
         with self._store.write() as unit:
-            result, _ = apply_in(unit, self.protocol, self.schemas, flow_id)
+            result, _ = apply_in(unit, self._rules, flow_id)
         if result.status == ApplyStatus.APPLIED:
             crash_point("apply.after_commit")
         return result
@@ -230,7 +266,7 @@ class Consumer(StoreOwner[SqliteInboxStore]):
     def _drain_flows(self, flows: list[str], limit: int, batch_size: int) -> dict[str, DrainResult]:
         limit = _check_limit("limit", limit)
         batch_size = _check_limit("batch_size", batch_size)
-        return drain_flows(self._store.write, self.protocol, self.schemas, flows, limit, batch_size)
+        return drain_flows(self._store.write, self._rules, flows, limit, batch_size)
 
     # -- reads ----------------------------------------------------------------------
 

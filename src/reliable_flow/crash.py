@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CRASH_EXIT_CODE", "CRASH_POINTS", "ENV_VAR", "crash_point"]
+__all__ = ["ALL_CRASH_POINTS", "CRASH_EXIT_CODE", "CRASH_POINTS", "ENV_VAR", "EXECUTOR_CRASH_POINTS", "crash_point"]
 
 ENV_VAR = "RELIABLE_FLOW_CRASH_AT"
 CRASH_EXIT_CODE = 73
@@ -28,11 +28,22 @@ CRASH_POINTS = (
     "apply.after_commit",
 )
 
+# The effect executor's boundaries: the claim committed (before the call),
+# the external call returned (before its outcome is recorded), the outcome
+# committed.
+EXECUTOR_CRASH_POINTS = (
+    "executor.after_claim",
+    "executor.after_call",
+    "executor.after_commit",
+)
+
+ALL_CRASH_POINTS = CRASH_POINTS + EXECUTOR_CRASH_POINTS
+
 _armed = os.environ.get(ENV_VAR) or None
-if _armed is not None and _armed not in CRASH_POINTS:
+if _armed is not None and _armed not in ALL_CRASH_POINTS:
     # A misspelt point would silently never fire and make a crash test pass
     # for the wrong reason, so refuse it loudly.
-    raise ValueError(f"{ENV_VAR}={_armed!r} is not a crash point; choose one of {', '.join(CRASH_POINTS)}")
+    raise ValueError(f"{ENV_VAR}={_armed!r} is not a crash point; choose one of {', '.join(ALL_CRASH_POINTS)}")
 
 
 def crash_point(name: str) -> None:

@@ -16,6 +16,8 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      +-- ConsumerMismatch                      two consumer files share one name
      +-- InboxFull                             receive() refused: the inbox is at max_inbox
      +-- NotResolvable (also ValueError)       operator action on an event in the wrong state
+     +-- EffectKeyConflict (also ValueError)   an effect key reused for another effect
+     +-- UnknownEffect (also LookupError)      no such effect (name not registered, key not stored)
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
      +-- StorageError                          the storage engine failed underneath us
@@ -31,6 +33,7 @@ __all__ = [
     "CommitOutcomeUnknown",
     "ConsumerMismatch",
     "DatabaseBusy",
+    "EffectKeyConflict",
     "InboxFull",
     "InvalidEnvelope",
     "NotResolvable",
@@ -40,6 +43,7 @@ __all__ = [
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
+    "UnknownEffect",
     "UnknownEvent",
     "WrongFile",
     "WrongProcess",
@@ -97,6 +101,15 @@ class InboxFull(ReliableFlowError):
 
 class NotResolvable(ReliableFlowError, ValueError):
     """An operator action names an event whose delivery state does not allow it."""
+
+
+class EffectKeyConflict(ReliableFlowError, ValueError):
+    """An apply handler scheduled an effect under a key that another effect
+    (another name, payload or event) already holds.  The apply rolls back."""
+
+
+class UnknownEffect(ReliableFlowError, LookupError):
+    """An effect name that is not registered, or a key that is not stored."""
 
 
 class SQLiteTooOld(ReliableFlowError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "AdvanceResult",
@@ -20,7 +21,10 @@ __all__ = [
     "DeliveryState",
     "DrainResult",
     "DrainStop",
+    "Effect",
+    "EffectAction",
     "EffectRecord",
+    "EffectState",
     "InboxEntry",
     "InboxState",
     "OperatorAction",
@@ -112,6 +116,30 @@ class DeliveryState(_StrEnum):
     ACCEPTED = "accepted"
     SET_ASIDE = "set_aside"
     SKIPPED = "skipped"
+
+
+class EffectState(_StrEnum):
+    """State of a side effect in the effect outbox (see docs/effects.md).
+
+    ``pending``: due at ``due_at``.  ``running``: claimed by an executor,
+    whose lease ends at ``due_at``.  ``in_doubt``: an attempt may or may not
+    have taken effect (a timeout, or a lease that ran out while running); it
+    is reconciled, or re-run when the target deduplicates by key, before any
+    new attempt.  ``unknown``: in doubt and nothing can settle it
+    automatically; parked for an operator.  ``succeeded`` / ``dead``
+    (permanent failure or attempts exhausted) / ``expired`` / ``superseded``
+    / ``cancelled``: final until an operator acts.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    IN_DOUBT = "in_doubt"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,4 +306,48 @@ class Refused:
     full (``max_inbox``): nothing was stored; the relay records the refusal
     and sends the event again after a backoff."""
 
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One side effect in the effect outbox (see ``Consumer.effect_outbox``).
+
+    ``key`` is its idempotency key, the same on every attempt.  ``payload``,
+    ``meta`` and ``result`` are the JSON objects stored with it; ``reason``
+    says why it ended (expired, superseded, cancelled, dead); ``due_at`` is
+    when it may run next or, while ``running``, when the lease ends.
+    """
+
+    key: str
+    name: str
+    payload: dict[str, Any]
+    event_id: str
+    flow_id: str
+    seq: int
+    meta: dict[str, str]
+    state: EffectState
+    ordered: bool
+    deadline: float | None
+    version: int | None
+    attempts: int
+    failures: int
+    due_at: float
+    lease_owner: str | None
+    last_error: str | None
+    result: Any
+    reason: str | None
+    fed: bool | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EffectAction:
+    """A recorded operator decision on an effect (retry, resolve, cancel): who, when, why."""
+
+    at: float
+    key: str
+    action: str
+    actor: str
     reason: str

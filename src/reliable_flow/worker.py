@@ -12,6 +12,7 @@ from types import FrameType
 from typing import Any
 
 from .consumer import Consumer
+from .executor import EffectExecutor
 from .producer import Producer
 from .relay import DeliveryPolicy, relay
 from .statuses import DrainStop, RelayStatus
@@ -29,6 +30,7 @@ class WorkerStats:
     stops: Counter[str] = field(default_factory=Counter)
     errors: int = 0
     last_error: str | None = None
+    effects: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +40,7 @@ class WorkerStats:
             "stops": dict(sorted(self.stops.items())),
             "errors": self.errors,
             "last_error": self.last_error,
+            "effects": dict(sorted(self.effects.items())),
         }
 
 
@@ -45,7 +48,8 @@ class Worker:
     """Relays a producer's events to its consumers and applies them, until stopped.
 
     One pass: for each consumer, relay up to ``relay_batch`` due events
-    (stopping early at ``idle``), then ``process_all(limit=apply_limit)``.
+    (stopping early at ``idle``), then ``process_all(limit=apply_limit)``;
+    then each of ``executors`` runs up to ``apply_limit`` due effects.
     When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
     early by :meth:`stop`).  A consumer that raises is recorded by the relay
     (attempts, error, backoff) and the worker goes on with the others.
@@ -67,6 +71,7 @@ class Worker:
         apply_limit: int = 100,
         idle_sleep: float = 0.5,
         on_pass: Callable[[WorkerStats], None] | None = None,
+        executors: Sequence[EffectExecutor] = (),
     ) -> None:
         if not consumers:
             raise ValueError("consumers must name at least one Consumer")
@@ -84,6 +89,9 @@ class Worker:
         self.relay_batch = relay_batch
         self.apply_limit = apply_limit
         self.idle_sleep = float(idle_sleep)
+        if not all(isinstance(e, EffectExecutor) for e in executors):
+            raise TypeError("executors must be EffectExecutor objects")
+        self.executors = list(executors)
         self.stats = WorkerStats()
         self._on_pass = on_pass
         self._stop = threading.Event()
@@ -121,6 +129,12 @@ class Worker:
                 work += drained.applied
                 if drained.stop != DrainStop.IDLE:
                     self.stats.stops[drained.stop.value] += 1
+        for executor in self.executors:
+            if self.stopping:
+                return work
+            before = Counter(executor.stats.outcomes)
+            work += executor.run_once(limit=self.apply_limit)
+            self.stats.effects.update(executor.stats.outcomes - before)
         self.stats.passes += 1
         if self._on_pass is not None:
             self._on_pass(self.stats)

@@ -12,12 +12,13 @@ from typing import Any, Protocol
 from ..envelope import Envelope
 from ..statuses import BlockReason, EffectRecord, InboxEntry
 from .base import Store
+from .effects import EffectReads, EffectUnit
 from .records import FlowState, NextRow
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
 
-class InboxReads(Protocol):
+class InboxReads(EffectReads, Protocol):
     """Reads of the consumer side; inside :meth:`InboxStore.read` they share one snapshot."""
 
     def meta(self) -> dict[str, str]:
@@ -39,7 +40,7 @@ class InboxReads(Protocol):
         """Flows with a row not yet applied, sorted."""
 
 
-class InboxUnit(InboxReads, Protocol):
+class InboxUnit(InboxReads, EffectUnit, Protocol):
     """One write transaction on the consumer side: all of it commits, or none."""
 
     def insert_new(self, env: Envelope) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the protocol object to import (default: %(default)s)",
     )
     run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
+    run.add_argument("--handlers", metavar="MODULE:ATTR", help="a list of apply handlers the consumers run")
+    run.add_argument("--effects", metavar="MODULE:ATTR",
+                     help="an Effects registry: the consumers may schedule these effects and the worker runs them")
+    run.add_argument("--app-schema", metavar="MODULE:ATTR", help="the application's own tables (an AppSchema)")
     run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="relay lease (default 30)")
     run.add_argument("--idle-sleep", type=float, default=0.5, metavar="SECONDS")
     run.add_argument("--report-every", type=float, default=10.0, metavar="SECONDS",
@@ -88,18 +94,44 @@ def _inspect(producer: str, consumer: str, as_json: bool) -> int:
     return 0
 
 
-def _load_protocol(spec: str) -> Any:
+def _load(option: str, spec: str, check: Callable[[Any], bool], what: str) -> Any:
+    """``module:ATTRIBUTE``, importable from the current directory as with ``python -m``."""
     import importlib
-
-    from ..protocol import Protocol
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"run: --protocol must look like module:ATTRIBUTE, got {spec!r}")
+        raise SystemExit(f"run: {option} must look like module:ATTRIBUTE, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     obj = getattr(importlib.import_module(module_name), attr, None)
-    if not isinstance(obj, Protocol):
-        raise SystemExit(f"run: {spec} is not a reliable_flow Protocol")
+    if not check(obj):
+        raise SystemExit(f"run: {spec} is not {what}")
     return obj
+
+
+def _load_protocol(spec: str) -> Any:
+    from ..protocol import Protocol
+
+    return _load("--protocol", spec, lambda o: isinstance(o, Protocol), "a reliable_flow Protocol")
+
+
+def _load_app(args: argparse.Namespace) -> dict[str, Any]:
+    """The consumer's handlers, effects registry and application schema, if named."""
+    from ..effects import Effects
+    from ..handlers import AppSchema
+
+    app: dict[str, Any] = {}
+    if args.handlers:
+        app["handlers"] = _load("--handlers", args.handlers,
+                                lambda o: isinstance(o, (list, tuple)) and all(callable(h) for h in o),
+                                "a list of handler functions")
+    if args.effects:
+        app["effects"] = _load("--effects", args.effects, lambda o: isinstance(o, Effects),
+                               "a reliable_flow Effects registry")
+    if args.app_schema:
+        app["app_schema"] = _load("--app-schema", args.app_schema, lambda o: isinstance(o, AppSchema),
+                                  "a reliable_flow AppSchema")
+    return app
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -107,11 +139,13 @@ def _run(args: argparse.Namespace) -> int:
 
     from ..consumer import Consumer
     from ..errors import ReliableFlowError
+    from ..executor import EffectExecutor
     from ..producer import Producer
     from ..relay import DeliveryPolicy
     from ..worker import Worker, WorkerStats
 
     protocol = _load_protocol(args.protocol)
+    app = _load_app(args)
     schemas = None
     if args.schemas:
         try:
@@ -132,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         for name, path in pairs:
-            consumers.append(Consumer(path, protocol, name=name, schemas=schemas))
+            consumers.append(Consumer(path, protocol, name=name, schemas=schemas, **app))
     except (ReliableFlowError, ValueError) as exc:
         for c in consumers:
             c.close()
@@ -146,9 +180,10 @@ def _run(args: argparse.Namespace) -> int:
             last[0] = time.monotonic()
             print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
 
+    policy = DeliveryPolicy(lease_seconds=args.lease)
+    executors = [EffectExecutor(c, policy=policy, producer=producer) for c in consumers] if "effects" in app else []
     worker = Worker(
-        producer, consumers, policy=DeliveryPolicy(lease_seconds=args.lease),
-        idle_sleep=args.idle_sleep, on_pass=report,
+        producer, consumers, policy=policy, idle_sleep=args.idle_sleep, on_pass=report, executors=executors,
     )
     try:
         stats = worker.run(max_passes=1 if args.once else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..statuses import EffectState
 from ..store.sqlite.connection import PathLike
 from .snapshot import snapshot
 
@@ -57,6 +58,17 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
         if next_seq not in present and waiting:
             gaps.append({"flow_id": flow_id, "missing_seq": next_seq, "waiting": waiting})
 
+    outbox = cons["effect_outbox"]
+    effect_counts = {state.value: 0 for state in EffectState}
+    for effect in outbox:
+        effect_counts[effect["state"]] += 1
+    attention = [
+        {k: e[k] for k in ("key", "name", "flow_id", "state", "attempts", "due_at", "lease_owner", "last_error",
+                           "reason")}
+        for e in outbox
+        if e["state"] in (EffectState.RUNNING, EffectState.IN_DOUBT, EffectState.UNKNOWN, EffectState.DEAD)
+        or (e["state"] == EffectState.PENDING and e["failures"])
+    ]
     return {
         "producer": {
             "protocol": prod["protocol"],
@@ -73,6 +85,8 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
             "inbox": counts,
             "blocked": blocked,
             "gaps": gaps,
+            "effects": {"counts": effect_counts, "attention": attention,
+                        "actions": cons["effect_actions"]},
         },
     }
 
@@ -116,4 +130,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines += _rows(c["gaps"], ["flow_id", "missing_seq", "waiting"])
     if not c["blocked"] and not c["gaps"]:
         lines.append("  no blocked events, no gaps")
+    effects = c["effects"]
+    if any(effects["counts"].values()):
+        shown = ", ".join(f"{n} {s}" for s, n in effects["counts"].items() if n)
+        lines.append(f"  effects: {shown}")
+        if effects["attention"]:
+            lines.append("  effects needing attention (running, retrying, in doubt, unknown, dead):")
+            lines += _rows(effects["attention"], ["key", "state", "attempts", "due_at", "lease_owner", "last_error"])
+        if effects["actions"]:
+            lines.append("  operator actions on effects:")
+            lines += _rows(effects["actions"], ["action", "key", "actor", "reason"])
     return "\n".join(lines)

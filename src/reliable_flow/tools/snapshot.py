@@ -46,6 +46,8 @@ def snapshot(producer_path: PathLike, consumer_path: PathLike) -> dict[str, Any]
                 "projections": {f: view.projection(f) for f in flows},
                 "inbox": {f: [asdict(row) for row in view.inbox(f)] for f in flows},
                 "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
+                "effect_outbox": [asdict(e) for e in view.effect_list()],
+                "effect_actions": [asdict(a) for a in view.effect_actions()],
             }
     finally:
         consumer.close()

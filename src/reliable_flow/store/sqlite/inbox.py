@@ -17,6 +17,7 @@ from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
 from ..records import FlowState, NextRow
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
+from .effects import SqliteEffects
 from .schema import CONSUMER
 
 __all__ = ["NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
@@ -43,7 +44,7 @@ _BLOCK = (
 )
 
 
-class SqliteInbox:
+class SqliteInbox(SqliteEffects):
     """The consumer file's tables, seen through one connection."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:

@@ -137,5 +137,54 @@ CONSUMER = FileKind(
                 UNIQUE (flow_id, seq)
             )""",
         ),
+        (
+            # v2: the effect outbox (side effects outside the file, scheduled
+            # by apply handlers), operator actions on effects, and the
+            # versions of the application's own tables.
+            """CREATE TABLE effect_outbox(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                key TEXT NOT NULL UNIQUE,
+                name TEXT NOT NULL,
+                payload TEXT NOT NULL,
+                event_id TEXT NOT NULL,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                meta TEXT NOT NULL,
+                state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN
+                    ('pending','running','in_doubt','succeeded','dead','unknown','expired','superseded','cancelled')),
+                ordered INTEGER NOT NULL DEFAULT 0 CHECK (ordered IN (0, 1)),
+                deadline REAL,
+                version INTEGER,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                failures INTEGER NOT NULL DEFAULT 0,
+                due_at REAL NOT NULL DEFAULT 0,
+                lease_owner TEXT,
+                last_error TEXT,
+                result TEXT,
+                reason TEXT,
+                fed INTEGER CHECK (fed IN (0, 1)),
+                created_at REAL NOT NULL,
+                updated_at REAL NOT NULL
+            )""",
+            # Work an executor may claim: due pending, in-doubt, and running
+            # effects whose lease ran out.
+            "CREATE INDEX effect_due ON effect_outbox(due_at, id) WHERE state IN ('pending','running','in_doubt')",
+            # An ordered flow's unresolved effects, oldest first.
+            (
+                "CREATE INDEX effect_open_ordered ON effect_outbox(flow_id, id) "
+                "WHERE ordered = 1 AND state IN ('pending','running','in_doubt','dead','unknown')"
+            ),
+            "CREATE INDEX effect_by_state ON effect_outbox(state, id)",
+            "CREATE INDEX effect_unfed ON effect_outbox(id) WHERE fed = 0",
+            """CREATE TABLE effect_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                key TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('retry','resolve','cancel')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )""",
+            "CREATE TABLE app_schema(name TEXT PRIMARY KEY, version INTEGER NOT NULL) WITHOUT ROWID",
+        ),
     ),
 )

@@ -1,0 +1,184 @@
+"""The effect outbox's decisions: scheduling an effect, what an executor does
+with one it picked up, and what each outcome leaves behind.
+
+Everything an effect goes through is decided here and nowhere else; the
+executor only calls functions and hands the answers back.  Backoff and
+leases come from :mod:`reliable_flow.delivery`, as for deliveries.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Any
+
+from .. import envelope
+from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
+from ..effects import EffectSpec, Happened, NotHappened, check_json_value
+from ..errors import EffectKeyConflict, InvalidEnvelope
+from ..statuses import Effect, EffectState
+from ..store.effects import EffectUnit, NewEffect
+
+__all__ = [
+    "Outcome",
+    "Plan",
+    "after_reconcile",
+    "after_run",
+    "claim_changes",
+    "default_key",
+    "feedback_event_id",
+    "plan",
+    "schedule_in",
+]
+
+Changes = dict[str, Any]
+_S = EffectState
+
+
+class Plan(enum.Enum):
+    """What an executor does with an effect it picked up."""
+
+    RUN = "run"              # call the function (a first attempt, a retry, or a re-run by key)
+    RECONCILE = "reconcile"  # ask the effect's reconcile whether the last attempt happened
+    EXPIRE = "expire"        # its deadline passed before it ran: never run it
+    SUPERSEDE = "supersede"  # its flow moved past the version it was for: never run it
+    PARK = "park"            # in doubt, and nothing can settle it: unknown, for an operator
+
+
+def _late(effect: Effect, now: float, last_seq: int) -> tuple[Plan, str] | None:
+    if effect.deadline is not None and now > effect.deadline:
+        return Plan.EXPIRE, f"its deadline {effect.deadline:.3f} passed (now {now:.3f})"
+    if effect.version is not None and last_seq > effect.version:
+        return Plan.SUPERSEDE, (
+            f"flow {effect.flow_id!r} was applied up to seq {last_seq}, past version {effect.version}"
+        )
+    return None
+
+
+def plan(effect: Effect, spec: EffectSpec, now: float, last_seq: int) -> tuple[Plan, str | None]:
+    """Decide, before any call, what happens to an effect an executor picked up.
+
+    An effect that may already have taken effect (``in_doubt``, or
+    ``running`` with its lease run out) is never simply run again: it is
+    reconciled, or re-run with the same key when the target deduplicates by
+    key, or parked.  Only an effect that certainly never took effect can
+    expire or be superseded.
+    """
+    in_doubt = effect.state in (_S.IN_DOUBT, _S.RUNNING)
+    if not in_doubt:
+        return _late(effect, now, last_seq) or (Plan.RUN, None)
+    if spec.reconcile is not None:
+        return Plan.RECONCILE, None
+    if spec.idempotent:
+        late = _late(effect, now, last_seq)
+        if late is not None:
+            return Plan.PARK, f"in doubt, and {late[1]}: not re-run even by key"
+        return Plan.RUN, None
+    return Plan.PARK, (
+        f"attempt {effect.attempts} may or may not have taken effect, and {effect.name!r} has "
+        f"neither reconcile nor idempotent=True: never re-run blindly"
+    )
+
+
+def claim_changes(effect: Effect, chosen: Plan, reason: str | None, policy: DeliveryPolicy,
+                  now: float) -> Changes:
+    """What the claim transaction writes for ``chosen`` (before any call)."""
+    if chosen is Plan.EXPIRE:
+        return {"state": _S.EXPIRED, "reason": reason, "lease_owner": None}
+    if chosen is Plan.SUPERSEDE:
+        return {"state": _S.SUPERSEDED, "reason": reason, "lease_owner": None}
+    if chosen is Plan.PARK:
+        return {"state": _S.UNKNOWN, "reason": reason, "lease_owner": None}
+    lease = {"state": _S.RUNNING, "due_at": claim_until(policy, now), "lease_owner": policy.owner}
+    if chosen is Plan.RUN:
+        lease["attempts"] = effect.attempts + 1
+    return lease
+
+
+class Outcome(enum.Enum):
+    """How a call of an effect's function ended."""
+
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"          # certainly nothing happened
+    PERMANENT = "permanent"  # never going to work
+    UNKNOWN = "unknown"      # may or may not have happened
+
+
+def _succeeded(spec: EffectSpec, result: Any) -> Changes:
+    try:
+        text = check_json_value("result", result)
+    except InvalidEnvelope as exc:
+        # It ran, but what it returned cannot be kept: never run it again.
+        return {"state": _S.UNKNOWN, "lease_owner": None, "last_error": str(exc)[:1000],
+                "reason": "it ran, but its result is not JSON; resolve it by hand"}
+    return {"state": _S.SUCCEEDED, "result": text, "failures": 0, "lease_owner": None, "last_error": None,
+            "fed": False if spec.feedback is not None else None}
+
+
+def after_run(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: float, outcome: Outcome,
+              value: Any) -> Changes:
+    """What a finished call leaves (``effect`` as claimed; ``value`` the result or the exception)."""
+    if outcome is Outcome.SUCCEEDED:
+        return _succeeded(spec, value)
+    if outcome is Outcome.PERMANENT:
+        return {"state": _S.DEAD, "lease_owner": None, "last_error": error_text(value),
+                "reason": "permanent failure"}
+    retry = retry_after(policy, effect.failures, now, value)
+    if outcome is Outcome.UNKNOWN:
+        return {"state": _S.IN_DOUBT, "failures": retry.failures, "due_at": retry.due_at,
+                "lease_owner": None, "last_error": retry.error}
+    if effect.attempts >= spec.max_attempts:
+        return {"state": _S.DEAD, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
+                "reason": f"failed {effect.attempts} of max_attempts={spec.max_attempts} times"}
+    return {"state": _S.PENDING, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
+            "last_error": retry.error}
+
+
+def after_reconcile(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
+                    answer: object) -> Changes:
+    """What a reconcile answer leaves: ``Happened`` settles it, ``NotHappened``
+    lets it run again, anything else (an exception) keeps it in doubt, until
+    ``max_attempts`` tries park it as unknown."""
+    if isinstance(answer, Happened):
+        return _succeeded(spec, answer.result)
+    if isinstance(answer, NotHappened):
+        return {"state": _S.PENDING, "due_at": now, "lease_owner": None, "last_error": None}
+    exc = answer if isinstance(answer, BaseException) else TypeError(
+        f"reconcile must return Happened or NotHappened, got {type(answer).__name__}"
+    )
+    retry = retry_after(policy, effect.failures, now, exc)
+    if retry.failures >= spec.max_attempts:
+        return {"state": _S.UNKNOWN, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
+                "reason": f"reconcile could not tell in {retry.failures} tries"}
+    return {"state": _S.IN_DOUBT, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
+            "last_error": retry.error}
+
+
+def feedback_event_id(key: str) -> str:
+    """The event id an effect's result is advanced under: ``<key>:result``,
+    or a digest of the key when that would pass the 128-character limit."""
+    event_id = f"{key}:result"
+    if len(event_id) <= 128:
+        return event_id
+    return "effect-" + hashlib.sha256(key.encode("utf-8")).hexdigest() + ":result"
+
+
+def default_key(consumer: str, event_id: str, name: str) -> str:
+    """The idempotency key of an effect the handler did not name one for."""
+    return f"{consumer}:{event_id}:{name}"
+
+
+def schedule_in(unit: EffectUnit, new: NewEffect) -> Effect | None:
+    """Write a scheduled effect, once.  The same key with the same name and
+    payload is a no-op (an apply retried after an unknown commit outcome);
+    with anything else it raises :class:`EffectKeyConflict`, like an event id
+    conflict, and the apply rolls back."""
+    held = unit.add_effect(new)
+    if held is None:
+        return None
+    if (held.name, envelope.canonical(held.payload)) != (new.name, new.payload) or held.event_id != new.event_id:
+        raise EffectKeyConflict(
+            f"effect key {new.key!r} is already held by {held.name!r} of event {held.event_id!r} "
+            f"with a different name, payload or event; give each effect its own key"
+        )
+    return held

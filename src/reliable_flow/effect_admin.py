@@ -1,0 +1,93 @@
+"""Reading the effect outbox and acting on it as an operator (``Consumer``'s
+effect methods): every action recorded with who, when and why."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .effects import check_json_value
+from .errors import NotResolvable, UnknownEffect
+from .statuses import Effect, EffectAction, EffectState
+from .store import InboxStore
+
+__all__ = ["EffectAdmin"]
+
+_S = EffectState
+# Which states each operator action may leave from.
+_FROM = {
+    "retry": (_S.DEAD, _S.UNKNOWN, _S.IN_DOUBT),
+    "resolve": (_S.DEAD, _S.UNKNOWN, _S.IN_DOUBT, _S.PENDING),
+    "cancel": (_S.PENDING, _S.DEAD, _S.UNKNOWN, _S.IN_DOUBT),
+}
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+class EffectAdmin:
+    """The effect outbox of a consumer's store, for reading and for operators."""
+
+    @property
+    def store(self) -> InboxStore:
+        raise NotImplementedError
+
+    def effect(self, key: str) -> Effect | None:
+        """The effect with this idempotency key, or None."""
+        return self.store.latest.effect(key)
+
+    def effect_outbox(
+        self, *, state: EffectState | str | None = None, flow_id: str | None = None, limit: int | None = None
+    ) -> list[Effect]:
+        """Effects in the order they were scheduled, optionally only one state / flow."""
+        chosen = None if state is None else EffectState(state)
+        return self.store.latest.effect_list(chosen, flow_id, limit)
+
+    def effect_counts(self) -> dict[str, int]:
+        """How many effects are in each state; every state is listed (0 if none)."""
+        counts = self.store.latest.effect_counts()
+        return {s.value: counts.get(s.value, 0) for s in EffectState}
+
+    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
+        """Recorded operator actions on effects (for one key if given), oldest first."""
+        return self.store.latest.effect_actions(key)
+
+    def retry_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:
+        """Run a dead, unknown or in-doubt effect again, with the same key, now.
+
+        For an ``unknown`` effect only after checking by hand that it did
+        not happen: this is the one way an effect in doubt is re-run blindly.
+        """
+        return self._act("retry", key, actor, reason, {"state": _S.PENDING, "due_at": 0.0, "failures": 0,
+                                                         "lease_owner": None, "reason": None})
+
+    def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> EffectAction:
+        """Record that the effect did take place (checked by hand), with its result."""
+        text = check_json_value("result", result)
+        return self._act("resolve", key, actor, reason, {"state": _S.SUCCEEDED, "result": text,
+                                                           "lease_owner": None, "reason": None})
+
+    def cancel_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:
+        """Decide that the effect will never run; recorded, never automatic."""
+        return self._act("cancel", key, actor, reason, {"state": _S.CANCELLED, "lease_owner": None,
+                                                          "reason": reason})
+
+    def _act(self, action: str, key: str, actor: str, reason: str, changes: dict[str, Any]) -> EffectAction:
+        _text("key", key)
+        _text("actor", actor)
+        _text("reason", reason)
+        now = time.time()
+        with self.store.write() as unit:
+            effect = unit.effect(key)
+            if effect is None:
+                raise UnknownEffect(f"no effect with key {key!r} in {self.store.location}")
+            if effect.state not in _FROM[action]:
+                allowed = ", ".join(s.value for s in _FROM[action])
+                raise NotResolvable(f"effect {key!r} is {effect.state}; {action} needs one of: {allowed}")
+            unit.update_effect(key, changes, now)
+            record = EffectAction(now, key, action, actor, reason)
+            unit.record_effect_action(record)
+        return record

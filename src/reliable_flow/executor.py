@@ -1,0 +1,237 @@
+"""The effect executor: runs the side effects apply handlers scheduled, each
+exactly once in effect, and feeds results back into a producer.
+
+One effect at a time: a durable claim (the effect is ``running`` under a
+lease, so a crash during the call is known to have maybe happened), the call
+with its idempotency key, then the outcome recorded in one transaction.  The
+decisions -- run, reconcile, expire, supersede, park, and what each outcome
+leaves -- are in :mod:`reliable_flow.core.effects`; leases and backoff come
+from :mod:`reliable_flow.delivery`, as for deliveries.
+
+Guaranteed: the function is called at least once for an effect that is not
+cancelled, expired or superseded first; it is never called again after an
+attempt that may have taken effect unless reconcile said it did not, or the
+effect is idempotent by key (the target deduplicates).  Not guaranteed: that
+the function is called at most once (a crash after the call and before the
+record means a call in doubt), or anything about an effect function that
+does not respect its own timeout.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .consumer import Consumer
+from .core.effects import (
+    Outcome,
+    Plan,
+    after_reconcile,
+    after_run,
+    claim_changes,
+    feedback_event_id,
+    plan,
+)
+from .crash import crash_point
+from .delivery import DeliveryPolicy, error_text
+from .effects import EffectCall, Effects, EffectSpec, OutcomeUnknown, PermanentFailure, RetryLater
+from .producer import Producer
+from .statuses import AdvanceStatus, Effect, EffectState
+
+__all__ = ["EffectExecutor", "ExecutorStats"]
+
+DEFAULT_LEASE = 30.0
+
+
+@dataclass
+class ExecutorStats:
+    """Running totals of one executor object (this process only)."""
+
+    passes: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    fed: int = 0
+    feedback_errors: int = 0
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passes": self.passes, "outcomes": dict(sorted(self.outcomes.items())), "fed": self.fed,
+                "feedback_errors": self.feedback_errors, "last_error": self.last_error}
+
+
+class EffectExecutor:
+    """Claims due effects of ``consumer``'s effect outbox and runs them.
+
+    ``effects``: the registry (default: the consumer's); only registered
+    names are claimed.  ``policy``: lease (default 30 s), backoff, clock
+    and random source, as for deliveries.  ``producer``: where effects
+    registered with ``feedback=`` advance their results.
+    """
+
+    def __init__(
+        self, consumer: Consumer, effects: Effects | None = None, *, policy: DeliveryPolicy | None = None,
+        producer: Producer | None = None,
+    ) -> None:
+        if not isinstance(consumer, Consumer):
+            raise TypeError(f"consumer must be a Consumer, got {type(consumer).__name__}")
+        registry = effects if effects is not None else consumer.effect_registry
+        if not isinstance(registry, Effects):
+            raise TypeError("effects must be an Effects registry (or given to the Consumer)")
+        if policy is None:
+            policy = DeliveryPolicy(lease_seconds=DEFAULT_LEASE)
+        if not isinstance(policy, DeliveryPolicy) or policy.lease_seconds is None:
+            raise ValueError("policy must be a DeliveryPolicy with lease_seconds: an effect is always claimed")
+        if producer is not None and not isinstance(producer, Producer):
+            raise TypeError(f"producer must be a Producer or None, got {type(producer).__name__}")
+        self.consumer = consumer
+        self.effects = registry
+        self.policy = policy
+        self.producer = producer
+        self.stats = ExecutorStats()
+
+    def run_once(self, limit: int = 100) -> int:
+        """Feed back results still owed, then take up to ``limit`` due effects
+        one by one; returns how many were taken up (0: nothing due)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        self._feed_owed(limit)
+        done = 0
+        while done < limit:
+            claimed = self._claim()
+            if claimed is None:
+                break
+            done += 1
+            effect, chosen = claimed
+            if chosen in (Plan.RUN, Plan.RECONCILE):
+                self._execute(effect, chosen)
+        self.stats.passes += 1
+        return done
+
+    def run_until_idle(self, max_passes: int = 1000) -> int:
+        """``run_once`` until nothing is due now; returns the effects taken up."""
+        total = 0
+        for _ in range(max_passes):
+            done = self.run_once()
+            total += done
+            if done == 0:
+                break
+        return total
+
+    # -- one effect ---------------------------------------------------------------------
+
+    def _claim(self) -> tuple[Effect, Plan] | None:
+        now = self.policy.clock()
+        with self.consumer.store.write() as unit:
+            due = unit.due_effects(now, list(self.effects), 1)
+            if not due:
+                return None
+            effect = due[0]
+            spec = self._spec(effect)
+            chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
+            unit.update_effect(effect.key, claim_changes(effect, chosen, reason, self.policy, now), now)
+        if chosen not in (Plan.RUN, Plan.RECONCILE):
+            self.stats.outcomes[chosen.value] += 1
+            return effect, chosen
+        crash_point("executor.after_claim")
+        attempts = effect.attempts + 1 if chosen is Plan.RUN else effect.attempts
+        return _with(effect, attempts=attempts), chosen
+
+    def _execute(self, effect: Effect, chosen: Plan) -> None:
+        spec = self._spec(effect)
+        call = EffectCall(effect.key, effect.name, effect.payload, effect.meta, effect.attempts,
+                          effect.flow_id, effect.event_id)
+        now_before = self.policy.clock()
+        if chosen is Plan.RECONCILE:
+            assert spec.reconcile is not None
+            try:
+                answer: object = spec.reconcile(call)
+            except Exception as exc:  # noqa: BLE001 - "could not tell", recorded
+                answer = exc
+            crash_point("executor.after_call")
+            now = max(now_before, self.policy.clock())
+            changes = after_reconcile(effect, spec, self.policy, now, answer)
+        else:
+            outcome, value = _call(spec, call)
+            crash_point("executor.after_call")
+            now = max(now_before, self.policy.clock())
+            changes = after_run(effect, spec, self.policy, now, outcome, value)
+        with self.consumer.store.write() as unit:
+            held = unit.effect(effect.key)
+            if held is None or held.state is not EffectState.RUNNING or held.lease_owner != self.policy.owner:
+                # The lease ran out during the call and another executor took
+                # the effect up: keep its record (lease_seconds must exceed the
+                # function's own timeout).
+                self.stats.outcomes["lease_lost"] += 1
+                return
+            unit.update_effect(effect.key, changes, now)
+        crash_point("executor.after_commit")
+        state = EffectState(changes["state"])
+        self.stats.outcomes[state.value if chosen is Plan.RUN else f"reconciled_{state.value}"] += 1
+        if changes.get("last_error"):
+            self.stats.last_error = f"{effect.key}: {changes['last_error']}"
+        if state is EffectState.SUCCEEDED and changes.get("fed") is False:
+            stored = self.consumer.store.latest.effect(effect.key)
+            if stored is not None:
+                self._feed(stored)
+
+    def _spec(self, effect: Effect) -> EffectSpec:
+        spec = self.effects.get(effect.name)
+        assert spec is not None, effect.name  # only registered names are claimed
+        return spec
+
+    # -- feedback -----------------------------------------------------------------------
+
+    def _feed_owed(self, limit: int) -> None:
+        if self.producer is None:
+            return
+        for effect in self.consumer.store.latest.unfed_effects(limit):
+            if self.effects.get(effect.name) is not None:
+                self._feed(effect)
+
+    def _feed(self, effect: Effect) -> None:
+        """Advance the result into the producer, then mark it fed.  A crash in
+        between re-advances the same event id, which answers ``existing``."""
+        spec = self._spec(effect)
+        if self.producer is None or spec.feedback is None:
+            return
+        feedback = spec.feedback
+        flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
+        payload = feedback.payload(effect.result) if feedback.payload else effect.result
+        event_id = feedback_event_id(effect.key)
+        for _ in range(5):  # another writer may move the flow on between read and advance
+            flow = self.producer.flow(flow_id)
+            result = self.producer.advance(
+                event_id, flow_id, expected_seq=0 if flow is None else int(flow["seq"]), kind=feedback.kind,
+                payload=payload, meta=effect.meta or None,
+            )
+            if result.status != AdvanceStatus.STALE:
+                break
+        now = self.policy.clock()
+        with self.consumer.store.write() as unit:
+            if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+                unit.update_effect(effect.key, {"fed": True}, now)
+                self.stats.fed += 1
+            else:
+                unit.update_effect(effect.key, {"last_error": f"feedback {result.status}: {result.reason}"}, now)
+                self.stats.feedback_errors += 1
+
+
+def _call(spec: EffectSpec, call: EffectCall) -> tuple[Outcome, Any]:
+    """Call the function and classify how it ended.  Anything not known to
+    have left nothing behind counts as "may have happened"."""
+    try:
+        return Outcome.SUCCEEDED, spec.run(call)
+    except RetryLater as exc:
+        return Outcome.RETRY, exc
+    except PermanentFailure as exc:
+        return Outcome.PERMANENT, exc
+    except (OutcomeUnknown, TimeoutError) as exc:
+        return Outcome.UNKNOWN, exc
+    except Exception as exc:  # noqa: BLE001 - unclassified: it may have happened
+        return Outcome.UNKNOWN, RuntimeError(f"unclassified failure, treated as unknown: {error_text(exc)}")
+
+
+def _with(effect: Effect, **changes: Any) -> Effect:
+    from dataclasses import replace
+
+    return replace(effect, **changes)

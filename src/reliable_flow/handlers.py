@@ -1,0 +1,186 @@
+"""Apply handlers: user code that runs inside the apply transaction of an event.
+
+A handler is a function of one :class:`ApplyContext`, registered with
+``Consumer(..., handlers=[...])``.  It runs after the projection of every
+event the consumer applies, in the same transaction, so everything it does
+-- rows in the application's own tables (:meth:`ApplyContext.execute`),
+effects it schedules (:meth:`ApplyContext.schedule`) or cancels -- commits
+with the apply, or not at all::
+
+    def notify(ctx: ApplyContext) -> None:
+        if ctx.event.kind == "answered":
+            ctx.execute("INSERT INTO answer(ticket, text) VALUES (?, ?)",
+                        (ctx.event.flow_id, ctx.event.payload["text"]))
+            ctx.schedule("send_email", {"to": ctx.data["email"], "text": ctx.event.payload["text"]})
+
+A handler that raises :class:`~reliable_flow.PayloadError` blocks the event
+(``invalid_payload`` with its message as the detail), leaving nothing of
+the apply; any other exception rolls the apply back and propagates, and the
+flow stays where it was.
+
+The application's own tables are created and migrated with the library's,
+by an :class:`AppSchema` given to the consumer.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import envelope
+from .core.effects import default_key, schedule_in
+from .effects import Effects, check_json_object
+from .errors import NotResolvable, UnknownEffect
+from .protocol import PayloadError
+from .statuses import EffectState
+from .store.effects import EffectUnit, NewEffect
+
+__all__ = ["AppSchema", "ApplyContext", "Event", "Handler"]
+
+_TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE|VACUUM|ATTACH|DETACH)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """The event being applied, as stored in the inbox."""
+
+    event_id: str
+    flow_id: str
+    seq: int
+    kind: str
+    schema: int
+    payload: dict[str, Any]
+    meta: dict[str, str]
+
+
+@dataclass(frozen=True)
+class AppSchema:
+    """The application's own tables in the consumer's store, as ordered
+    migrations: ``migrations[i]`` (statements) brings version ``i`` to
+    ``i + 1``.  Applied when the consumer opens, each in one transaction
+    with its version record; append migrations, never edit old ones."""
+
+    name: str
+    migrations: Sequence[Sequence[str]]
+
+    def __post_init__(self) -> None:
+        envelope.check_name("name", self.name)
+        if isinstance(self.migrations, (str, bytes)) or not all(
+            not isinstance(m, (str, bytes)) and all(isinstance(s, str) and s.strip() for s in m)
+            for m in self.migrations
+        ):
+            raise ValueError("migrations must be a sequence of sequences of SQL statements")
+
+
+class ApplyContext:
+    """What a handler sees and may do while one event is applied."""
+
+    def __init__(
+        self, unit: EffectUnit, event: Event, previous_state: str, state: str, data: dict[str, Any],
+        consumer: str, effects: Effects | None, now: float,
+    ) -> None:
+        self._unit = unit
+        self._effects = effects
+        self._now = now
+        self.event = event
+        self.previous_state = previous_state
+        self.state = state
+        self.data = copy.deepcopy(data)
+        self.consumer = consumer
+        self.scheduled: list[str] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement on the application's own tables, inside the apply
+        transaction; returns its rows.  Transaction control is refused: the
+        library commits or rolls back the whole apply."""
+        if not isinstance(sql, str) or _TRANSACTION_CONTROL.match(sql):
+            raise ValueError(f"sql must be one statement without transaction control, got {sql!r}")
+        return self._unit.user_execute(sql, params)
+
+    def schedule(
+        self, name: str, payload: dict[str, Any], *, key: str | None = None, deadline: float | None = None,
+        version: int | None = None, ordered: bool = False,
+    ) -> str:
+        """Schedule the effect ``name`` with ``payload``; returns its idempotency key.
+
+        The key is ``<consumer>:<event id>:<name>`` unless ``key`` is given
+        (give one to schedule one name twice for an event); it never changes
+        across retries.  ``deadline`` (seconds since the epoch; default the
+        event's ``meta["expires_at"]``, if any) after which it is never run;
+        ``version``: it is superseded, never run, once the flow is applied
+        past this seq; ``ordered``: it waits while an earlier ordered effect
+        of the same flow is unresolved.
+        """
+        envelope.check_name("name", name)
+        if self._effects is not None and name not in self._effects:
+            raise UnknownEffect(f"effect {name!r} is not registered (registered: {list(self._effects)})")
+        body = check_json_object("payload", payload)
+        chosen = default_key(self.consumer, self.event.event_id, name) if key is None else key
+        if not isinstance(chosen, str) or not chosen or len(chosen) > 512:
+            raise ValueError(f"key must be a non-empty string of at most 512 characters, got {key!r}")
+        if deadline is None and "expires_at" in self.event.meta:
+            deadline = _epoch("meta.expires_at", self.event.meta["expires_at"])
+        if deadline is not None:
+            deadline = _finite("deadline", deadline)
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+            raise ValueError(f"version must be None or an int >= 1, got {version!r}")
+        if not isinstance(ordered, bool):
+            raise TypeError(f"ordered must be a bool, got {ordered!r}")
+        schedule_in(self._unit, NewEffect(
+            chosen, name, body, self.event.event_id, self.event.flow_id, self.event.seq,
+            envelope.canonical(self.event.meta), ordered, deadline, version, None, self._now,
+        ))
+        self.scheduled.append(chosen)
+        return chosen
+
+    def cancel(self, key: str, reason: str) -> None:
+        """Cancel a pending effect (e.g. one this flow scheduled earlier and no
+        longer needs), with a reason; it will never run."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"reason must be a non-empty string, got {reason!r}")
+        effect = self._unit.effect(key)
+        if effect is None:
+            raise UnknownEffect(f"no effect with key {key!r}")
+        if effect.state is not EffectState.PENDING:
+            raise NotResolvable(f"effect {key!r} is {effect.state}; only a pending effect can be cancelled here")
+        self._unit.update_effect(key, {"state": EffectState.CANCELLED, "reason": reason}, self._now)
+
+
+Handler = Callable[[ApplyContext], None]
+
+
+def _finite(name: str, value: object) -> float:
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds since the epoch, got {value!r}")
+    return float(value)
+
+
+class _BadMeta(PayloadError):
+    """The event's own meta breaks a rule: the event blocks (invalid_payload)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        ValueError.__init__(self, f"meta.{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def _epoch(name: str, text: str) -> float:
+    """``meta.expires_at`` as epoch seconds, or an ISO 8601 time with a zone."""
+    from datetime import datetime
+
+    try:
+        return _finite(name, float(text))
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise _BadMeta("expires_at", f"must be epoch seconds or an ISO 8601 time, got {text!r}") from None
+    if moment.tzinfo is None:
+        raise _BadMeta("expires_at", f"must name its time zone (e.g. ...Z), got {text!r}")
+    return moment.timestamp()
