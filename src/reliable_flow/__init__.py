@@ -16,7 +16,19 @@ Quick tour::
 from __future__ import annotations
 
 from .consumer import Consumer
+from .effects import (
+    EffectCall,
+    Effects,
+    Feedback,
+    Happened,
+    NotHappened,
+    OutcomeUnknown,
+    PermanentFailure,
+    RetryLater,
+)
 from .errors import *  # every public error, as listed in errors.__all__
+from .executor import EffectExecutor, ExecutorStats
+from .handlers import ApplyContext, AppSchema, Event
 from .producer import Producer
 from .protocol import PayloadError, Protocol
 from .receiver import Receiver
@@ -29,13 +41,16 @@ __version__ = "0.1.0"
 
 # Sorted, and pinned by tests/test_public_api.py.
 __all__ = [
-    "AdvanceResult", "AdvanceStatus", "ApplyResult", "ApplyStatus", "BlockReason",
-    "CommitOutcomeUnknown", "Consumer", "ConsumerMismatch", "DatabaseBusy", "DeliveryPolicy",
-    "DeliveryRecord", "DeliveryState", "DrainResult", "DrainStop", "EffectRecord", "InboxEntry",
-    "InboxFull", "InboxState", "InvalidEnvelope", "NotResolvable", "OperatorAction",
-    "OutboxEntry", "PayloadError", "Producer", "Protocol", "ReadOnlyStorage", "ReceiveResult",
-    "ReceiveStatus", "Receiver", "Refused", "RelayBatchResult", "RelayResult", "RelayStatus",
-    "ReliableFlowError", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull",
-    "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "__version__",
-    "relay", "relay_batch", "snapshot",
+    "AdvanceResult", "AdvanceStatus", "AppSchema", "ApplyContext", "ApplyResult", "ApplyStatus",
+    "BlockReason", "CommitOutcomeUnknown", "Consumer", "ConsumerMismatch", "DatabaseBusy",
+    "DeliveryPolicy", "DeliveryRecord", "DeliveryState", "DrainResult", "DrainStop", "Effect",
+    "EffectAction", "EffectCall", "EffectExecutor", "EffectKeyConflict", "EffectRecord",
+    "EffectState", "Effects", "Event", "ExecutorStats", "Feedback", "Happened", "InboxEntry",
+    "InboxFull", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
+    "OperatorAction", "OutboxEntry", "OutcomeUnknown", "PayloadError", "PermanentFailure",
+    "Producer", "Protocol", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
+    "Refused", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
+    "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull",
+    "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess",
+    "__version__", "relay", "relay_batch", "snapshot",
 ]
