@@ -1,8 +1,9 @@
 """What a relay needs from a consumer: the :class:`Receiver` interface.
 
 :class:`~reliable_flow.Consumer` satisfies it in process; a client that
-reaches a consumer over a network can satisfy it too, and ``relay``,
-``relay_batch`` and ``Worker`` will deliver to it unchanged.
+reaches a consumer over a network can satisfy it too, and ``relay`` and
+``relay_batch`` will deliver to it unchanged.  (``Worker`` also applies
+events, so it takes real ``Consumer`` objects.)
 """
 
 from __future__ import annotations
