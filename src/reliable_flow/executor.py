@@ -42,6 +42,7 @@ from .statuses import AdvanceStatus, Effect, EffectState
 __all__ = ["EffectExecutor", "ExecutorStats"]
 
 DEFAULT_LEASE = 30.0
+_FINAL = {Plan.EXPIRE: EffectState.EXPIRED, Plan.SUPERSEDE: EffectState.SUPERSEDED, Plan.PARK: EffectState.UNKNOWN}
 
 
 @dataclass
@@ -130,7 +131,7 @@ class EffectExecutor:
             chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
             unit.update_effect(effect.key, claim_changes(effect, chosen, reason, self.policy, now), now)
         if chosen not in (Plan.RUN, Plan.RECONCILE):
-            self.stats.outcomes[chosen.value] += 1
+            self.stats.outcomes[_FINAL[chosen].value] += 1
             return effect, chosen
         crash_point("executor.after_claim")
         attempts = effect.attempts + 1 if chosen is Plan.RUN else effect.attempts
@@ -198,22 +199,29 @@ class EffectExecutor:
         flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
         payload = feedback.payload(effect.result) if feedback.payload else effect.result
         event_id = feedback_event_id(effect.key)
-        for _ in range(5):  # another writer may move the flow on between read and advance
-            flow = self.producer.flow(flow_id)
-            result = self.producer.advance(
-                event_id, flow_id, expected_seq=0 if flow is None else int(flow["seq"]), kind=feedback.kind,
-                payload=payload, meta=effect.meta or None,
-            )
-            if result.status != AdvanceStatus.STALE:
-                break
+        refused: str | None = None
+        try:
+            for _ in range(5):  # another writer may move the flow on between read and advance
+                flow = self.producer.flow(flow_id)
+                result = self.producer.advance(
+                    event_id, flow_id, expected_seq=0 if flow is None else int(flow["seq"]), kind=feedback.kind,
+                    payload=payload, meta=effect.meta or None,
+                )
+                if result.status != AdvanceStatus.STALE:
+                    break
+            if result.status not in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+                refused = f"feedback {result.status}: {result.reason}"
+        except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
+            refused = f"feedback refused: {error_text(exc)}"
         now = self.policy.clock()
         with self.consumer.store.write() as unit:
-            if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+            if refused is None:
                 unit.update_effect(effect.key, {"fed": True}, now)
                 self.stats.fed += 1
             else:
-                unit.update_effect(effect.key, {"last_error": f"feedback {result.status}: {result.reason}"}, now)
+                unit.update_effect(effect.key, {"last_error": refused[:1000]}, now)
                 self.stats.feedback_errors += 1
+                self.stats.last_error = f"{effect.key}: {refused}"
 
 
 def _call(spec: EffectSpec, call: EffectCall) -> tuple[Outcome, Any]:

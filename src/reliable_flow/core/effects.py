@@ -73,6 +73,8 @@ def plan(effect: Effect, spec: EffectSpec, now: float, last_seq: int) -> tuple[P
         late = _late(effect, now, last_seq)
         if late is not None:
             return Plan.PARK, f"in doubt, and {late[1]}: not re-run even by key"
+        if effect.attempts >= spec.max_attempts:
+            return Plan.PARK, f"re-run by key {effect.attempts} times (max_attempts), outcome still unknown"
         return Plan.RUN, None
     return Plan.PARK, (
         f"attempt {effect.attempts} may or may not have taken effect, and {effect.name!r} has "
