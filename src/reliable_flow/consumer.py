@@ -289,6 +289,11 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         """Ids of every flow with at least one inbox row, sorted."""
         return self._store.latest.flows()
 
+    def open_flows(self) -> list[str]:
+        """Ids of the flows with an inbox row not yet applied, sorted
+        (what :meth:`process_all` works through)."""
+        return self._store.latest.open_flows()
+
     def __repr__(self) -> str:
         return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"
 

@@ -16,7 +16,8 @@ __all__ = ["EffectAdmin"]
 _S = EffectState
 # Which states each operator action may leave from.
 _FROM = {
-    "retry": (_S.DEAD, _S.UNKNOWN, _S.IN_DOUBT),
+    # in_doubt is left out: it is reconciled (or re-run by key) automatically.
+    "retry": (_S.DEAD, _S.UNKNOWN),
     "resolve": (_S.DEAD, _S.UNKNOWN, _S.IN_DOUBT, _S.PENDING),
     "cancel": (_S.PENDING, _S.DEAD, _S.UNKNOWN, _S.IN_DOUBT),
 }
@@ -56,18 +57,22 @@ class EffectAdmin:
         return self.store.latest.effect_actions(key)
 
     def retry_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:
-        """Run a dead, unknown or in-doubt effect again, with the same key, now.
+        """Run a dead or unknown effect again, with the same key, now, with a
+        fresh ``max_attempts`` budget (``attempts`` starts again from 0; the
+        retry itself is recorded in ``effect_actions``).
 
         For an ``unknown`` effect only after checking by hand that it did
         not happen: this is the one way an effect in doubt is re-run blindly.
         """
         return self._act("retry", key, actor, reason, {"state": _S.PENDING, "due_at": 0.0, "failures": 0,
-                                                         "lease_owner": None, "reason": None})
+                                                         "attempts": 0, "lease_owner": None, "reason": None})
 
     def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> EffectAction:
         """Record that the effect did take place (checked by hand), with its result."""
         text = check_json_value("result", result)
-        return self._act("resolve", key, actor, reason, {"state": _S.SUCCEEDED, "result": text,
+        # fed=False: an executor whose registry feeds this effect back does so;
+        # one that does not clears it.
+        return self._act("resolve", key, actor, reason, {"state": _S.SUCCEEDED, "result": text, "fed": False,
                                                            "lease_owner": None, "reason": None})
 
     def cancel_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:

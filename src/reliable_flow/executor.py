@@ -175,6 +175,24 @@ class EffectExecutor:
             if stored is not None:
                 self._feed(stored)
 
+    def _advance_result(self, event_id: str, flow_id: str, kind: str, payload: Any,
+                        meta: dict[str, str]) -> str | None:
+        """Advance once; None when the step is in the flow (now or before), else why not."""
+        assert self.producer is not None
+        if self.producer.event(event_id) is not None:
+            return None  # advanced before a crash; the flow may have moved on since
+        for _ in range(5):  # another writer may move the flow on between read and advance
+            flow = self.producer.flow(flow_id)
+            result = self.producer.advance(
+                event_id, flow_id, expected_seq=0 if flow is None else int(flow["seq"]), kind=kind,
+                payload=payload, meta=meta or None,
+            )
+            if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+                return None
+            if result.status != AdvanceStatus.STALE:
+                break
+        return f"feedback {result.status}: {result.reason}"
+
     def _spec(self, effect: Effect) -> EffectSpec:
         spec = self.effects.get(effect.name)
         assert spec is not None, effect.name  # only registered names are claimed
@@ -193,24 +211,18 @@ class EffectExecutor:
         """Advance the result into the producer, then mark it fed.  A crash in
         between re-advances the same event id, which answers ``existing``."""
         spec = self._spec(effect)
-        if self.producer is None or spec.feedback is None:
+        if spec.feedback is None:
+            with self.consumer.store.write() as unit:
+                unit.update_effect(effect.key, {"fed": None}, self.policy.clock())  # nothing is owed
+            return
+        if self.producer is None:
             return
         feedback = spec.feedback
         flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
         payload = feedback.payload(effect.result) if feedback.payload else effect.result
         event_id = feedback_event_id(effect.key)
-        refused: str | None = None
         try:
-            for _ in range(5):  # another writer may move the flow on between read and advance
-                flow = self.producer.flow(flow_id)
-                result = self.producer.advance(
-                    event_id, flow_id, expected_seq=0 if flow is None else int(flow["seq"]), kind=feedback.kind,
-                    payload=payload, meta=effect.meta or None,
-                )
-                if result.status != AdvanceStatus.STALE:
-                    break
-            if result.status not in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
-                refused = f"feedback {result.status}: {result.reason}"
+            refused = self._advance_result(event_id, flow_id, feedback.kind, payload, effect.meta)
         except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
             refused = f"feedback refused: {error_text(exc)}"
         now = self.policy.clock()

@@ -115,8 +115,7 @@ class Worker:
                 try:
                     result = relay(self.producer, consumer, policy=self.policy)
                 except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
-                    self.stats.errors += 1
-                    self.stats.last_error = f"{consumer.name}: {type(exc).__name__}: {exc}"
+                    self._failed(consumer.name, exc)
                     break
                 self.stats.relayed[result.status.value] += 1
                 if result.status == RelayStatus.IDLE:
@@ -124,21 +123,48 @@ class Worker:
                 work += 1
             if self.stopping:
                 return work
-            for drained in consumer.process_all(limit=self.apply_limit).values():
-                self.stats.applied += drained.applied
-                work += drained.applied
-                if drained.stop != DrainStop.IDLE:
-                    self.stats.stops[drained.stop.value] += 1
+            work += self._apply(consumer)
         for executor in self.executors:
             if self.stopping:
                 return work
             before = Counter(executor.stats.outcomes)
-            work += executor.run_once(limit=self.apply_limit)
+            try:
+                work += executor.run_once(limit=self.apply_limit)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+                self._failed(f"effects of {executor.consumer.name}", exc)
             self.stats.effects.update(executor.stats.outcomes - before)
         self.stats.passes += 1
         if self._on_pass is not None:
             self._on_pass(self.stats)
         return work
+
+    def _apply(self, consumer: Consumer) -> int:
+        """Drain each open flow on its own, so a flow whose apply raises (a
+        handler's bug, a full disk) is recorded and skipped, and the others
+        go on; the failed flow is tried again next pass."""
+        applied = 0
+        try:
+            flows = consumer.open_flows()
+        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+            self._failed(consumer.name, exc)
+            return 0
+        for flow in flows:
+            if self.stopping:
+                break
+            try:
+                drained = consumer.drain(flow, limit=self.apply_limit)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+                self._failed(f"{consumer.name} flow {flow!r}", exc)
+                continue
+            self.stats.applied += drained.applied
+            applied += drained.applied
+            if drained.stop != DrainStop.IDLE:
+                self.stats.stops[drained.stop.value] += 1
+        return applied
+
+    def _failed(self, where: str, exc: Exception) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{where}: {type(exc).__name__}: {exc}"
 
     def run(self, *, max_passes: int | None = None, handle_signals: bool = True) -> WorkerStats:
         """Loop until :meth:`stop`, a signal, or ``max_passes`` passes; return the totals."""

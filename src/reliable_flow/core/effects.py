@@ -144,6 +144,11 @@ def after_reconcile(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, no
     if isinstance(answer, Happened):
         return _succeeded(spec, answer.result)
     if isinstance(answer, NotHappened):
+        if effect.attempts >= spec.max_attempts:
+            return {"state": _S.DEAD, "lease_owner": None, "reason": (
+                f"reconcile says attempt {effect.attempts} did not happen, and max_attempts="
+                f"{spec.max_attempts} are used up"
+            )}
         return {"state": _S.PENDING, "due_at": now, "lease_owner": None, "last_error": None}
     exc = answer if isinstance(answer, BaseException) else TypeError(
         f"reconcile must return Happened or NotHappened, got {type(answer).__name__}"
@@ -151,7 +156,7 @@ def after_reconcile(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, no
     retry = retry_after(policy, effect.failures, now, exc)
     if retry.failures >= spec.max_attempts:
         return {"state": _S.UNKNOWN, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
-                "reason": f"reconcile could not tell in {retry.failures} tries"}
+                "reason": f"still in doubt after {retry.failures} failed calls and reconciles (max_attempts)"}
     return {"state": _S.IN_DOUBT, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
             "last_error": retry.error}
 

@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="an Effects registry: the consumers may schedule these effects and the worker runs them")
     run.add_argument("--app-schema", metavar="MODULE:ATTR", help="the application's own tables (an AppSchema)")
     run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="relay lease (default 30)")
+    run.add_argument("--effect-lease", type=float, default=30.0, metavar="SECONDS",
+                     help="effect lease, longer than any effect function's own timeout (default 30)")
     run.add_argument("--idle-sleep", type=float, default=0.5, metavar="SECONDS")
     run.add_argument("--report-every", type=float, default=10.0, metavar="SECONDS",
                      help="print progress counts to stderr this often (0: only at exit)")
@@ -181,7 +183,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
 
     policy = DeliveryPolicy(lease_seconds=args.lease)
-    executors = [EffectExecutor(c, policy=policy, producer=producer) for c in consumers] if "effects" in app else []
+    effect_policy = DeliveryPolicy(lease_seconds=args.effect_lease)
+    executors = [EffectExecutor(c, policy=effect_policy, producer=producer) for c in consumers] if "effects" in app else []
     worker = Worker(
         producer, consumers, policy=policy, idle_sleep=args.idle_sleep, on_pass=report, executors=executors,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from ..statuses import EffectState
@@ -91,6 +92,13 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
     }
 
 
+def _when(seconds: float) -> str:
+    """An epoch time as UTC ISO 8601 ("-" for 0: due at once)."""
+    if not seconds:
+        return "-"
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
+
+
 def _rows(items: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return ["    " + "  ".join(f"{k}={item[k]}" for k in keys) for item in items]
 
@@ -136,7 +144,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  effects: {shown}")
         if effects["attention"]:
             lines.append("  effects needing attention (running, retrying, in doubt, unknown, dead):")
-            lines += _rows(effects["attention"], ["key", "state", "attempts", "due_at", "lease_owner", "last_error"])
+            shown_rows = [{**e, "due": _when(e["due_at"])} for e in effects["attention"]]
+            lines += _rows(shown_rows, ["key", "state", "attempts", "due", "lease_owner", "last_error", "reason"])
         if effects["actions"]:
             lines.append("  operator actions on effects:")
             lines += _rows(effects["actions"], ["action", "key", "actor", "reason"])
