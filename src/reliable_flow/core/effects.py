@@ -91,9 +91,11 @@ def claim_changes(effect: Effect, chosen: Plan, reason: str | None, policy: Deli
         return {"state": _S.SUPERSEDED, "reason": reason, "lease_owner": None}
     if chosen is Plan.PARK:
         return {"state": _S.UNKNOWN, "reason": reason, "lease_owner": None}
-    lease = {"state": _S.RUNNING, "due_at": claim_until(policy, now), "lease_owner": policy.owner}
+    lease: Changes = {"state": _S.RUNNING, "due_at": claim_until(policy, now), "lease_owner": policy.owner}
     if chosen is Plan.RUN:
         lease["attempts"] = effect.attempts + 1
+    elif effect.state is _S.RUNNING:
+        lease["failures"] = 1  # its runner died mid-call: a new episode of doubt starts here
     return lease
 
 
@@ -125,10 +127,13 @@ def after_run(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: flo
     if outcome is Outcome.PERMANENT:
         return {"state": _S.DEAD, "lease_owner": None, "last_error": error_text(value),
                 "reason": "permanent failure"}
-    retry = retry_after(policy, effect.failures, now, value)
     if outcome is Outcome.UNKNOWN:
-        return {"state": _S.IN_DOUBT, "failures": retry.failures, "due_at": retry.due_at,
-                "lease_owner": None, "last_error": retry.error}
+        # A new episode of doubt: its reconcile tries are counted from here
+        # (failures = 1), whatever failed before.
+        doubt = retry_after(policy, 0, now, value)
+        return {"state": _S.IN_DOUBT, "failures": doubt.failures, "due_at": doubt.due_at,
+                "lease_owner": None, "last_error": doubt.error}
+    retry = retry_after(policy, effect.failures, now, value)
     if effect.attempts >= spec.max_attempts:
         return {"state": _S.DEAD, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
                 "reason": f"failed {effect.attempts} of max_attempts={spec.max_attempts} times"}
@@ -139,8 +144,10 @@ def after_run(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: flo
 def after_reconcile(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
                     answer: object) -> Changes:
     """What a reconcile answer leaves: ``Happened`` settles it, ``NotHappened``
-    lets it run again, anything else (an exception) keeps it in doubt, until
-    ``max_attempts`` tries park it as unknown."""
+    lets it run again (or makes it dead once ``max_attempts`` attempts are
+    used up), anything else (an exception) keeps it in doubt, until
+    ``max_attempts`` reconciles in a row could not tell: then it is parked as
+    unknown."""
     if isinstance(answer, Happened):
         return _succeeded(spec, answer.result)
     if isinstance(answer, NotHappened):
@@ -154,9 +161,10 @@ def after_reconcile(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, no
         f"reconcile must return Happened or NotHappened, got {type(answer).__name__}"
     )
     retry = retry_after(policy, effect.failures, now, exc)
-    if retry.failures >= spec.max_attempts:
+    tries = retry.failures - 1  # the doubt itself counted as the first failure
+    if tries >= spec.max_attempts:
         return {"state": _S.UNKNOWN, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
-                "reason": f"still in doubt after {retry.failures} failed calls and reconciles (max_attempts)"}
+                "reason": f"reconcile could not tell in {tries} tries (max_attempts)"}
     return {"state": _S.IN_DOUBT, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
             "last_error": retry.error}
 
