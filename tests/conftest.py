@@ -7,6 +7,10 @@ import pytest
 from reliable_flow import Consumer, Producer
 from reliable_flow.reservation import RESERVATION
 
+# The shared helpers (support.py) assert too: let pytest explain their failures
+# like a test's.  Registered here, before any test module imports them.
+pytest.register_assert_rewrite("support")
+
 
 @pytest.fixture
 def producer(tmp_path: Path) -> Producer:

@@ -20,6 +20,7 @@ import pytest
 from reliable_flow import Consumer, EffectRecord, InboxEntry, Producer, relay
 from reliable_flow.protocol import Protocol, exact, integer, text
 from reliable_flow.reservation import RESERVATION
+from support import envelope, relay_until_idle
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "agent_tasks.py"
 
@@ -76,26 +77,6 @@ def advance_all(
             schema=schema,
         )
         assert (r.status, r.seq) == ("committed", seq), r.reason
-
-
-def relay_until_idle(producer: Producer, consumer: Consumer) -> list[str]:
-    answers = []
-    while (r := relay(producer, consumer)).status != "idle":
-        answers.append(str(r.status))
-    return answers
-
-
-def envelope(
-    seq: int, kind: str, payload: dict[str, Any], schema: int = 1, flow_id: str = "X"
-) -> dict[str, Any]:
-    return {
-        "event_id": f"{flow_id}-{seq}",
-        "flow_id": flow_id,
-        "seq": seq,
-        "kind": kind,
-        "schema": schema,
-        "payload": payload,
-    }
 
 
 # -- the happy path -----------------------------------------------------------------
@@ -317,7 +298,7 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path
         advance_all(producer, HAPPY[3:], start=3)
         assert producer.flow("T")["tool_calls"] == 2  # type: ignore[index]
         # Every event is accepted, including the one this consumer cannot decode yet.
-        assert relay_until_idle(producer, consumer) == ["accepted"] * 5
+        assert [str(r.status) for r in relay_until_idle(producer, consumer)] == ["accepted"] * 5
 
         d = consumer.drain("T")
         assert (d.applied, d.stop) == (2, "blocked")
@@ -348,31 +329,37 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path
 @pytest.mark.parametrize(
     "prefix, bad, reason",
     [
-        ([], envelope(1, "requested", {"prompt": ""}), "invalid_payload"),
-        ([], envelope(1, "requested", {"question": "hi"}), "invalid_payload"),
-        ([], envelope(1, "answered", {"answer": "42"}), "invalid_transition"),
+        ([], envelope("X-1", "X", 1, kind="requested", payload={"prompt": ""}), "invalid_payload"),
+        ([], envelope("X-1", "X", 1, kind="requested", payload={"question": "hi"}), "invalid_payload"),
+        ([], envelope("X-1", "X", 1, kind="answered", payload={"answer": "42"}), "invalid_transition"),
         (
-            [envelope(1, "requested", {"prompt": "p"}), envelope(2, "planned", {"steps": 1})],
-            envelope(3, "tool_called", {"tool": "shell", "call": 1}),
-            "invalid_payload",
-        ),
-        (
-            [envelope(1, "requested", {"prompt": "p"}), envelope(2, "planned", {"steps": 1})],
-            envelope(3, "tool_called", {"tool": "search", "call": 2}),
+            [
+                envelope("X-1", "X", 1, kind="requested", payload={"prompt": "p"}),
+                envelope("X-2", "X", 2, kind="planned", payload={"steps": 1}),
+            ],
+            envelope("X-3", "X", 3, kind="tool_called", payload={"tool": "shell", "call": 1}),
             "invalid_payload",
         ),
         (
             [
-                envelope(1, "requested", {"prompt": "p"}),
-                envelope(2, "planned", {"steps": 1}),
-                envelope(3, "tool_called", {"tool": "search", "call": 1}),
+                envelope("X-1", "X", 1, kind="requested", payload={"prompt": "p"}),
+                envelope("X-2", "X", 2, kind="planned", payload={"steps": 1}),
             ],
-            envelope(4, "tool_called", {"tool": "search", "call": 2}),
+            envelope("X-3", "X", 3, kind="tool_called", payload={"tool": "search", "call": 2}),
             "invalid_payload",
         ),
         (
-            [envelope(1, "requested", {"prompt": "p"})],
-            envelope(2, "planned", {"steps": 2}, schema=7),
+            [
+                envelope("X-1", "X", 1, kind="requested", payload={"prompt": "p"}),
+                envelope("X-2", "X", 2, kind="planned", payload={"steps": 1}),
+                envelope("X-3", "X", 3, kind="tool_called", payload={"tool": "search", "call": 1}),
+            ],
+            envelope("X-4", "X", 4, kind="tool_called", payload={"tool": "search", "call": 2}),
+            "invalid_payload",
+        ),
+        (
+            [envelope("X-1", "X", 1, kind="requested", payload={"prompt": "p"})],
+            envelope("X-2", "X", 2, kind="planned", payload={"steps": 2}, schema=7),
             "unsupported_schema",
         ),
     ],
@@ -470,7 +457,7 @@ def test_duplicate_never_adds_effect(tmp_path: Path, protocol: Protocol, steps: 
         advance_all(producer, steps, flow_id="F")
         assert relay(producer, consumer, event_id="F-1").status == "accepted"
         assert relay(producer, consumer, event_id="F-1").status == "duplicate"  # before apply
-        assert relay_until_idle(producer, consumer) == ["accepted", "accepted"]
+        assert [str(r.status) for r in relay_until_idle(producer, consumer)] == ["accepted", "accepted"]
         assert consumer.drain("F").applied == 3
         first = consumer.effects("F")
         for seq, (kind, payload) in enumerate(steps, start=1):

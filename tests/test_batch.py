@@ -34,10 +34,8 @@ from typing import Any
 
 import pytest
 
-import _batch_child
-from _batch_child import ADVANCE_BATCH, ADVANCE_BATCH_PRE, TICKER
+from children.batch_child import ADVANCE_BATCH, ADVANCE_BATCH_PRE, TICKER
 from reliable_flow import (
-    AdvanceResult,
     ApplyResult,
     Consumer,
     DeliveryPolicy,
@@ -54,23 +52,22 @@ from reliable_flow import (
 )
 from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.reservation import RESERVATION
+from support import (
+    CHILDREN,
+    KINDS,
+    advance_step,
+    child_env,
+    envelope,
+    outbox_entry,
+    relay_until_idle,
+    run_script,
+)
 
-KINDS = ("reserved", "confirmed", "released")
-CHILD = Path(_batch_child.__file__)
-CHILD_TIMEOUT = 60
+BATCH_CHILD = CHILDREN / "batch_child.py"
 SEED = int(os.environ.get("RELIABLE_FLOW_BATCH_SEED", "20240611"))
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def env(event_id: str, flow_id: str, seq: int, amount: int = 3, *, kind: str | None = None,
-        schema: int = 1, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A reservation envelope; kind defaults to the seq's step."""
-    return {
-        "event_id": event_id, "flow_id": flow_id, "seq": seq, "kind": kind or KINDS[seq - 1],
-        "schema": schema, "payload": payload if payload is not None else {"amount": amount},
-    }
 
 
 def tick(flow_id: str, seq: int, *, kind: str = "running", schema: int = 1,
@@ -82,17 +79,9 @@ def tick(flow_id: str, seq: int, *, kind: str = "running", schema: int = 1,
     }
 
 
-def step(target: Any, event_id: str, flow_id: str, seq: int, amount: int = 3) -> AdvanceResult:
-    """``advance`` (on a Producer or a Batch) of the reservation step number ``seq``."""
-    result: AdvanceResult = target.advance(
-        event_id, flow_id, expected_seq=seq - 1, kind=KINDS[seq - 1], payload={"amount": amount}
-    )
-    return result
-
-
 def commit_steps(producer: Producer, *events: tuple[str, str, int]) -> None:
     for event_id, flow_id, seq in events:
-        r = step(producer, event_id, flow_id, seq)
+        r = advance_step(producer, event_id, flow_id, seq)
         assert (r.status, r.seq) == ("committed", seq), r
 
 
@@ -152,16 +141,6 @@ def pair(tmp_path: Path, stack: ExitStack, name: str = "", **consumer_kw: Any) -
     return producer, consumer
 
 
-def relay_all_single(producer: Producer, consumer: Consumer) -> list[RelayResult]:
-    out: list[RelayResult] = []
-    for _ in range(10_000):
-        r = relay(producer, consumer)
-        if r.status == "idle":
-            return out
-        out.append(r)
-    raise AssertionError("relay never went idle")
-
-
 def relay_all_batched(producer: Producer, consumer: Consumer, limit: int,
                       policy: DeliveryPolicy | None = None) -> list[RelayResult]:
     out: list[RelayResult] = []
@@ -175,11 +154,6 @@ def relay_all_batched(producer: Producer, consumer: Consumer, limit: int,
             return out
         out.extend(r.results)
     raise AssertionError("relay_batch never went idle")
-
-
-def delivery(producer: Producer, event_id: str, consumer: str = "default") -> dict[str, Any]:
-    [entry] = [e for e in producer.outbox(consumer=consumer) if e.event_id == event_id]
-    return entry
 
 
 def flow_invariant(producer: Producer) -> None:
@@ -456,10 +430,10 @@ def test_batches_answer_and_store_exactly_like_single_calls(
 def test_a_batch_commits_advances_across_flows_and_sees_its_own_earlier_advances(producer: Producer) -> None:
     with producer.batch() as b:
         results = [
-            step(b, "A1", "A", 1),
-            step(b, "B1", "B", 1, amount=5),
-            step(b, "A2", "A", 2),          # sees A1 of the same batch
-            step(b, "A3", "A", 3),
+            advance_step(b, "A1", "A", 1),
+            advance_step(b, "B1", "B", 1, amount=5),
+            advance_step(b, "A2", "A", 2),          # sees A1 of the same batch
+            advance_step(b, "A3", "A", 3),
         ]
         assert [r.status for r in results] == ["committed"] * 4
         # Inside the block, single-call reads on the same connection see it too.
@@ -507,9 +481,9 @@ def test_every_status_inside_one_batch_is_the_single_call_status(tmp_path: Path)
 def test_backlog_full_inside_a_batch_matches_single_calls(tmp_path: Path) -> None:
     with Producer(tmp_path / "s.db", RESERVATION, max_backlog=2) as single, \
             Producer(tmp_path / "b.db", RESERVATION, max_backlog=2) as batched:
-        want = [step(single, f"{f}1", f, 1) for f in "ABC"]
+        want = [advance_step(single, f"{f}1", f, 1) for f in "ABC"]
         with batched.batch() as b:
-            got = [step(b, f"{f}1", f, 1) for f in "ABC"]
+            got = [advance_step(b, f"{f}1", f, 1) for f in "ABC"]
         assert got == want
         assert [str(r.status) for r in got] == ["committed", "committed", "backlog_full"]
         assert batched.flow("C") is None
@@ -525,15 +499,15 @@ def test_an_exception_in_the_block_rolls_back_every_advance_of_the_batch(tmp_pat
         commit_steps(producer, ("A1", "A", 1))
         before = snapshot(producer.path, consumer.path)
         with pytest.raises(Boom), producer.batch() as b:
-            assert step(b, "A2", "A", 2).status == "committed"
-            assert step(b, "B1", "B", 1).status == "committed"
-            assert step(b, "C1", "C", 1).status == "committed"
+            assert advance_step(b, "A2", "A", 2).status == "committed"
+            assert advance_step(b, "B1", "B", 1).status == "committed"
+            assert advance_step(b, "C1", "C", 1).status == "committed"
             raise Boom("after three advances")
         assert producer._store._db.conn.in_transaction is False
         assert snapshot(producer.path, consumer.path) == before
         assert producer.flows() == ["A"] and producer.flow("B") is None
         # The ids were never stored: the same advances commit now, one by one.
-        assert [step(producer, *a).status for a in (("A2", "A", 2), ("B1", "B", 1), ("C1", "C", 1))] == \
+        assert [advance_step(producer, *a).status for a in (("A2", "A", 2), ("B1", "B", 1), ("C1", "C", 1))] == \
             ["committed"] * 3
         flow_invariant(producer)
 
@@ -556,14 +530,14 @@ def test_a_sql_failure_on_the_kth_outbox_insert_rolls_back_the_whole_batch(tmp_p
         reached = []
         with pytest.raises(sqlite3.IntegrityError, match="injected outbox failure"), producer.batch() as b:
             for event in batch:
-                reached.append(step(b, *event).status)
+                reached.append(advance_step(b, *event).status)
         assert reached == ["committed"] * (k - 1)
         assert conn.in_transaction is False
         assert snapshot(producer.path, consumer.path) == before
         conn.execute("DROP TRIGGER temp.fail_kth")
         with producer.batch() as b:
             for event in batch:
-                step(b, *event)
+                advance_step(b, *event)
         assert [str(r.status) for r in b.results] == ["committed"] * 4
         flow_invariant(producer)
 
@@ -578,18 +552,18 @@ def test_a_failed_advance_caught_inside_the_block_never_commits_a_flow_without_i
         "CREATE TEMP TRIGGER fail_b1 BEFORE INSERT ON main.outbox WHEN NEW.event_id = 'B1' "
         "BEGIN SELECT RAISE(ABORT, 'injected'); END")
     with producer.batch() as b:
-        assert step(b, "A1", "A", 1).status == "committed"
+        assert advance_step(b, "A1", "A", 1).status == "committed"
         with pytest.raises(sqlite3.IntegrityError, match="injected"):
-            step(b, "B1", "B", 1)
+            advance_step(b, "B1", "B", 1)
         assert producer.flow("B") is None  # already undone inside the batch
-        assert step(b, "C1", "C", 1).status == "committed"
+        assert advance_step(b, "C1", "C", 1).status == "committed"
     assert [r.event_id for r in b.results] == ["A1", "C1"]
     assert producer._store._db.conn.in_transaction is False
     producer._store._db.conn.execute("DROP TRIGGER temp.fail_b1")
     assert producer.flows() == ["A", "C"]
     assert [e.event_id for e in producer.outbox()] == ["A1", "C1"]
     flow_invariant(producer)
-    assert step(producer, "B1", "B", 1).status == "committed"  # not stale: nothing of it was kept
+    assert advance_step(producer, "B1", "B", 1).status == "committed"  # not stale: nothing of it was kept
 
 
 def test_a_batch_whose_transaction_sqlite_rolled_back_refuses_to_go_on_or_commit(producer: Producer) -> None:
@@ -600,11 +574,11 @@ def test_a_batch_whose_transaction_sqlite_rolled_back_refuses_to_go_on_or_commit
         "CREATE TEMP TRIGGER kill_tx BEFORE INSERT ON main.outbox WHEN NEW.event_id = 'B1' "
         "BEGIN SELECT RAISE(ROLLBACK, 'injected rollback'); END")
     with pytest.raises((RuntimeError, ReliableFlowError)), producer.batch() as b:
-        assert step(b, "A1", "A", 1).status == "committed"
+        assert advance_step(b, "A1", "A", 1).status == "committed"
         with pytest.raises(sqlite3.IntegrityError, match="injected rollback"):
-            step(b, "B1", "B", 1)
+            advance_step(b, "B1", "B", 1)
         with pytest.raises((RuntimeError, ReliableFlowError)):
-            step(b, "C1", "C", 1)
+            advance_step(b, "C1", "C", 1)
     assert conn.in_transaction is False
     conn.execute("DROP TRIGGER temp.kill_tx")
     assert producer.flows() == [] and producer.outbox() == []
@@ -613,11 +587,11 @@ def test_a_batch_whose_transaction_sqlite_rolled_back_refuses_to_go_on_or_commit
 @pytest.mark.parametrize("how", ["normal", "raised"])
 def test_the_batch_cannot_be_used_after_its_block(producer: Producer, how: str) -> None:
     with pytest.raises(Boom) if how == "raised" else ExitStack(), producer.batch() as b:
-        step(b, "A1", "A", 1)
+        advance_step(b, "A1", "A", 1)
         if how == "raised":
             raise Boom
     with pytest.raises(RuntimeError, match="closed"):
-        step(b, "B1", "B", 1)
+        advance_step(b, "B1", "B", 1)
     assert producer.flow("B") is None
     assert producer.flows() == (["A"] if how == "normal" else [])
     assert len(b.results) == 1
@@ -626,21 +600,21 @@ def test_the_batch_cannot_be_used_after_its_block(producer: Producer, how: str) 
 
 def test_malformed_arguments_raise_inside_a_batch_and_write_nothing(producer: Producer) -> None:
     with producer.batch() as b:
-        step(b, "A1", "A", 1)
+        advance_step(b, "A1", "A", 1)
         with pytest.raises(InvalidEnvelope) as bad_seq:
             b.advance("B1", "B", expected_seq=True, kind="reserved", payload={"amount": 1})
         with pytest.raises(InvalidEnvelope) as bad_payload:
             b.advance("B1", "B", expected_seq=0, kind="reserved", payload={"amount": [1]})
         with pytest.raises(InvalidEnvelope) as bad_id:
             b.advance("", "B", expected_seq=0, kind="reserved", payload={"amount": 1})
-        step(b, "B1", "B", 1)
+        advance_step(b, "B1", "B", 1)
     assert (bad_seq.value.field, bad_payload.value.field, bad_id.value.field) == \
         ("expected_seq", "payload.amount", "event_id")
     assert [str(r.status) for r in b.results] == ["committed", "committed"]
     assert [e.event_id for e in producer.outbox()] == ["A1", "B1"]
     # Not caught: the whole batch goes.
     with pytest.raises(InvalidEnvelope), producer.batch() as b:
-        step(b, "C1", "C", 1)
+        advance_step(b, "C1", "C", 1)
         b.advance("D1", "D", expected_seq=-1, kind="reserved", payload={"amount": 1})
     assert producer.flow("C") is None and producer._store._db.conn.in_transaction is False
 
@@ -658,8 +632,8 @@ def test_an_empty_batch_writes_nothing(tmp_path: Path) -> None:
 def test_a_batch_is_one_transaction(producer: Producer) -> None:
     with traced(producer._store._db.conn) as seen, producer.batch() as b:
         for n, f in enumerate("ABCDE"):
-            step(b, f"{f}1", f, 1, amount=n + 1)
-        step(b, "A1", "A", 1, amount=1)                    # existing: no write
+            advance_step(b, f"{f}1", f, 1, amount=n + 1)
+        advance_step(b, "A1", "A", 1, amount=1)                    # existing: no write
     [tx] = transactions(seen)
     assert tx[-1] == "COMMIT"
     assert count(tx, "INSERT INTO outbox") == 5
@@ -678,14 +652,14 @@ def test_a_write_call_refused_inside_a_batch_neither_rolls_back_nor_splits_the_b
     outcome: BaseException | None = None
     try:
         with producer.batch() as b:
-            assert step(b, "B1", "B", 1).status == "committed"
+            assert advance_step(b, "B1", "B", 1).status == "committed"
             with pytest.raises((sqlite3.Error, RuntimeError, ReliableFlowError)):  # refused, somehow
                 if inner == "advance":
-                    step(producer, "X1", "X", 1)
+                    advance_step(producer, "X1", "X", 1)
                 else:
                     with producer.batch() as nested:
-                        step(nested, "X1", "X", 1)
-            step(b, "C1", "C", 1)
+                        advance_step(nested, "X1", "X", 1)
+            advance_step(b, "C1", "C", 1)
     except (sqlite3.Error, RuntimeError, ReliableFlowError) as exc:  # refusing the batch is fine too
         outcome = exc
     assert producer._store._db.conn.in_transaction is False
@@ -704,13 +678,13 @@ def test_a_write_call_refused_inside_a_batch_neither_rolls_back_nor_splits_the_b
 
 def test_receive_many_answers_like_receive_one_by_one(tmp_path: Path) -> None:
     envelopes: list[Any] = [
-        env("A1", "A", 1),
-        env("A1", "A", 1),                      # duplicate of the one just stored
-        env("A1", "A", 1, amount=4),            # id_conflict
-        env("A1-other", "A", 1),                # sequence_conflict
-        json.dumps(env("A3", "A", 3)),          # JSON text, out of order
-        env("B1", "B", 1, schema=2, payload={"units": 2}).copy(),  # undecodable: still accepted
-        json.dumps(env("A3", "A", 3)).encode(),  # bytes, duplicate
+        envelope("A1", "A", 1),
+        envelope("A1", "A", 1),                      # duplicate of the one just stored
+        envelope("A1", "A", 1, amount=4),            # id_conflict
+        envelope("A1-other", "A", 1),                # sequence_conflict
+        json.dumps(envelope("A3", "A", 3)),          # JSON text, out of order
+        envelope("B1", "B", 1, schema=2, payload={"units": 2}).copy(),  # undecodable: still accepted
+        json.dumps(envelope("A3", "A", 3)).encode(),  # bytes, duplicate
     ]
     with Consumer(tmp_path / "s.db", RESERVATION) as single, Consumer(tmp_path / "b.db", RESERVATION) as batched:
         want = [single.receive(e) for e in envelopes]
@@ -735,7 +709,7 @@ def test_receive_many_answers_like_receive_one_by_one(tmp_path: Path) -> None:
 def test_receive_many_validates_every_envelope_before_storing_any(
     consumer: Consumer, position: int, bad: Any, field: str,
 ) -> None:
-    envelopes: list[Any] = [env("A1", "A", 1), env("B1", "B", 1), env("C1", "C", 1)]
+    envelopes: list[Any] = [envelope("A1", "A", 1), envelope("B1", "B", 1), envelope("C1", "C", 1)]
     if bad == "NaN":
         envelopes[position] = json.dumps(envelopes[position]).replace('"amount": 3', '"amount": NaN')
     elif bad == "duplicate-key":
@@ -765,8 +739,8 @@ def build_relay_scene(tmp_path: Path, stack: ExitStack, name: str) -> tuple[Prod
     commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("A2", "A", 2), ("C1", "C", 1),
                  ("B2", "B", 2), ("A3", "A", 3), ("D1", "D", 1))
     assert consumer.receive(producer.event("A1")).status == "accepted"  # type: ignore[arg-type]
-    assert consumer.receive(env("B2", "B", 2, amount=9)).status == "accepted"
-    assert consumer.receive(env("X-C1", "C", 1)).status == "accepted"
+    assert consumer.receive(envelope("B2", "B", 2, amount=9)).status == "accepted"
+    assert consumer.receive(envelope("X-C1", "C", 1)).status == "accepted"
     return producer, consumer
 
 
@@ -775,7 +749,7 @@ def test_relay_batch_delivers_in_relay_order_with_the_same_statuses_and_marks(tm
     with ExitStack() as stack:
         p1, c1 = build_relay_scene(tmp_path, stack, "1")
         p2, c2 = build_relay_scene(tmp_path, stack, "2")
-        want = relay_all_single(p1, c1)
+        want = relay_until_idle(p1, c1)
         got = relay_all_batched(p2, c2, limit)
         assert got == want
         assert [(r.event_id, str(r.status)) for r in got] == [
@@ -860,7 +834,7 @@ def test_relaying_inside_an_open_batch_never_delivers_an_uncommitted_event(tmp_p
         refused: BaseException | None = None
         try:
             with producer.batch() as b:
-                step(b, "A1", "A", 1)
+                advance_step(b, "A1", "A", 1)
                 if call == "relay":
                     relay(producer, consumer)
                 else:
@@ -883,7 +857,7 @@ def test_relay_batch_with_a_large_limit_does_not_depend_on_the_sql_variable_limi
         producer._store._db.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
         with producer.batch() as b:
             for i in range(1000):
-                step(b, f"E{i}", f"F{i:04d}", 1)
+                advance_step(b, f"E{i}", f"F{i:04d}", 1)
         r = relay_batch(producer, consumer, limit=1000)
         assert r.counts == {"accepted": 1000}
 
@@ -926,9 +900,9 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
         assert (r.counts, r.refused, r.idle) == ({"accepted": 3}, 3, False)
         assert consumer.flows() == ["A", "B"] and [x.event_id for x in consumer.inbox("A")] == ["A1", "A2"]
         for event_id in ("A1", "A2", "B1"):
-            assert delivery(producer, event_id).state == "accepted"
+            assert outbox_entry(producer, event_id, "default").state == "accepted"
         for event_id in ("A3", "B2", "B3"):
-            e = delivery(producer, event_id)
+            e = outbox_entry(producer, event_id, "default")
             d = e.deliveries["default"]
             assert (e.state, e.accepted, d.attempts) == ("pending", False, 1), event_id
             assert d.last_error.startswith("InboxFull"), d
@@ -936,7 +910,7 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
         consumer.process_all()
         if wait_for_due:  # backing off: not sent before the due time
             assert relay_batch(producer, consumer, limit=100, policy=policy).idle
-            assert delivery(producer, "A3").deliveries["default"].attempts == 1
+            assert outbox_entry(producer, "A3", "default").deliveries["default"].attempts == 1
         now[0] = 1001.0
         # Nothing is dropped: relay again, apply, until idle.
         rounds: list[tuple[list[str | None], int]] = []
@@ -969,7 +943,7 @@ def test_relay_batch_with_every_event_refused_stores_nothing_and_retries_later(t
         assert [x.event_id for x in consumer.inbox("A")] == ["A1"]
         assert consumer._store._db.conn.in_transaction is False
         for event_id in ("A2", "A3"):
-            d = delivery(producer, event_id).deliveries["default"]
+            d = outbox_entry(producer, event_id, "default").deliveries["default"]
             assert (d.state, d.attempts) == ("pending", 1) and d.last_error.startswith("InboxFull")
         consumer.process_all()
         r = relay_batch(producer, consumer, limit=100, policy=FIXED)
@@ -1015,7 +989,7 @@ def test_relay_batch_sql_failure_in_the_consumer_stores_nothing_of_the_batch(tmp
         assert consumer.flows() == [] and consumer._store._db.conn.in_transaction is False
         assert producer._store._db.conn.in_transaction is False
         for event_id in ("A1", "B1", "C1"):
-            d = delivery(producer, event_id).deliveries["default"]
+            d = outbox_entry(producer, event_id, "default").deliveries["default"]
             assert (d.state, d.attempts) == ("pending", 1)
             assert "injected inbox failure" in d.last_error
         consumer._store._db.conn.execute("DROP TRIGGER temp.fail_b1")
@@ -1034,7 +1008,7 @@ def test_relay_batch_sql_failure_while_marking_leaves_events_unmarked_then_dupli
         with pytest.raises(sqlite3.IntegrityError, match="injected mark failure"):
             relay_batch(producer, consumer, limit=100)
         assert producer._store._db.conn.in_transaction is False
-        assert [delivery(producer, e).state for e in ("C1", "D1")] == ["pending", "pending"]
+        assert [outbox_entry(producer, e, "default").state for e in ("C1", "D1")] == ["pending", "pending"]
         assert [len(consumer.inbox(f)) for f in "CD"] == [1, 1]  # the consumer owns them
         producer._store._db.conn.execute("DROP TRIGGER temp.fail_mark")
         r = relay_batch(producer, consumer, limit=100)
@@ -1175,7 +1149,7 @@ def test_process_all_with_batch_size_over_250_flows_applies_everything_in_full_b
     for i in range(250):
         flow_id = f"F{i:03d}"
         sizes[flow_id] = 1 + i % 3
-        envelopes += [env(f"{flow_id}-{n}", flow_id, n, amount=i + 1) for n in range(1, sizes[flow_id] + 1)]
+        envelopes += [envelope(f"{flow_id}-{n}", flow_id, n, amount=i + 1) for n in range(1, sizes[flow_id] + 1)]
     total = sum(sizes.values())
     with Consumer(tmp_path / "c.db", RESERVATION) as consumer:
         assert len(consumer.receive_many(envelopes)) == total
@@ -1249,13 +1223,8 @@ def test_drain_commits_batch_size_applies_per_transaction(tmp_path: Path) -> Non
 
 
 def run_child(tmp_path: Path, crash_at: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    child_env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    if crash_at is not None:
-        child_env[ENV_VAR] = crash_at
-    return subprocess.run(
-        [sys.executable, str(CHILD), *args], check=False, env=child_env, capture_output=True, text=True,
-        timeout=CHILD_TIMEOUT, cwd=tmp_path,
-    )
+    env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
+    return run_script(BATCH_CHILD, *args, env=env, cwd=tmp_path)
 
 
 def crashed(child: subprocess.CompletedProcess[str]) -> None:
@@ -1388,7 +1357,7 @@ def setup_apply_scene(mode: str, c_path: Path) -> tuple[list[str], Any]:
             consumer.receive_many([tick("T", n) for n in range(1, 12)] + [tick("T", 12, kind="done")])
         return ["drain", "ticker", str(c_path), "T", "5"], TICKER
     with Consumer(c_path, RESERVATION) as consumer:
-        consumer.receive_many([env(f"{f}{n}", f, n) for f in "ABCD" for n in (1, 2, 3)])
+        consumer.receive_many([envelope(f"{f}{n}", f, n) for f in "ABCD" for n in (1, 2, 3)])
     return ["process-all", "reservation", str(c_path), "5"], RESERVATION
 
 

@@ -5,57 +5,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from contextlib import closing
 from typing import Any
 
 import pytest
 
 from reliable_flow import Consumer, EffectRecord, InboxEntry, InvalidEnvelope
 from reliable_flow.reservation import RESERVATION
-
-KINDS = {1: "reserved", 2: "confirmed", 3: "released"}
-
-
-def env(
-    event_id: str,
-    seq: int,
-    kind: str | None = None,
-    *,
-    flow_id: str | None = None,
-    schema: int = 1,
-    payload: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A hand-built envelope; flow and kind default from the id (``A2`` -> flow A, confirmed)."""
-    return {
-        "event_id": event_id,
-        "flow_id": flow_id if flow_id is not None else event_id[0],
-        "seq": seq,
-        "kind": kind if kind is not None else KINDS[seq],
-        "schema": schema,
-        "payload": payload if payload is not None else ({"amount": 3} if schema == 1 else {"units": 3}),
-    }
-
-
-def canonical(envelope: dict[str, Any]) -> str:
-    return json.dumps(envelope, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+from support import canonical_body, envelope, sql_count, sql_execute, sql_rows
 
 
 def raw_inbox(path: str) -> list[tuple[Any, ...]]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return conn.execute(
-            "SELECT event_id, flow_id, seq, body, state, reason FROM inbox ORDER BY flow_id, seq"
-        ).fetchall()
-
-
-def raw_count(path: str, table: str) -> int:
-    assert table in ("inbox", "effect", "projection")
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-
-
-def run_sql(path: str, sql: str) -> None:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute(sql)
+    return sql_rows(path, "SELECT event_id, flow_id, seq, body, state, reason FROM inbox ORDER BY flow_id, seq")
 
 
 def receive_all(consumer: Consumer, *envelopes: dict[str, Any]) -> None:
@@ -64,23 +24,23 @@ def receive_all(consumer: Consumer, *envelopes: dict[str, Any]) -> None:
 
 
 def a_flow(flow: str = "A", upto: int = 3) -> list[dict[str, Any]]:
-    return [env(f"{flow}{n}", n, flow_id=flow) for n in range(1, upto + 1)]
+    return [envelope(f"{flow}{n}", flow, n) for n in range(1, upto + 1)]
 
 
 # -- receive ----------------------------------------------------------------------------
 
 
 def test_receive_accepted_stores_one_pending_row(consumer: Consumer) -> None:
-    r = consumer.receive(env("A1", 1))
+    r = consumer.receive(envelope("A1", "A", 1))
     assert (r.status, r.event_id, r.flow_id, r.seq, r.reason) == ("accepted", "A1", "A", 1, None)
     assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
-    assert raw_count(consumer.path, "inbox") == 1
+    assert sql_count(consumer.path, "inbox") == 1
     assert consumer.projection("A") is None  # accepted is not applied
     assert consumer.effects("A") == []
 
 
 def test_receive_json_text_and_duplicate_by_canonical_body(consumer: Consumer) -> None:
-    e = env("A1", 1)
+    e = envelope("A1", "A", 1)
     assert consumer.receive(json.dumps(e)).status == "accepted"
     before = raw_inbox(consumer.path)
     # Same event, other key order and spacing, as text and as dict: duplicate.
@@ -92,9 +52,9 @@ def test_receive_json_text_and_duplicate_by_canonical_body(consumer: Consumer) -
 
 
 def test_receive_duplicate_after_the_event_was_applied(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1))
+    receive_all(consumer, envelope("A1", "A", 1))
     assert consumer.apply_next("A").status == "applied"
-    assert consumer.receive(env("A1", 1)).status == "duplicate"
+    assert consumer.receive(envelope("A1", "A", 1)).status == "duplicate"
     assert consumer.apply_next("A").status == "idle"
     assert len(consumer.effects("A")) == 1
 
@@ -102,60 +62,60 @@ def test_receive_duplicate_after_the_event_was_applied(consumer: Consumer) -> No
 @pytest.mark.parametrize(
     "changed",
     [
-        env("A1", 1, payload={"amount": 4}),
-        env("A1", 2, "confirmed"),
-        env("A1", 1, flow_id="B"),
-        env("A1", 1, schema=2),
-        {**env("A1", 1), "meta": {"correlation_id": "c"}},
+        envelope("A1", "A", 1, payload={"amount": 4}),
+        envelope("A1", "A", 2, kind="confirmed"),
+        envelope("A1", "B", 1),
+        envelope("A1", "A", 1, schema=2),
+        {**envelope("A1", "A", 1), "meta": {"correlation_id": "c"}},
     ],
     ids=["amount", "seq", "flow", "schema", "meta"],
 )
 def test_receive_id_conflict_creates_no_row(consumer: Consumer, changed: dict[str, Any]) -> None:
-    receive_all(consumer, env("A1", 1))
+    receive_all(consumer, envelope("A1", "A", 1))
     before = raw_inbox(consumer.path)
     r = consumer.receive(changed)
     assert (r.status, r.event_id) == ("id_conflict", "A1")
     assert r.reason
     assert raw_inbox(consumer.path) == before
-    assert raw_count(consumer.path, "inbox") == 1
+    assert sql_count(consumer.path, "inbox") == 1
 
 
 def test_receive_id_conflict_wins_over_sequence_conflict(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1), env("A2", 2))
-    r = consumer.receive(env("A1", 2, "confirmed"))  # id A1 known, and seq 2 held by A2
+    receive_all(consumer, envelope("A1", "A", 1), envelope("A2", "A", 2))
+    r = consumer.receive(envelope("A1", "A", 2, kind="confirmed"))  # id A1 known, and seq 2 held by A2
     assert r.status == "id_conflict"
-    assert raw_count(consumer.path, "inbox") == 2
+    assert sql_count(consumer.path, "inbox") == 2
 
 
 def test_receive_sequence_conflict_creates_no_row(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1))
+    receive_all(consumer, envelope("A1", "A", 1))
     before = raw_inbox(consumer.path)
-    r = consumer.receive(env("X1", 1, flow_id="A"))
+    r = consumer.receive(envelope("X1", "A", 1))
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("sequence_conflict", "X1", "A", 1)
     assert r.reason is not None and "A1" in r.reason
     assert raw_inbox(consumer.path) == before
-    assert raw_count(consumer.path, "inbox") == 1
+    assert sql_count(consumer.path, "inbox") == 1
     # The same id in another flow's slot is fine.
-    assert consumer.receive(env("X1", 1, flow_id="X")).status == "accepted"
+    assert consumer.receive(envelope("X1", "X", 1)).status == "accepted"
 
 
 def test_receive_schema_2_is_accepted_and_stored_unchanged(consumer: Consumer) -> None:
-    e = {**env("A2", 2, schema=2, payload={"units": 3}), "meta": {"trace": "t-9"}}
+    e = {**envelope("A2", "A", 2, schema=2, payload={"units": 3}), "meta": {"trace": "t-9"}}
     r = consumer.receive(e)
     assert r.status == "accepted"
     rows = raw_inbox(consumer.path)
-    assert rows == [("A2", "A", 2, canonical(e), "pending", None)]
+    assert rows == [("A2", "A", 2, canonical_body(e), "pending", None)]
     assert consumer.receive(e).status == "duplicate"
 
 
 def test_receive_malformed_envelope_stores_nothing(consumer: Consumer) -> None:
     with pytest.raises(InvalidEnvelope) as info:
-        consumer.receive({**env("A1", 1), "extra": 1})
+        consumer.receive({**envelope("A1", "A", 1), "extra": 1})
     assert info.value.field == "extra"
     with pytest.raises(InvalidEnvelope) as info:
-        consumer.receive({**env("A1", 1), "seq": True})
+        consumer.receive({**envelope("A1", "A", 1), "seq": True})
     assert info.value.field == "seq"
-    assert raw_count(consumer.path, "inbox") == 0
+    assert sql_count(consumer.path, "inbox") == 0
     assert consumer._store._db.conn.in_transaction is False
 
 
@@ -163,7 +123,7 @@ def test_receive_malformed_envelope_stores_nothing(consumer: Consumer) -> None:
 
 
 def test_apply_next_applied_commits_projection_effect_and_mark(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1))
+    receive_all(consumer, envelope("A1", "A", 1))
     r = consumer.apply_next("A")
     assert (r.status, r.flow_id, r.seq, r.event_id, r.reason) == ("applied", "A", 1, "A1", None)
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
@@ -188,20 +148,20 @@ def test_apply_next_walks_the_whole_flow(consumer: Consumer) -> None:
 
 
 def test_apply_next_gap_names_the_missing_seq(consumer: Consumer) -> None:
-    receive_all(consumer, env("A2", 2))
+    receive_all(consumer, envelope("A2", "A", 2))
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id, r.reason) == ("gap", 1, None, None)
     assert r.detail and "1" in r.detail
     assert consumer.projection("A") is None
     assert consumer.inbox("A") == [InboxEntry(event_id="A2", seq=2, state="pending", reason=None)]
-    receive_all(consumer, env("A1", 1), env("A3", 3))
+    receive_all(consumer, envelope("A1", "A", 1), envelope("A3", "A", 3))
     assert consumer.apply_next("A").status == "applied"
     assert consumer.apply_next("A").status == "applied"
     assert consumer.apply_next("A").status == "applied"
 
 
 def test_apply_next_gap_after_applied_prefix(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1), env("A3", 3))
+    receive_all(consumer, envelope("A1", "A", 1), envelope("A3", "A", 3))
     assert consumer.apply_next("A").status == "applied"
     r = consumer.apply_next("A")
     assert (r.status, r.seq) == ("gap", 2)
@@ -212,20 +172,22 @@ def test_apply_next_gap_after_applied_prefix(consumer: Consumer) -> None:
 def test_apply_next_idle_on_empty_and_unknown_flow(consumer: Consumer) -> None:
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("idle", 1, None)
-    receive_all(consumer, env("B1", 1))
+    receive_all(consumer, envelope("B1", "B", 1))
     assert consumer.apply_next("A").status == "idle"
     assert consumer.inbox("B")[0].state == "pending"
 
 
 BLOCKS = [
-    pytest.param([env("A1", 1, schema=2)], 1, "unsupported_schema", id="unsupported_schema"),
-    pytest.param([env("A1", 1, schema=7, payload={"x": 1})], 1, "unsupported_schema", id="unknown-schema"),
-    pytest.param([env("A1", 1, payload={"amount": 0})], 1, "invalid_payload", id="amount-0"),
-    pytest.param([env("A1", 1, payload={"amount": 3, "x": 1})], 1, "invalid_payload", id="extra-key"),
-    pytest.param([env("A1", 1), env("A2", 2, payload={"amount": 4})], 2, "invalid_payload", id="amount-changed"),
-    pytest.param([env("A1", 1, "confirmed")], 1, "invalid_transition", id="seq1-confirmed"),
-    pytest.param([env("A1", 1), env("A2", 2, "released")], 2, "invalid_transition", id="skip"),
-    pytest.param([env("A1", 1, "cancelled")], 1, "invalid_transition", id="unknown-kind"),
+    pytest.param([envelope("A1", "A", 1, schema=2)], 1, "unsupported_schema", id="unsupported_schema"),
+    pytest.param([envelope("A1", "A", 1, schema=7, payload={"x": 1})], 1, "unsupported_schema", id="unknown-schema"),
+    pytest.param([envelope("A1", "A", 1, payload={"amount": 0})], 1, "invalid_payload", id="amount-0"),
+    pytest.param([envelope("A1", "A", 1, payload={"amount": 3, "x": 1})], 1, "invalid_payload", id="extra-key"),
+    pytest.param([envelope("A1", "A", 1), envelope("A2", "A", 2, payload={"amount": 4})], 2, "invalid_payload",
+                 id="amount-changed"),
+    pytest.param([envelope("A1", "A", 1, kind="confirmed")], 1, "invalid_transition", id="seq1-confirmed"),
+    pytest.param([envelope("A1", "A", 1), envelope("A2", "A", 2, kind="released")], 2, "invalid_transition",
+                 id="skip"),
+    pytest.param([envelope("A1", "A", 1, kind="cancelled")], 1, "invalid_transition", id="unknown-kind"),
 ]
 
 
@@ -245,11 +207,11 @@ def test_apply_next_blocked_marks_the_row_and_is_reexamined(
         assert consumer.inbox("A")[seq - 1] == InboxEntry(event_id=f"A{seq}", seq=seq, state="blocked", reason=reason)
         assert consumer.projection("A") == projection_before
         assert consumer.effects("A") == effects_before
-    assert raw_count(consumer.path, "effect") == seq - 1
+    assert sql_count(consumer.path, "effect") == seq - 1
 
 
 def test_blocked_row_is_applied_unchanged_by_an_upgraded_consumer(consumer: Consumer) -> None:
-    e = env("A1", 1, schema=2)
+    e = envelope("A1", "A", 1, schema=2)
     receive_all(consumer, e)
     assert consumer.apply_next("A").reason == "unsupported_schema"
     body_before = raw_inbox(consumer.path)[0][3]
@@ -260,12 +222,12 @@ def test_blocked_row_is_applied_unchanged_by_an_upgraded_consumer(consumer: Cons
         assert (r.status, r.seq, r.event_id, r.reason) == ("applied", 1, "A1", None)
         assert upgraded.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="applied", reason=None)]
         assert upgraded.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert raw_inbox(path)[0][3] == body_before == canonical(e)
+    assert raw_inbox(path)[0][3] == body_before == canonical_body(e)
 
 
 def test_blocked_reason_is_recomputed_on_reexamination(consumer: Consumer) -> None:
     # schema 2 with a bad payload: unsupported for the default consumer, invalid for an upgraded one.
-    receive_all(consumer, env("A1", 1, schema=2, payload={"units": 0}))
+    receive_all(consumer, envelope("A1", "A", 1, schema=2, payload={"units": 0}))
     assert consumer.apply_next("A").reason == "unsupported_schema"
     path = consumer.path
     consumer.close()
@@ -285,7 +247,7 @@ def test_apply_next_bad_flow_id_raises(consumer: Consumer, flow_id: Any) -> None
 
 def test_apply_next_flow_id_of_128_chars_is_fine(consumer: Consumer) -> None:
     flow = "F" * 128
-    receive_all(consumer, env("F1", 1, flow_id=flow))
+    receive_all(consumer, envelope("F1", flow, 1))
     assert consumer.apply_next(flow).status == "applied"
 
 
@@ -293,14 +255,14 @@ def test_apply_next_flow_id_of_128_chars_is_fine(consumer: Consumer) -> None:
 
 
 def test_drain_stops_at_gap(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1), env("A3", 3))
+    receive_all(consumer, envelope("A1", "A", 1), envelope("A3", "A", 3))
     d = consumer.drain("A")
     assert (d.flow_id, d.applied, d.stop) == ("A", 1, "gap")
     assert d.last is not None and (d.last.status, d.last.seq) == ("gap", 2)
 
 
 def test_drain_stops_at_blocked(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1), env("A2", 2, schema=2), env("A3", 3))
+    receive_all(consumer, envelope("A1", "A", 1), envelope("A2", "A", 2, schema=2), envelope("A3", "A", 3))
     d = consumer.drain("A")
     assert (d.applied, d.stop) == (1, "blocked")
     assert d.last is not None and (d.last.seq, d.last.reason) == (2, "unsupported_schema")
@@ -335,7 +297,7 @@ def test_drain_limit_exactly_reached_is_limit(consumer: Consumer) -> None:
 
 @pytest.mark.parametrize("limit", [0, -1, True, 1.5, "2", None])
 def test_invalid_limit_raises_value_error(consumer: Consumer, limit: Any) -> None:
-    receive_all(consumer, env("A1", 1))
+    receive_all(consumer, envelope("A1", "A", 1))
     with pytest.raises(ValueError):
         consumer.drain("A", limit=limit)
     with pytest.raises(ValueError):
@@ -349,9 +311,9 @@ def test_invalid_limit_raises_value_error(consumer: Consumer, limit: Any) -> Non
 
 def test_process_all_only_reports_flows_with_unapplied_rows(consumer: Consumer) -> None:
     assert consumer.process_all() == {}
-    receive_all(consumer, env("C1", 1))
+    receive_all(consumer, envelope("C1", "C", 1))
     assert consumer.drain("C").applied == 1
-    receive_all(consumer, *a_flow("A"), *a_flow("B", 2), env("D2", 2))
+    receive_all(consumer, *a_flow("A"), *a_flow("B", 2), envelope("D2", "D", 2))
     results = consumer.process_all()
     assert sorted(results) == ["A", "B", "D"]
     assert (results["A"].applied, results["A"].stop) == (3, "idle")
@@ -375,7 +337,7 @@ def test_process_all_limit_is_per_flow(consumer: Consumer) -> None:
 
 
 def test_process_all_keeps_reporting_a_blocked_flow(consumer: Consumer) -> None:
-    receive_all(consumer, env("A1", 1, "confirmed"), *a_flow("B"))
+    receive_all(consumer, envelope("A1", "A", 1, kind="confirmed"), *a_flow("B"))
     results = consumer.process_all()
     assert (results["A"].applied, results["A"].stop) == (0, "blocked")
     assert results["A"].last is not None and results["A"].last.reason == "invalid_transition"
@@ -395,7 +357,7 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     projection_before = consumer.projection("A")
     effects_before = consumer.effects("A")
     inbox_before = raw_inbox(consumer.path)
-    run_sql(
+    sql_execute(
         consumer.path,
         "CREATE TRIGGER reject_effect BEFORE INSERT ON effect BEGIN SELECT RAISE(ABORT, 'rejected'); END;",
     )
@@ -408,13 +370,13 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     assert len(effects_before) == done
     assert consumer.inbox("A")[done] == InboxEntry(event_id=f"A{done + 1}", seq=done + 1, state="pending", reason=None)
     assert raw_inbox(consumer.path) == inbox_before
-    assert raw_count(consumer.path, "effect") == done
+    assert sql_count(consumer.path, "effect") == done
     # drain propagates the error as well, never counting it as applied
     with pytest.raises(sqlite3.IntegrityError):
         consumer.drain("A")
     assert consumer.projection("A") == projection_before
 
-    run_sql(consumer.path, "DROP TRIGGER reject_effect")
+    sql_execute(consumer.path, "DROP TRIGGER reject_effect")
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("applied", done + 1, f"A{done + 1}")
     assert [e.event_id for e in consumer.effects("A")] == [f"A{n}" for n in range(1, done + 2)]

@@ -11,9 +11,7 @@ projection reserved / last_seq 1 / held 3.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,9 @@ import pytest
 from reliable_flow import Consumer, Producer, relay, snapshot
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR
 from reliable_flow.reservation import RESERVATION
+from support import CHILDREN, child_env, run_script
 
-WORKLOAD = Path(__file__).with_name("_workload.py")
-CHILD_TIMEOUT = 60
+WORKLOAD = CHILDREN / "workload.py"
 
 PENDING = [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
 APPLIED = [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None}]
@@ -51,15 +49,9 @@ EXPECTED: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
 
 
 def run_child(tmp_path: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if crash_at is None:
-        env.pop(ENV_VAR, None)
-    else:
-        env[ENV_VAR] = crash_at
-    return subprocess.run(
-        [sys.executable, str(WORKLOAD), "crash-run", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db")],
-        env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, cwd=tmp_path, check=False,
-    )
+    env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
+    return run_script(WORKLOAD, "crash-run", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db"),
+                      env=env, cwd=tmp_path)
 
 
 def on_disk(tmp_path: Path) -> tuple[Any, ...]:

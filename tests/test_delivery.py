@@ -13,27 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
-import os
-import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import closing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from children.racers import relay_with_lease
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     DeliveryRecord,
     InboxFull,
     NotResolvable,
-    OutboxEntry,
     Producer,
     UnknownEvent,
     relay,
@@ -41,91 +35,35 @@ from reliable_flow import (
 from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.tools.inspection import format_report, inspect_files
+from support import (
+    CHILDREN,
+    KINDS,
+    Clock,
+    Unreachable,
+    child_env,
+    commit,
+    envelope,
+    outbox_entry,
+    relay_log,
+    run_script,
+    sql_execute,
+    sql_rows,
+    start_on_barrier,
+)
 
-KINDS = ("reserved", "confirmed", "released")
 NAMES = ("projection", "audit", "notifier")
-CHILD_TIMEOUT = 60
 
 
 # -- helpers ------------------------------------------------------------------------------
 
 
-class Clock:
-    """An injected clock: time moves only when the test says so."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Unreachable(Consumer):
-    """A consumer behind a transport that fails: ``receive`` raises while ``down``.
-
-    ``fail_flows``: only events of these flows fail (None: every event).
-    ``exc``: what the transport raises (an instance or a factory).
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        fail_flows: set[str] | None = None,
-        exc: Callable[[int], BaseException] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.down = True
-        self.fail_flows = fail_flows
-        self.exc = exc or (lambda n: ConnectionError(f"consumer unreachable (call {n})"))
-        self.calls = 0
-        self.sent: list[str] = []
-
-    def receive(self, envelope_in: Any) -> Any:
-        self.calls += 1
-        body = json.loads(envelope_in) if isinstance(envelope_in, (str, bytes)) else envelope_in
-        self.sent.append(body["event_id"])
-        if self.down and (self.fail_flows is None or body["flow_id"] in self.fail_flows):
-            raise self.exc(self.calls)
-        return super().receive(envelope_in)
-
-
-def commit(producer: Producer, flow: str, upto: int = 3, amount: int = 3, sep: str = "") -> list[str]:
-    ids = []
-    for n in range(1, upto + 1):
-        event_id = f"{flow}{sep}{n}"
-        r = producer.advance(event_id, flow, expected_seq=n - 1, kind=KINDS[n - 1], payload={"amount": amount})
-        assert (r.status, r.seq) == ("committed", n), r
-        ids.append(event_id)
-    return ids
-
-
-def env(event_id: str, flow_id: str, seq: int, amount: int = 3) -> dict[str, Any]:
-    return {
-        "event_id": event_id, "flow_id": flow_id, "seq": seq, "kind": KINDS[seq - 1],
-        "schema": 1, "payload": {"amount": amount},
-    }
-
-
-def entry(producer: Producer, event_id: str, consumer: str | None = None) -> OutboxEntry:
-    found = [e for e in producer.outbox(consumer=consumer) if e.event_id == event_id]
-    assert len(found) == 1, found
-    return found[0]
-
-
 def delivery(producer: Producer, event_id: str, consumer: str) -> DeliveryRecord:
-    return entry(producer, event_id).deliveries[consumer]
-
-
-def rows(path: str | Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Read columns the public API has no accessor for (failures, lease_owner, bodies)."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA query_only=ON")
-        return conn.execute(sql, params).fetchall()
+    return outbox_entry(producer, event_id).deliveries[consumer]
 
 
 def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, Any]:
-    found = rows(
+    """Columns the public API has no accessor for (failures, lease_owner)."""
+    found = sql_rows(
         path,
         "SELECT d.state, d.attempts, d.failures, d.due_at, d.lease_owner, d.last_error, d.last_status "
         "FROM delivery d JOIN outbox o ON o.pos = d.pos WHERE o.event_id = ? AND d.consumer = ?",
@@ -134,16 +72,6 @@ def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, An
     assert len(found) == 1, found
     keys = ("state", "attempts", "failures", "due_at", "lease_owner", "last_error", "last_status")
     return dict(zip(keys, found[0]))
-
-
-def relay_until_idle(producer: Producer, consumer: Consumer, limit: int = 10_000, **kw: Any) -> list[str]:
-    out = []
-    for _ in range(limit):
-        r = relay(producer, consumer, **kw)
-        if r.status == "idle":
-            return out
-        out.append(f"{r.event_id} {r.status}")
-    raise AssertionError(f"relay never went idle in {limit} calls")
 
 
 @pytest.fixture
@@ -166,7 +94,7 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
         commit(producer, flow)
 
     # Only the projection consumer has been relayed to so far.
-    answers = relay_until_idle(producer, three["projection"])
+    answers = relay_log(producer, three["projection"])
     assert sorted(answers) == sorted(f"{f}{n} accepted" for f in "ABCD" for n in (1, 2, 3))
     for flow in "ABCD":
         mine = producer.outbox(flow, consumer="projection")
@@ -183,7 +111,7 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
         assert [e.deliveries["audit"].state for e in together] == ["pending"] * 3
 
     for name in ("audit", "notifier"):
-        assert len(relay_until_idle(producer, three[name])) == 12
+        assert len(relay_log(producer, three[name])) == 12
     for c in three.values():
         drained = c.process_all()
         assert {f: (d.applied, d.stop) for f, d in drained.items()} == {f: (3, "idle") for f in "ABCD"}
@@ -198,17 +126,17 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
 def test_a_conflict_for_one_consumer_is_pending_for_the_others(
     producer: Producer, three: dict[str, Consumer]
 ) -> None:
-    three["audit"].receive(env("A1", "A", 1, amount=9))  # audit already holds another A1
+    three["audit"].receive(envelope("A1", "A", 1, amount=9))  # audit already holds another A1
     commit(producer, "A", 1)
     results = {name: relay(producer, c).status for name, c in three.items()}
     assert results == {"projection": "accepted", "audit": "id_conflict", "notifier": "accepted"}
-    d = entry(producer, "A1").deliveries
+    d = outbox_entry(producer, "A1").deliveries
     assert {n: d[n].state for n in NAMES} == {
         "projection": "accepted", "audit": "set_aside", "notifier": "accepted"
     }
-    assert entry(producer, "A1", "projection").accepted is True
-    assert entry(producer, "A1", "audit").state == "set_aside"
-    together = entry(producer, "A1")
+    assert outbox_entry(producer, "A1", "projection").accepted is True
+    assert outbox_entry(producer, "A1", "audit").state == "set_aside"
+    together = outbox_entry(producer, "A1")
     assert (together.state, together.accepted) == ("set_aside", False)
 
 
@@ -300,21 +228,21 @@ def test_a_conflict_is_set_aside_and_never_retried_as_time_passes(
 ) -> None:
     clock = Clock()
     policy = DeliveryPolicy(lease_seconds=10, clock=clock)
-    planted = env("A1", "A", 1, amount=9) if kind == "id_conflict" else env("X1", "A", 1)
+    planted = envelope("A1", "A", 1, amount=9) if kind == "id_conflict" else envelope("X1", "A", 1)
     assert consumer.receive(planted).status == "accepted"
     commit(producer, "A", 1)
     commit(producer, "B", 2)
     r = relay(producer, consumer, policy=policy)
     assert (r.status, r.event_id) == (kind, "A1")
-    assert relay_until_idle(producer, consumer, policy=policy) == ["B1 accepted", "B2 accepted"]
+    assert relay_log(producer, consumer, policy=policy) == ["B1 accepted", "B2 accepted"]
     for t in (1011.0, 1e5, 1e9):
         clock.t = t
         assert relay(producer, consumer, policy=policy).status == "idle"
     d = delivery(producer, "A1", "default")
     assert (d.state, d.last_status, d.attempts) == ("set_aside", kind, 1)
-    assert entry(producer, "A1").accepted is False
+    assert outbox_entry(producer, "A1").accepted is False
     # The inbox still holds only what was planted.
-    assert rows(consumer.path, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
+    assert sql_rows(consumer.path, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
         (planted["event_id"], json.dumps(planted, sort_keys=True, separators=(",", ":")))
     ]
 
@@ -340,31 +268,13 @@ def test_a_lease_keeps_other_relays_off_until_it_expires(tmp_path: Path, produce
 
         other = DeliveryPolicy(lease_seconds=10, clock=clock, owner="relay-b")
         clock.t = 1005.0
-        assert relay_until_idle(producer, healthy, policy=other) == ["B1 accepted"]
+        assert relay_log(producer, healthy, policy=other) == ["B1 accepted"]
         clock.t = 1009.99
         assert relay(producer, healthy, policy=other).status == "idle"
         clock.t = 1010.0
-        assert relay_until_idle(producer, healthy, policy=other) == ["A1 accepted"]
+        assert relay_log(producer, healthy, policy=other) == ["A1 accepted"]
         assert [row.event_id for row in healthy.inbox("A")] == ["A1"]
         assert raw_delivery(producer.path, "A1", "default")["lease_owner"] is None
-
-
-_LEASE_CHILD = r"""
-import sys
-from reliable_flow import Consumer, DeliveryPolicy, Producer, relay
-from reliable_flow.reservation import RESERVATION
-
-producer_path, consumer_path, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
-policy = DeliveryPolicy(lease_seconds=10, clock=lambda: now, owner="child")
-with Producer(producer_path, RESERVATION) as p, Consumer(consumer_path, RESERVATION, name="projection") as c:
-    print(relay(p, c, policy=policy).status, flush=True)
-"""
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_FLOW_")}
-    env.update(extra)
-    return env
 
 
 @pytest.mark.parametrize(
@@ -379,11 +289,8 @@ def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
     with Producer(producer_path, RESERVATION) as producer, \
             Consumer(consumer_path, RESERVATION, name="projection") as consumer:
         commit(producer, "A", 1)
-        proc = subprocess.run(
-            [sys.executable, "-c", _LEASE_CHILD, str(producer_path), str(consumer_path), "1000"],
-            env=child_env(**{ENV_VAR: point}), check=False, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
-            cwd=tmp_path,
-        )
+        proc = run_script(CHILDREN / "lease_child.py", str(producer_path), str(consumer_path), "1000",
+                          env=child_env(**{ENV_VAR: point}), cwd=tmp_path)
         assert proc.returncode == CRASH_EXIT_CODE, proc.stderr
         raw = raw_delivery(producer_path, "A1", "projection")
         if resent_as is None:  # the accepted mark was committed before the exit
@@ -396,27 +303,11 @@ def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
         clock.t = 1009.5
         assert relay(producer, consumer, policy=policy).status == "idle"  # still leased
         clock.t = 1010.0
-        sent = relay_until_idle(producer, consumer, policy=policy)
+        sent = relay_log(producer, consumer, policy=policy)
         assert sent == ([] if resent_as is None else [f"A1 {resent_as}"])
         assert [(r.event_id, r.state) for r in consumer.inbox("A")] == [("A1", "pending")]
-        assert entry(producer, "A1", "projection").accepted is True
+        assert outbox_entry(producer, "A1", "projection").accepted is True
         assert (consumer.drain("A").applied, len(consumer.effects("A"))) == (1, 1)
-
-
-def _relay_process(producer_path: str, consumer_path: str, barrier: Any, results: Any, index: int) -> None:
-    try:
-        with Producer(producer_path, RESERVATION) as p, Consumer(consumer_path, RESERVATION) as c:
-            policy = DeliveryPolicy(lease_seconds=30)
-            barrier.wait(timeout=60)
-            got = []
-            while True:
-                r = relay(p, c, policy=policy)
-                if r.status == "idle":
-                    break
-                got.append((r.event_id, str(r.status)))
-            results.put((index, "ok", got))
-    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
-        results.put((index, "error", repr(exc)))
 
 
 def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path) -> None:
@@ -425,36 +316,16 @@ def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path) ->
         for i in range(120):
             commit(producer, f"F{i:03d}", 1, sep="-")
     Consumer(consumer_path, RESERVATION).close()
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(6)
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_relay_process, args=(producer_path, consumer_path, barrier, results, i))
-        for i in range(6)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        reports = [results.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        results.close()
-        results.join_thread()
-    errors = [r for r in reports if r[1] != "ok"]
-    assert not errors, errors
-    assert all(p.exitcode == 0 for p in procs)
-    sends = Counter(event_id for _, _, got in reports for event_id, _ in got)
-    statuses = Counter(status for _, _, got in reports for _, status in got)
+    run = start_on_barrier(relay_with_lease, [(producer_path, consumer_path)] * 6, timeout=120, name="relay")
+    reports = run.values()  # fails if a child raised or did not exit 0
+    sends = Counter(event_id for got in reports for event_id, _ in got)
+    statuses = Counter(status for got in reports for _, status in got)
     assert len(sends) == 120
     assert max(sends.values()) == 1, [e for e, n in sends.items() if n > 1]
     assert statuses == {"accepted": 120}
-    assert sum(1 for _, _, got in reports if got) >= 2  # the work was really shared
-    assert rows(consumer_path, "SELECT count(*) FROM inbox") == [(120,)]
-    assert rows(producer_path, "SELECT count(*) FROM delivery WHERE state <> 'accepted'") == [(0,)]
+    assert sum(1 for got in reports if got) >= 2  # the work was really shared
+    assert sql_rows(consumer_path, "SELECT count(*) FROM inbox") == [(120,)]
+    assert sql_rows(producer_path, "SELECT count(*) FROM delivery WHERE state <> 'accepted'") == [(0,)]
 
 
 def test_an_expired_lease_is_resent_even_while_new_events_keep_coming(
@@ -526,7 +397,7 @@ def test_a_flow_whose_sends_always_fail_does_not_hold_back_fifty_others(
 
 
 def test_a_set_aside_conflict_does_not_hold_back_fifty_other_flows(producer: Producer, consumer: Consumer) -> None:
-    consumer.receive(env("BAD1", "BAD", 1, amount=9))  # the consumer holds another BAD1
+    consumer.receive(envelope("BAD1", "BAD", 1, amount=9))  # the consumer holds another BAD1
     commit(producer, "BAD")
     healthy_flows = [f"H{i:02d}" for i in range(50)]
     for i in range(3):
@@ -536,7 +407,7 @@ def test_a_set_aside_conflict_does_not_hold_back_fifty_other_flows(producer: Pro
             ).status == "committed"
     answers: list[str] = []
     for _ in range(20):
-        batch = relay_until_idle(producer, consumer, policy=DeliveryPolicy(lease_seconds=5))
+        batch = relay_log(producer, consumer, policy=DeliveryPolicy(lease_seconds=5))
         answers += batch
         consumer.process_all()
         if not batch:
@@ -545,7 +416,7 @@ def test_a_set_aside_conflict_does_not_hold_back_fifty_other_flows(producer: Pro
     assert answers.count("BAD1 id_conflict") == 1  # never sent again
     for flow in healthy_flows:
         assert consumer.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-    assert entry(producer, "BAD1").state == "set_aside"
+    assert outbox_entry(producer, "BAD1").state == "set_aside"
     assert [e.state for e in producer.outbox("BAD")] == ["set_aside", "accepted", "accepted"]
 
 
@@ -569,9 +440,9 @@ def test_max_backlog_refuses_without_storing_then_commits_after_relaying(tmp_pat
         assert relay(producer, consumer).status == "accepted"  # binds: 2 deliveries still pending
         assert producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
         assert producer.advance("E1", "E", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "backlog_full"
-        assert len(relay_until_idle(producer, consumer)) == 3
+        assert len(relay_log(producer, consumer)) == 3
         assert producer.advance("E1", "E", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
-        assert relay_until_idle(producer, consumer) == ["E1 accepted"]
+        assert relay_log(producer, consumer) == ["E1 accepted"]
 
 
 def test_max_backlog_counts_pending_deliveries_over_all_consumers(tmp_path: Path) -> None:
@@ -613,11 +484,11 @@ def test_max_inbox_refuses_without_storing_and_the_relay_retries_later(
         # B1 is B's very next step: let in although the inbox is full.
         r = relay(producer, c, policy=policy)
         assert (r.status, r.event_id) == ("accepted", "B1")
-        assert rows(c.path, "SELECT count(*) FROM inbox WHERE state <> 'applied'") == [(3,)]
+        assert sql_rows(c.path, "SELECT count(*) FROM inbox WHERE state <> 'applied'") == [(3,)]
         assert relay(producer, c, policy=policy).status == "idle"  # A3 waits for its backoff
         assert {f: d.applied for f, d in c.process_all().items()} == {"A": 2, "B": 1}
         clock.t = 1001.0
-        assert relay_until_idle(producer, c, policy=policy) == ["A3 accepted"]
+        assert relay_log(producer, c, policy=policy) == ["A3 accepted"]
         assert c.drain("A").applied == 1
         assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
 
@@ -629,12 +500,12 @@ def test_a_full_inbox_of_later_steps_still_lets_the_missing_step_in(producer: Pr
         assert relay(producer, c, "A2").status == "accepted"
         assert c.apply_next("A").status == "gap"
         with pytest.raises(InboxFull):  # another flow's later step is refused ...
-            c.receive(env("Z2", "Z", 2))
+            c.receive(envelope("Z2", "Z", 2))
         assert c.inbox("Z") == []
         assert relay(producer, c).event_id == "A1"  # ... but A's missing step gets in: no deadlock
         assert c.drain("A").applied == 3
         # Duplicates and conflicts are answered as usual when full.
-        assert c.receive(env("A1", "A", 1)).status == "duplicate"
+        assert c.receive(envelope("A1", "A", 1)).status == "duplicate"
 
 
 def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
@@ -670,8 +541,8 @@ def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
             pytest.fail("the capped pipeline never finished")
         assert (backlog_full > 0, inbox_full > 0) == (True, True), (backlog_full, inbox_full)  # both caps engaged
         assert all(e.accepted for e in producer.outbox()) and len(producer.outbox()) == 60
-        assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
-        assert rows(c.path, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
+        assert sql_rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
+        assert sql_rows(c.path, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
 
 
 # -- operator actions -------------------------------------------------------------------------
@@ -680,10 +551,10 @@ def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
 @pytest.fixture
 def set_aside(producer: Producer, three: dict[str, Consumer]) -> dict[str, Consumer]:
     """A1 is set aside for 'projection' (its inbox holds a wrong A1), accepted by the others."""
-    assert three["projection"].receive(env("A1", "A", 1, amount=9)).status == "accepted"
+    assert three["projection"].receive(envelope("A1", "A", 1, amount=9)).status == "accepted"
     commit(producer, "A")
     for c in three.values():
-        relay_until_idle(producer, c)
+        relay_log(producer, c)
     assert delivery(producer, "A1", "projection").state == "set_aside"
     return three
 
@@ -691,8 +562,7 @@ def set_aside(producer: Producer, three: dict[str, Consumer]) -> dict[str, Consu
 def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_aside: dict[str, Consumer]) -> None:
     projection = set_aside["projection"]
     # The operator repairs the consumer's data: the wrong, never-applied A1 goes.
-    with closing(sqlite3.connect(projection.path, isolation_level=None)) as conn:
-        conn.execute("DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
+    sql_execute(projection.path, "DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
     before = time.time()
     action = producer.redeliver("A1", consumer="projection", actor="alice", reason="removed the stray A1 (TICKET-7)")
     after = time.time()
@@ -706,8 +576,8 @@ def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_asi
     assert before <= recorded[0].at <= after
     assert delivery(producer, "A1", "projection").state == "pending"
 
-    assert relay_until_idle(producer, projection) == ["A1 accepted"]
-    assert entry(producer, "A1").accepted is True
+    assert relay_log(producer, projection) == ["A1 accepted"]
+    assert outbox_entry(producer, "A1").accepted is True
     assert projection.drain("A").applied == 3
     assert projection.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
     assert producer.operator_actions() == recorded  # the relay itself records nothing
@@ -715,7 +585,7 @@ def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_asi
 
 def test_redeliver_without_a_fix_is_set_aside_again(producer: Producer, set_aside: dict[str, Consumer]) -> None:
     producer.redeliver("A1", consumer="projection", actor="bob", reason="try again")
-    assert relay_until_idle(producer, set_aside["projection"]) == ["A1 id_conflict"]
+    assert relay_log(producer, set_aside["projection"]) == ["A1 id_conflict"]
     d = delivery(producer, "A1", "projection")
     assert (d.state, d.attempts) == ("set_aside", 2)
     assert relay(producer, set_aside["projection"]).status == "idle"
@@ -739,9 +609,9 @@ def test_skip_is_for_one_consumer_only_and_recorded(producer: Producer, set_asid
     action = producer.skip("A1", consumer="projection", actor="carol", reason="business agreed to drop it")
     assert (action.action, action.previous_state) == ("skip", "set_aside")
     assert delivery(producer, "A1", "projection").state == "skipped"
-    assert entry(producer, "A1", "projection").state == "skipped"
-    assert entry(producer, "A1", "audit").state == "accepted"
-    assert entry(producer, "A1", "notifier").state == "accepted"
+    assert outbox_entry(producer, "A1", "projection").state == "skipped"
+    assert outbox_entry(producer, "A1", "audit").state == "accepted"
+    assert outbox_entry(producer, "A1", "notifier").state == "accepted"
     assert relay(producer, set_aside["projection"]).status == "idle"
     [recorded] = producer.operator_actions("A1")
     assert (recorded.action, recorded.actor, recorded.reason, recorded.consumer) == (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _cli import run_cli
+from support import run_cli
 
 
 def test_demo_tells_the_story_and_leaves_nothing_behind(tmp_path: Path) -> None:

@@ -9,9 +9,7 @@ text, bytes, other key order or whitespace) must be one event.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import pytest
 
 from reliable_flow import Consumer, InboxEntry, InvalidEnvelope, Producer, ReliableFlowError, relay
 from reliable_flow.envelope import MAX_BODY_BYTES, Envelope, canonical, make, parse
+from support import canonical_body, envelope, sql_count, sql_rows
 
 FLOW = "F"
 MAX_INT = 2**53 - 1
@@ -26,16 +25,7 @@ MAX_INT = 2**53 - 1
 
 def base(**changes: Any) -> dict[str, Any]:
     """A valid envelope for flow F, with some fields replaced."""
-    env: dict[str, Any] = {
-        "event_id": "E1",
-        "flow_id": FLOW,
-        "seq": 1,
-        "kind": "reserved",
-        "schema": 1,
-        "payload": {"amount": 3},
-    }
-    env.update(changes)
-    return env
+    return {**envelope("E1", FLOW, 1), **changes}
 
 
 def without(key: str) -> dict[str, Any]:
@@ -64,19 +54,8 @@ def valid_text(**changes: str) -> str:
     return "{" + ",".join(f"{json.dumps(key)}:{value}" for key, value in parts.items()) + "}"
 
 
-def inbox_rows(path: str) -> int:
-    with closing(sqlite3.connect(path)) as conn:
-        return int(conn.execute("SELECT count(*) FROM inbox").fetchone()[0])
-
-
-def outbox_rows(path: str) -> int:
-    with closing(sqlite3.connect(path)) as conn:
-        return int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
-
-
 def inbox_bodies(path: str) -> list[str]:
-    with closing(sqlite3.connect(path)) as conn:
-        return [r[0] for r in conn.execute("SELECT body FROM inbox ORDER BY event_id")]
+    return [r[0] for r in sql_rows(path, "SELECT body FROM inbox ORDER BY event_id")]
 
 
 # -- malformed envelopes --------------------------------------------------------------
@@ -226,7 +205,7 @@ def test_receive_refuses_malformed_envelope_and_stores_nothing(
     assert str(info.value).startswith(f"{field}: ")
     assert consumer.inbox(FLOW) == []
     assert consumer.flows() == []
-    assert inbox_rows(consumer.path) == 0
+    assert sql_count(consumer.path, "inbox") == 0
 
 
 @pytest.mark.parametrize(("bad", "field"), list(_malformed_params()))
@@ -259,7 +238,7 @@ def test_receive_refuses_integer_too_long_to_parse(consumer: Consumer, where: st
         consumer.receive(text)
     assert info.value.field == "envelope"
     assert consumer.inbox(FLOW) == []
-    assert inbox_rows(consumer.path) == 0
+    assert sql_count(consumer.path, "inbox") == 0
 
 
 @pytest.mark.parametrize(
@@ -276,7 +255,7 @@ def test_duplicate_key_inside_payload_or_meta_names_the_dotted_field(
     text = valid_text(**fragment)
     with pytest.raises(InvalidEnvelope) as info:
         consumer.receive(text)
-    assert inbox_rows(consumer.path) == 0
+    assert sql_count(consumer.path, "inbox") == 0
     assert info.value.field == field
 
 
@@ -284,7 +263,7 @@ def test_duplicate_key_inside_payload_is_refused(consumer: Consumer) -> None:
     with pytest.raises(InvalidEnvelope):
         consumer.receive(valid_text(payload='{"amount": 3, "amount": 4}'))
     assert consumer.inbox(FLOW) == []
-    assert inbox_rows(consumer.path) == 0
+    assert sql_count(consumer.path, "inbox") == 0
 
 
 # -- advance with malformed arguments ---------------------------------------------------
@@ -349,7 +328,7 @@ def test_advance_refuses_malformed_arguments_and_writes_nothing(
     assert producer.outbox(FLOW) == []
     assert producer.outbox() == []
     assert producer.flows() == []
-    assert outbox_rows(producer.path) == 0
+    assert sql_count(producer.path, "outbox") == 0
     # The same call with good arguments still works: the refusal left no trace.
     assert producer.advance("A1", FLOW, expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
 
@@ -421,7 +400,7 @@ def _expected_body(env: dict[str, Any]) -> str:
     fields = dict(env)
     if not fields.get("meta"):
         fields.pop("meta", None)
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical_body(fields)
 
 
 @pytest.mark.parametrize("first", ["dict", "json"])
@@ -445,7 +424,7 @@ def test_valid_edge_case_is_accepted_once_in_every_spelling(
     assert consumer.inbox(env["flow_id"]) == [
         InboxEntry(event_id=env["event_id"], seq=env["seq"], state="pending", reason=None)
     ]
-    assert inbox_rows(consumer.path) == 1
+    assert sql_count(consumer.path, "inbox") == 1
     # Stored as the canonical body: sorted keys, compact, non-ASCII as UTF-8 text.
     assert inbox_bodies(consumer.path) == [_expected_body(env)]
 
@@ -458,7 +437,7 @@ def test_json_text_length_cap_is_exact(consumer: Consumer, extra: int) -> None:
         with pytest.raises(InvalidEnvelope) as info:
             consumer.receive(padded)
         assert info.value.field == "envelope"
-        assert inbox_rows(consumer.path) == 0
+        assert sql_count(consumer.path, "inbox") == 0
     else:
         assert consumer.receive(padded).status == "accepted"
         assert inbox_bodies(consumer.path) == [_expected_body(base())]
@@ -471,7 +450,7 @@ def test_a_different_body_under_the_same_id_is_id_conflict(consumer: Consumer) -
     assert consumer.receive(base(meta={"trace": "t"}, payload={"amount": 4})).status == "id_conflict"
     assert consumer.receive(base(meta={"trace": "t"}, schema=2)).status == "id_conflict"
     assert consumer.receive(base(meta={"trace": "t"})).status == "duplicate"
-    assert inbox_rows(consumer.path) == 1
+    assert sql_count(consumer.path, "inbox") == 1
 
 
 def test_float_spellings_of_the_same_value_are_one_event(consumer: Consumer) -> None:
@@ -630,4 +609,4 @@ def test_files_are_real(tmp_path: Path, consumer: Consumer) -> None:
     # Guard for the raw-count helper: it must read the consumer's own file.
     assert Path(consumer.path).parent == tmp_path
     consumer.receive(base())
-    assert inbox_rows(consumer.path) == 1
+    assert sql_count(consumer.path, "inbox") == 1

@@ -8,12 +8,12 @@ directories behind.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from support import child_env, run_script
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.py"))
@@ -51,21 +51,14 @@ def _tree(root: Path) -> set[str]:
 
 
 def _run(script: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_FLOW_CRASH_AT"}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a stray __pycache__ is not the script's doing
-    env["TMPDIR"] = str(tmp_path / "tmp")  # so we can see whether temporary files are removed
+    env = child_env(
+        PYTHONDONTWRITEBYTECODE="1",  # a stray __pycache__ is not the script's doing
+        TMPDIR=str(tmp_path / "tmp"),  # so we can see whether temporary files are removed
+    )
     (tmp_path / "tmp").mkdir(exist_ok=True)
     (tmp_path / "cwd").mkdir(exist_ok=True)
     before = _tree(EXAMPLES)
-    done = subprocess.run(
-        [sys.executable, str(script), *args],
-        check=False,
-        timeout=120,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path / "cwd",
-        env=env,
-    )
+    done = run_script(script, *args, cwd=tmp_path / "cwd", env=env, timeout=120)
     assert _tree(EXAMPLES) - before == set(), f"{script.name} wrote into {EXAMPLES}"
     assert done.returncode == 0, f"{script.name} exited {done.returncode}:\n{done.stderr}"
     return done

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 import reliable_flow
-from _cli import run_cli
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS
 from reliable_flow.tools.experiment import (
     FROZEN_RESULTS,
@@ -22,6 +21,7 @@ from reliable_flow.tools.experiment import (
     dumps,
     run_experiment,
 )
+from support import run_cli
 
 TIMEOUT = 300  # seconds; a watchdog, the experiment itself takes a few
 

@@ -6,14 +6,10 @@ compares the file's bytes (and the directory listing) before and after.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 import random
-import select
 import sqlite3
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -39,6 +35,15 @@ from reliable_flow.protocol import Protocol, exact, integer
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import MIN_SQLITE, Database, check_sqlite_version
 from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
+from support import (
+    digest,
+    envelope,
+    in_forked_child,
+    sql_count,
+    sql_execute,
+    sql_pragma,
+    sql_rows,
+)
 
 OTHER_PROTOCOL = Protocol(
     name="counter",
@@ -51,23 +56,8 @@ OTHER_PROTOCOL = Protocol(
 # -- helpers ----------------------------------------------------------------------------
 
 
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
-
-
-def pragma(path: Path, name: str) -> Any:
-    with closing(sqlite3.connect(path)) as conn:
-        return conn.execute(f"PRAGMA {name}").fetchone()[0]
-
-
-def raw_execute(path: Path, *statements: str) -> None:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        for statement in statements:
-            conn.execute(statement)
 
 
 def make_producer_file(path: Path) -> None:
@@ -77,59 +67,7 @@ def make_producer_file(path: Path) -> None:
 
 def make_consumer_file(path: Path, name: str | None = None) -> None:
     with Consumer(path, RESERVATION, name=name) as c:
-        assert c.receive(
-            {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved", "schema": 1, "payload": {"amount": 3}}
-        ).status == "accepted"
-
-
-def wait_child(pid: int, timeout: float = 60.0) -> int:
-    """Exit code of a forked child; kills it and fails the test if it hangs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"child {pid} did not finish within {timeout}s")
-
-
-def read_pipe(fd: int) -> str:
-    chunks = []
-    while select.select([fd], [], [], 5)[0]:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks).decode()
-
-
-def in_child(work: Callable[[], str]) -> tuple[int, str]:
-    """Run ``work`` in a forked child; return (exit code, what it reported).
-
-    The child always leaves through ``os._exit``: exit 0 if ``work`` returned,
-    1 if it raised (the report then names the exception).
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 1
-        try:
-            os.close(read_fd)
-            try:
-                message = work()
-                code = 0
-            except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-                message = f"{type(exc).__name__}: {exc}"
-            os.write(write_fd, message.encode())
-            os.close(write_fd)
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    code = wait_child(pid)
-    return code, read_pipe(read_fd)
+        assert c.receive(envelope("A1", "A", 1)).status == "accepted"
 
 
 # -- opening a new file -------------------------------------------------------------------
@@ -144,12 +82,12 @@ def test_new_producer_file_is_wal_full_sync_and_marked(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
         assert conn.isolation_level is None
-        assert pragma(path, "journal_mode") == "wal"
-        assert pragma(path, "user_version") == PRODUCER.version
-        assert pragma(path, "application_id") == PRODUCER.application_id
+        assert sql_pragma(path, "journal_mode") == "wal"
+        assert sql_pragma(path, "user_version") == PRODUCER.version
+        assert sql_pragma(path, "application_id") == PRODUCER.application_id
     # Still a WAL file after a clean close, and still ours.
-    assert pragma(path, "journal_mode") == "wal"
-    assert pragma(path, "application_id") == PRODUCER.application_id
+    assert sql_pragma(path, "journal_mode") == "wal"
+    assert sql_pragma(path, "application_id") == PRODUCER.application_id
 
 
 def test_new_consumer_file_is_wal_full_sync_and_marked(tmp_path: Path) -> None:
@@ -158,9 +96,9 @@ def test_new_consumer_file_is_wal_full_sync_and_marked(tmp_path: Path) -> None:
         conn = c._store._db.conn
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2_500
-        assert pragma(path, "journal_mode") == "wal"
-        assert pragma(path, "user_version") == CONSUMER.version
-        assert pragma(path, "application_id") == CONSUMER.application_id
+        assert sql_pragma(path, "journal_mode") == "wal"
+        assert sql_pragma(path, "user_version") == CONSUMER.version
+        assert sql_pragma(path, "application_id") == CONSUMER.application_id
         assert c.name == "default"
         assert len(c.uid) == 32
 
@@ -183,7 +121,7 @@ def test_an_empty_existing_file_is_initialised(tmp_path: Path) -> None:
     path.touch()
     with Producer(path, RESERVATION) as p:
         assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 1}).status == "committed"
-    assert pragma(path, "application_id") == PRODUCER.application_id
+    assert sql_pragma(path, "application_id") == PRODUCER.application_id
 
 
 # -- refusals ---------------------------------------------------------------------------
@@ -198,7 +136,7 @@ def _random_bytes(path: Path) -> None:
 
 
 def _foreign_db(path: Path) -> None:
-    raw_execute(
+    sql_execute(
         path,
         "CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT)",
         "INSERT INTO customers(name) VALUES ('alice'), ('bob')",
@@ -206,11 +144,11 @@ def _foreign_db(path: Path) -> None:
 
 
 def _foreign_db_versioned_no_tables(path: Path) -> None:
-    raw_execute(path, "PRAGMA user_version = 7")
+    sql_execute(path, "PRAGMA user_version = 7")
 
 
 def _foreign_db_other_application_id(path: Path) -> None:
-    raw_execute(path, "PRAGMA application_id = 1234567")
+    sql_execute(path, "PRAGMA application_id = 1234567")
 
 
 def _producer_file(path: Path) -> None:
@@ -223,12 +161,12 @@ def _consumer_file(path: Path) -> None:
 
 def _producer_file_too_new(path: Path) -> None:
     make_producer_file(path)
-    raw_execute(path, f"PRAGMA user_version = {PRODUCER.version + 1}")
+    sql_execute(path, f"PRAGMA user_version = {PRODUCER.version + 1}")
 
 
 def _consumer_file_too_new(path: Path) -> None:
     make_consumer_file(path)
-    raw_execute(path, f"PRAGMA user_version = {CONSUMER.version + 1}")
+    sql_execute(path, f"PRAGMA user_version = {CONSUMER.version + 1}")
 
 
 def _open_producer(path: Path) -> Producer:
@@ -292,7 +230,7 @@ def test_refused_file_is_left_byte_for_byte_unchanged(
 def test_foreign_database_keeps_its_journal_mode_and_rows(tmp_path: Path) -> None:
     path = tmp_path / "foreign.db"
     _foreign_db(path)
-    assert pragma(path, "journal_mode") == "delete"
+    assert sql_pragma(path, "journal_mode") == "delete"
     before = digest(path)
     for opener in (_open_producer, _open_consumer):
         with pytest.raises(WrongFile, match="not a reliable_flow"):
@@ -300,11 +238,10 @@ def test_foreign_database_keeps_its_journal_mode_and_rows(tmp_path: Path) -> Non
     with pytest.raises(WrongFile):
         snapshot(path, path)
     assert digest(path) == before
-    assert pragma(path, "journal_mode") == "delete"
-    assert pragma(path, "application_id") == 0
-    with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("SELECT name FROM customers ORDER BY id").fetchall() == [("alice",), ("bob",)]
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert sql_pragma(path, "journal_mode") == "delete"
+    assert sql_pragma(path, "application_id") == 0
+    assert sql_rows(path, "SELECT name FROM customers ORDER BY id") == [("alice",), ("bob",)]
+    tables = {r[0] for r in sql_rows(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"customers"}
 
 
@@ -316,7 +253,7 @@ def test_schema_too_new_names_both_versions(tmp_path: Path) -> None:
     assert str(PRODUCER.version + 1) in str(info.value)
     assert str(PRODUCER.version) in str(info.value)
     assert isinstance(info.value, WrongFile)
-    assert pragma(path, "user_version") == PRODUCER.version + 1
+    assert sql_pragma(path, "user_version") == PRODUCER.version + 1
 
 
 def test_consumer_file_keeps_its_name(tmp_path: Path) -> None:
@@ -378,8 +315,8 @@ def v1_file(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_migration_upgrades_in_place_and_keeps_rows(v1_file: Path) -> None:
-    assert pragma(v1_file, "user_version") == 1
-    assert pragma(v1_file, "application_id") == APP_ID
+    assert sql_pragma(v1_file, "user_version") == 1
+    assert sql_pragma(v1_file, "application_id") == APP_ID
     db = Database(v1_file, KIND_V2)
     try:
         conn = db.conn
@@ -390,7 +327,7 @@ def test_migration_upgrades_in_place_and_keeps_rows(v1_file: Path) -> None:
         assert conn.execute("SELECT count(*) FROM audit").fetchone()[0] == 0
     finally:
         db.close()
-    assert pragma(v1_file, "application_id") == APP_ID
+    assert sql_pragma(v1_file, "application_id") == APP_ID
     # Reopening at the same version changes nothing.
     before = digest(v1_file)
     Database(v1_file, KIND_V2).close()
@@ -409,10 +346,9 @@ def test_failed_migration_rolls_back_entirely(v1_file: Path) -> None:
     )
     with pytest.raises((sqlite3.Error, StorageError)):
         Database(v1_file, broken)
-    assert pragma(v1_file, "user_version") == 1
-    with closing(sqlite3.connect(v1_file)) as conn:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert conn.execute("SELECT name FROM item").fetchall() == [("first",)]
+    assert sql_pragma(v1_file, "user_version") == 1
+    tables = {r[0] for r in sql_rows(v1_file, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert sql_rows(v1_file, "SELECT name FROM item") == [("first",)]
     assert "newer" not in tables
     Database(v1_file, KIND_V1).close()
 
@@ -439,12 +375,11 @@ def test_failing_on_create_leaves_an_empty_file(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError):
         Database(path, KIND_V1, on_create=on_create)
-    assert pragma(path, "user_version") == 0
-    assert pragma(path, "application_id") == 0
-    with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+    assert sql_pragma(path, "user_version") == 0
+    assert sql_pragma(path, "application_id") == 0
+    assert sql_count(path, "sqlite_master") == 0
     Database(path, KIND_V1).close()
-    assert pragma(path, "user_version") == 1
+    assert sql_pragma(path, "user_version") == 1
 
 
 def test_readonly_open_refuses_an_old_version_without_upgrading(v1_file: Path) -> None:
@@ -453,7 +388,7 @@ def test_readonly_open_refuses_an_old_version_without_upgrading(v1_file: Path) -
         Database(v1_file, KIND_V2, readonly=True)
     assert type(info.value) is WrongFile
     assert digest(v1_file) == before
-    assert pragma(v1_file, "user_version") == 1
+    assert sql_pragma(v1_file, "user_version") == 1
 
 
 def test_readonly_open_cannot_write(v1_file: Path) -> None:
@@ -517,7 +452,7 @@ def test_release_1_producer_file_upgrades_in_place(tmp_path: Path) -> None:
     _needs_newer_producer_schema()
     path = tmp_path / "p.db"
     make_v1_producer_file(path)
-    assert pragma(path, "user_version") == 1
+    assert sql_pragma(path, "user_version") == 1
     with Producer(path, RESERVATION) as p:
         assert p._store._db.conn.execute("PRAGMA user_version").fetchone()[0] == PRODUCER.version
         assert p.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
@@ -529,7 +464,7 @@ def test_release_1_producer_file_upgrades_in_place(tmp_path: Path) -> None:
             assert delivered == ["accepted", "accepted", "accepted", "idle"]
             assert c.drain("A").applied == 3
             assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-    assert pragma(path, "application_id") == PRODUCER.application_id
+    assert sql_pragma(path, "application_id") == PRODUCER.application_id
 
 
 def test_snapshot_refuses_a_file_that_needs_an_upgrade_without_upgrading_it(tmp_path: Path) -> None:
@@ -541,7 +476,7 @@ def test_snapshot_refuses_a_file_that_needs_an_upgrade_without_upgrading_it(tmp_
     with pytest.raises(WrongFile, match="upgrade"):
         snapshot(p_path, c_path)
     assert digest(p_path) == before
-    assert pragma(p_path, "user_version") == 1
+    assert sql_pragma(p_path, "user_version") == 1
 
 
 def test_release_1_producer_file_with_another_protocol_is_refused_unchanged(tmp_path: Path) -> None:
@@ -551,16 +486,11 @@ def test_release_1_producer_file_with_another_protocol_is_refused_unchanged(tmp_
     before = digest(path)
     with pytest.raises(WrongFile, match="protocol"):
         Producer(path, OTHER_PROTOCOL).close()
-    assert pragma(path, "user_version") == 1
+    assert sql_pragma(path, "user_version") == 1
     assert digest(path) == before
 
 
 # -- transactions -----------------------------------------------------------------------
-
-
-def count_items(path: Path) -> int:
-    with closing(sqlite3.connect(path)) as conn:
-        return int(conn.execute("SELECT count(*) FROM item").fetchone()[0])
 
 
 @pytest.fixture
@@ -575,7 +505,7 @@ def test_write_commits_on_normal_exit(custom_db: Database, v1_file: Path) -> Non
         assert conn.in_transaction
         conn.execute("INSERT INTO item(name) VALUES ('second')")
     assert not custom_db.conn.in_transaction
-    assert count_items(v1_file) == 2
+    assert sql_count(v1_file, "item") == 2
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt, SystemExit, sqlite3.IntegrityError])
@@ -586,11 +516,11 @@ def test_write_rolls_back_on_any_exception(
         conn.execute("INSERT INTO item(name) VALUES ('doomed')")
         raise error("boom")
     assert not custom_db.conn.in_transaction
-    assert count_items(v1_file) == 1
+    assert sql_count(v1_file, "item") == 1
     # The connection is usable afterwards.
     with custom_db.write() as conn:
         conn.execute("INSERT INTO item(name) VALUES ('after')")
-    assert count_items(v1_file) == 2
+    assert sql_count(v1_file, "item") == 2
 
 
 def test_write_rolls_back_after_a_failed_statement(custom_db: Database, v1_file: Path) -> None:
@@ -598,7 +528,7 @@ def test_write_rolls_back_after_a_failed_statement(custom_db: Database, v1_file:
         conn.execute("INSERT INTO item(name) VALUES ('ok')")
         conn.execute("INSERT INTO item(id, name) VALUES (1, 'clash')")
     assert not custom_db.conn.in_transaction
-    assert count_items(v1_file) == 1
+    assert sql_count(v1_file, "item") == 1
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="sqlite_errorname on a raw sqlite3 error needs Python 3.11")
@@ -643,7 +573,7 @@ def test_failed_commit_is_reported_as_outcome_unknown_and_rolled_back(tmp_path: 
 def test_read_sees_one_snapshot_and_ends_its_transaction(custom_db: Database, v1_file: Path) -> None:
     with custom_db.read() as conn:
         first = conn.execute("SELECT count(*) FROM item").fetchone()[0]
-        raw_execute(v1_file, "INSERT INTO item(name) VALUES ('concurrent')")
+        sql_execute(v1_file, "INSERT INTO item(name) VALUES ('concurrent')")
         assert conn.execute("SELECT count(*) FROM item").fetchone()[0] == first
     assert not custom_db.conn.in_transaction
     assert custom_db.conn.execute("SELECT count(*) FROM item").fetchone()[0] == first + 1
@@ -679,7 +609,7 @@ def test_producer_used_in_a_forked_child_raises_wrong_process(producer: Producer
             return f"WrongProcess: {exc}"
         return "flow worked in the child"
 
-    code, report = in_child(work)
+    code, report = in_forked_child(work)
     assert code == 0, report
     assert report.startswith("WrongProcess: "), report
     assert "reopen" in report
@@ -698,7 +628,7 @@ def test_consumer_used_in_a_forked_child_raises_wrong_process(consumer: Consumer
             return f"WrongProcess: {exc}"
         return "receive worked in the child"
 
-    code, report = in_child(work)
+    code, report = in_forked_child(work)
     assert code == 0, report
     assert report.startswith("WrongProcess: "), report
     assert consumer.inbox("A") == []
@@ -719,7 +649,7 @@ def test_producer_reopened_in_a_forked_child_can_advance(producer: Producer, con
             producer.close()
         return f"{r.status} {r.seq} {delivered.status}"
 
-    code, report = in_child(work)
+    code, report = in_forked_child(work)
     assert (code, report) == (0, "committed 1 accepted")
     # The parent's own connections see what the child committed.
     assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
@@ -812,7 +742,7 @@ def test_snapshot_after_a_writer_exited_without_closing_changes_no_byte(tmp_path
         _NEVER_CLOSED.append((p, c))
         return "done"
 
-    assert in_child(work) == (0, "done")
+    assert in_forked_child(work) == (0, "done")
     assert Path(f"{p_path}-wal").stat().st_size > 0
     before = digest(p_path), digest(c_path)
     files = listing(tmp_path)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from _cli import run_cli
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from support import digest, run_cli
 
 
 def _troubled_files(tmp_path: Path) -> tuple[Path, Path]:
@@ -36,7 +31,7 @@ def _troubled_files(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_text_report_names_every_problem(tmp_path: Path) -> None:
     p_path, c_path = _troubled_files(tmp_path)
-    before = (_digest(p_path), _digest(c_path))
+    before = (digest(p_path), digest(c_path))
     done = run_cli("inspect", str(p_path), str(c_path))
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -47,7 +42,7 @@ def test_text_report_names_every_problem(tmp_path: Path) -> None:
     assert "inbox 1 pending, 1 blocked, 3 applied" in out
     assert "flow_id=A  seq=2  event_id=A2  reason=unsupported_schema" in out
     assert "flow_id=B  missing_seq=2  waiting=[3]" in out
-    assert (_digest(p_path), _digest(c_path)) == before
+    assert (digest(p_path), digest(c_path)) == before
 
 
 def test_json_report_is_machine_readable(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """SIGKILL a busy workload at random moments; after every kill the files must
 still satisfy every invariant of SPEC section 1.
 
-The workload (``_workload.py kill-run``) runs rounds of 20 flows x 3 steps
+The workload (``children/workload.py kill-run``) runs rounds of 20 flows x 3 steps
 plus two flows with a planted conflict through advance / relay / apply, in a
 random order: explicit relays of shuffled event ids (out-of-order arrival),
 plain relays, duplicate re-sends (re-advance, re-relay, direct receive),
@@ -35,24 +35,21 @@ import os
 import random
 import select
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import _workload
+from children import workload
 from reliable_flow import Consumer, Producer, relay, snapshot
-from reliable_flow.crash import ENV_VAR
 from reliable_flow.reservation import RESERVATION
+from support import CHILDREN, child_env, chosen_seed, kill_count, sql_rows
 
-WORKLOAD = Path(__file__).with_name("_workload.py")
+WORKLOAD = CHILDREN / "workload.py"
 DEFAULT_KILLS = 100
 SOAK_KILLS = 1000
 MAX_KILL_DELAY = 0.08  # seconds after "ready"; a round of work takes a few hundred ms
@@ -65,30 +62,7 @@ MUST_SEE = (  # answers a campaign must have produced, or it did not test much
 )
 
 
-def kill_count(default: int) -> int:
-    value = os.environ.get("RELIABLE_FLOW_KILLS")
-    return int(value) if value else default
-
-
-def chosen_seed() -> int:
-    value = os.environ.get("RELIABLE_FLOW_SEED")
-    return int(value) if value else random.SystemRandom().randrange(2**32)
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(ENV_VAR, None)  # kills, not crash points, here
-    return env
-
-
 # -- reading the files ----------------------------------------------------------------
-
-
-def read_only_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Rows the public API has no accessor for (bodies, per-event effect counts)."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA query_only=ON")
-        return conn.execute(sql).fetchall()
 
 
 class Journal:
@@ -143,17 +117,17 @@ class Observed:
     effects: dict[str, list[str]] = field(default_factory=dict)
 
 
-def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, _workload.RoundPlan],
+def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, workload.RoundPlan],
                      journal: Journal, seen: Observed, where: str) -> None:
     """Every invariant, on files no process is using.  ``plans`` maps flow id -> its round's plan."""
     snap = snapshot(producer_path, consumer_path)
     flows, outbox = snap["producer"]["flows"], snap["producer"]["outbox"]
-    out_body = dict(read_only_rows(producer_path, "SELECT event_id, body FROM outbox"))
-    in_body = dict(read_only_rows(consumer_path, "SELECT event_id, body FROM inbox"))
-    effect_counts = dict(read_only_rows(consumer_path, "SELECT event_id, count(*) FROM effect GROUP BY event_id"))
+    out_body = dict(sql_rows(producer_path, "SELECT event_id, body FROM outbox"))
+    in_body = dict(sql_rows(consumer_path, "SELECT event_id, body FROM inbox"))
+    effect_counts = dict(sql_rows(consumer_path, "SELECT event_id, count(*) FROM effect GROUP BY event_id"))
     rounds = {plan.round_no: plan for plan in plans.values()}.values()
     conflicting = {event_id for plan in rounds for event_id in plan.conflicting}
-    planted = {env["event_id"]: _workload.canonical(env) for plan in rounds for env in plan.planted}
+    planted = {env["event_id"]: workload.canonical(env) for plan in rounds for env in plan.planted}
 
     # Producer: committed implies the flow row and every outbox row, as planned, nothing else.
     assert set(flows) | set(outbox) <= set(plans), f"{where}: unplanned flows {set(flows) - set(plans)}"
@@ -162,11 +136,11 @@ def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, 
         n = 0 if flow is None else flow["seq"]
         assert [e["event_id"] for e in events] == [plan.event_id(flow_id, s) for s in range(1, n + 1)], where
         if flow is not None:
-            assert flow == {"state": _workload.STEPS[n - 1], "seq": n, "amount": plan.amounts[flow_id]}, where
+            assert flow == {"state": workload.STEPS[n - 1], "seq": n, "amount": plan.amounts[flow_id]}, where
         for seq in range(1, n + 1):
             # Conflicting advances never overwrote a body; stale ones never stored an event.
             event_id = plan.event_id(flow_id, seq)
-            assert out_body[event_id] == _workload.canonical(plan.envelope(flow_id, seq)), (where, event_id)
+            assert out_body[event_id] == workload.canonical(plan.envelope(flow_id, seq)), (where, event_id)
     all_events = {e["event_id"]: e for events in outbox.values() for e in events}
     assert set(out_body) == set(all_events), where
 
@@ -195,7 +169,7 @@ def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, 
         assert [e["seq"] for e in effects] == list(range(1, k + 1)), f"{where}: {flow_id} applied with a gap"
         by_seq = {row["seq"]: row for row in rows}
         assert [e["event_id"] for e in effects] == [by_seq[s]["event_id"] for s in range(1, k + 1)], where
-        assert [e["kind"] for e in effects] == list(_workload.STEPS[:k]), f"{where}: {flow_id} illegal order"
+        assert [e["kind"] for e in effects] == list(workload.STEPS[:k]), f"{where}: {flow_id} illegal order"
         state = RESERVATION.initial
         for e in effects:  # each applied step is legal from the state before it
             assert e["kind"] in RESERVATION.transitions[state], (where, flow_id, state, e)
@@ -240,7 +214,7 @@ def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, 
     assert set(applied) <= set(effect_counts), f"{where}: an event answered applied has no effect"
 
 
-def check_round_finished(producer_path: Path, consumer_path: Path, plan: _workload.RoundPlan) -> None:
+def check_round_finished(producer_path: Path, consumer_path: Path, plan: workload.RoundPlan) -> None:
     """An uninterrupted end of a round: everything through, except what must stay stuck."""
     with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
         for flow_id in plan.flows:
@@ -303,7 +277,7 @@ def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
     journal = Journal(journal_path)
     stats = Campaign()
     seen = Observed()
-    plan = _workload.plan_round(seed, 0)
+    plan = workload.plan_round(seed, 0)
     plans = dict.fromkeys(plan.flows, plan)
     started = time.monotonic()
     ever_ready = False
@@ -350,7 +324,7 @@ def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
             stats.rounds += 1
             if final:
                 break
-            plan = _workload.plan_round(seed, plan.round_no + 1)
+            plan = workload.plan_round(seed, plan.round_no + 1)
             plans.update(dict.fromkeys(plan.flows, plan))
     stats.seconds = time.monotonic() - started
     counts = journal.refresh().answers
@@ -392,7 +366,7 @@ def test_the_workload_alone_finishes_a_round(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait(timeout=30)
     assert returncode == 0, (tmp_path / "stderr-0.txt").read_text()
-    plan = _workload.plan_round(seed, 0)
+    plan = workload.plan_round(seed, 0)
     check_invariants(tmp_path / "producer.db", tmp_path / "consumer.db", dict.fromkeys(plan.flows, plan),
                      Journal(tmp_path / "journal.txt").refresh(), Observed(), f"seed {seed}")
     check_round_finished(tmp_path / "producer.db", tmp_path / "consumer.db", plan)
@@ -403,7 +377,7 @@ def test_gapped_and_blocked_flows_do_not_stop_the_others(tmp_path: Path) -> None
     with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
             Consumer(tmp_path / "consumer.db", RESERVATION) as consumer:
         for flow_id in ("A", "B", "P"):
-            for seq, kind in enumerate(_workload.STEPS, start=1):
+            for seq, kind in enumerate(workload.STEPS, start=1):
                 r = producer.advance(f"{flow_id}{seq}", flow_id, expected_seq=seq - 1, kind=kind,
                                      payload={"amount": 4})
                 assert r.status == "committed"

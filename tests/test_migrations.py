@@ -11,16 +11,15 @@ never edited: files in the field were created from exactly that text.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import re
 import sqlite3
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import reliable_flow
+from children.racers import open_producer
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
@@ -33,6 +32,15 @@ from reliable_flow import (
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.schema import PRODUCER, FileKind
+from support import (
+    KINDS,
+    relay_log,
+    relay_until_idle,
+    sql_execute,
+    sql_pragma,
+    sql_rows,
+    start_on_barrier,
+)
 
 V1 = FileKind("producer", PRODUCER.application_id, PRODUCER.migrations[:1])
 
@@ -52,8 +60,6 @@ V1_SCHEMA = {
     ("table", "sqlite_sequence"): "CREATE TABLE sqlite_sequence(name,seq)",
 }
 
-KINDS = ("reserved", "confirmed", "released")
-
 
 def body(event_id: str, flow_id: str, seq: int, amount: int = 3) -> str:
     return envelope.make(
@@ -62,22 +68,14 @@ def body(event_id: str, flow_id: str, seq: int, amount: int = 3) -> str:
 
 
 def schema_of(path: Path) -> dict[tuple[str, str], str]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return {
-            (t, n): re.sub(r"\s+", " ", sql)
-            for t, n, sql in conn.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")
-        }
+    return {
+        (t, n): re.sub(r"\s+", " ", sql)
+        for t, n, sql in sql_rows(path, "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")
+    }
 
 
 def pragmas(path: Path) -> tuple[int, int]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return (conn.execute("PRAGMA user_version").fetchone()[0], conn.execute("PRAGMA application_id").fetchone()[0])
-
-
-def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA query_only=ON")
-        return conn.execute(sql).fetchall()
+    return sql_pragma(path, "user_version"), sql_pragma(path, "application_id")
 
 
 V1_DELIVERIES = [  # consumer, event_id, state, last_status, attempts
@@ -130,11 +128,11 @@ def make_v1_files(tmp_path: Path) -> tuple[Path, Path]:
 
 def v1_content(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     return {
-        "meta": rows(path, "SELECT key, value FROM meta ORDER BY key"),
-        "flow": rows(path, "SELECT * FROM flow ORDER BY flow_id"),
-        "outbox": rows(path, "SELECT * FROM outbox ORDER BY pos"),
-        "consumer": rows(path, "SELECT * FROM consumer ORDER BY name"),
-        "delivery": rows(
+        "meta": sql_rows(path, "SELECT key, value FROM meta ORDER BY key"),
+        "flow": sql_rows(path, "SELECT * FROM flow ORDER BY flow_id"),
+        "outbox": sql_rows(path, "SELECT * FROM outbox ORDER BY pos"),
+        "consumer": sql_rows(path, "SELECT * FROM consumer ORDER BY name"),
+        "delivery": sql_rows(
             path,
             "SELECT d.consumer, o.event_id, d.state, d.last_status, d.attempts "
             "FROM delivery d JOIN outbox o ON o.pos = d.pos ORDER BY d.pos",
@@ -155,7 +153,7 @@ def test_a_v1_file_upgrades_in_place_and_every_row_survives(tmp_path: Path) -> N
         assert pragmas(producer_path) == (PRODUCER.version, PRODUCER.application_id)
         assert v1_content(producer_path) == before
         # The new columns start neutral: nothing leased, nothing backing off.
-        assert rows(producer_path, "SELECT DISTINCT failures, due_at, lease_owner, last_error FROM delivery") == [
+        assert sql_rows(producer_path, "SELECT DISTINCT failures, due_at, lease_owner, last_error FROM delivery") == [
             (0, 0.0, None, None)
         ]
         assert producer.operator_actions() == []
@@ -181,9 +179,7 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
     producer_path, consumer_path = make_v1_files(tmp_path)
     with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
         policy = DeliveryPolicy(lease_seconds=10)
-        answers = []
-        while (r := relay(producer, consumer, policy=policy)).status != "idle":
-            answers.append(f"{r.event_id} {r.status}")
+        answers = relay_log(producer, consumer, policy=policy)
         assert answers == ["A2 accepted", "B1 accepted"]  # the pending ones; C1 stays set aside
         assert producer.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3}).status == "committed"
         assert relay(producer, consumer, policy=policy).event_id == "A3"
@@ -195,18 +191,18 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
 
         # A consumer added after the upgrade gets every event, old ones included.
         with Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
-            got = []
-            while (r := relay(producer, audit, policy=policy)).status != "idle":
-                got.append(r.event_id)
+            got = [str(r.event_id) for r in relay_until_idle(producer, audit, policy=policy)]
             assert sorted(got) == ["A1", "A2", "A3", "B1", "C1"]
             audit.process_all()
             assert audit.projection("C") == {"state": "reserved", "last_seq": 1, "held": 3}
 
         # The set-aside event left over from v1 can be resolved with the new operator actions.
-        with closing(sqlite3.connect(consumer_path, isolation_level=None)) as conn:
-            conn.execute("DELETE FROM projection WHERE flow_id = 'C'")
-            conn.execute("DELETE FROM effect WHERE flow_id = 'C'")
-            conn.execute("DELETE FROM inbox WHERE flow_id = 'C'")
+        sql_execute(
+            consumer_path,
+            "DELETE FROM projection WHERE flow_id = 'C'",
+            "DELETE FROM effect WHERE flow_id = 'C'",
+            "DELETE FROM inbox WHERE flow_id = 'C'",
+        )
         producer.redeliver("C1", consumer="default", actor="ops", reason="removed the stray C1 after the upgrade")
         assert relay(producer, consumer, policy=policy).event_id == "C1"
         assert [a.action for a in producer.operator_actions("C1")] == ["redeliver"]
@@ -222,8 +218,7 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
 )
 def test_a_migration_that_fails_halfway_leaves_the_v1_file_intact(tmp_path: Path, stray: str) -> None:
     producer_path, consumer_path = make_v1_files(tmp_path)
-    with closing(sqlite3.connect(producer_path, isolation_level=None)) as conn:
-        conn.execute(stray)  # something an operator left in the file
+    sql_execute(producer_path, stray)  # something an operator left in the file
     before_content, before_schema = v1_content(producer_path), schema_of(producer_path)
     with pytest.raises((sqlite3.Error, StorageError), match="already exists"):
         Producer(producer_path, RESERVATION)
@@ -231,8 +226,7 @@ def test_a_migration_that_fails_halfway_leaves_the_v1_file_intact(tmp_path: Path
     assert schema_of(producer_path) == before_schema
     assert v1_content(producer_path) == before_content
     # Once the stray object is gone, the upgrade goes through with the same data.
-    with closing(sqlite3.connect(producer_path, isolation_level=None)) as conn:
-        conn.execute(f"DROP {stray.split()[1]} {stray.split()[2].split('(')[0]}")
+    sql_execute(producer_path, f"DROP {stray.split()[1]} {stray.split()[2].split('(')[0]}")
     with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
         assert pragmas(producer_path)[0] == PRODUCER.version
         assert v1_content(producer_path) == before_content
@@ -241,8 +235,7 @@ def test_a_migration_that_fails_halfway_leaves_the_v1_file_intact(tmp_path: Path
 
 def test_a_file_newer_than_the_code_is_refused_untouched(tmp_path: Path) -> None:
     producer_path, _ = make_v1_files(tmp_path)
-    with closing(sqlite3.connect(producer_path, isolation_level=None)) as conn:
-        conn.execute(f"PRAGMA user_version = {PRODUCER.version + 1}")
+    sql_execute(producer_path, f"PRAGMA user_version = {PRODUCER.version + 1}")
     before = v1_content(producer_path)
     with pytest.raises(SchemaTooNew):
         Producer(producer_path, RESERVATION)
@@ -250,37 +243,14 @@ def test_a_file_newer_than_the_code_is_refused_untouched(tmp_path: Path) -> None
     assert v1_content(producer_path) == before
 
 
-def _open_and_report(path: str, barrier: Any, results: Any, index: int) -> None:
-    try:
-        barrier.wait(timeout=60)
-        with Producer(path, RESERVATION) as producer:
-            results.put((index, "ok", len(producer.outbox())))
-    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
-        results.put((index, "error", repr(exc)))
-
-
 def test_four_processes_opening_a_v1_file_at_once_upgrade_it_once(tmp_path: Path) -> None:
     producer_path, _ = make_v1_files(tmp_path)
     before = v1_content(producer_path)
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_open_and_report, args=(str(producer_path), barrier, results, i)) for i in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        reports = sorted(results.get(timeout=120) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        results.close()
-        results.join_thread()
-    assert reports == [(i, "ok", 4) for i in range(4)]
+    run = start_on_barrier(open_producer, [(str(producer_path),)] * 4, timeout=120, name="open")
+    assert run.values() == [4] * 4  # every process opened it and saw all four events
     assert pragmas(producer_path)[0] == PRODUCER.version
     assert v1_content(producer_path) == before
-    assert json.loads(rows(producer_path, "SELECT body FROM outbox WHERE event_id = 'A2'")[0][0])["seq"] == 2
+    assert json.loads(sql_rows(producer_path, "SELECT body FROM outbox WHERE event_id = 'A2'")[0][0])["seq"] == 2
 
 
 def test_check_constraints_of_new_files_list_exactly_the_enum_values(tmp_path: Path) -> None:
@@ -290,11 +260,7 @@ def test_check_constraints_of_new_files_list_exactly_the_enum_values(tmp_path: P
     reliable_flow.Consumer(tmp_path / "c.db", RESERVATION).close()
     kinds = (("p.db", "delivery", reliable_flow.DeliveryState), ("c.db", "inbox", reliable_flow.InboxState))
     for path, table, enum in kinds:
-        conn = sqlite3.connect(tmp_path / path)
-        try:
-            (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()
-        finally:
-            conn.close()
+        ((sql,),) = sql_rows(tmp_path / path, "SELECT sql FROM sqlite_master WHERE name = ?", (table,))
         listed = re.search(r"CHECK \(state IN \(([^)]*)\)\)", sql)
         assert listed is not None, sql
         assert {v.strip(" '") for v in listed.group(1).split(",")} == set(enum.values())

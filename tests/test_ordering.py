@@ -4,16 +4,14 @@ table, duplicates at every position, a schema upgrade, and flow isolation."""
 from __future__ import annotations
 
 import itertools
-import sqlite3
-from contextlib import closing
 from typing import Any
 
 import pytest
 
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
+from support import KINDS, sql_rows
 
-KINDS = ("reserved", "confirmed", "released")
 ORDERS = list(itertools.permutations(("A1", "A2", "A3")))
 ORDER_IDS = ["".join(e[1] for e in order) for order in ORDERS]
 
@@ -26,8 +24,7 @@ def commit_flow(producer: Producer, flow: str, *, schemas: tuple[int, int, int] 
 
 
 def raw_bodies(path: str) -> list[tuple[str, str]]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return conn.execute("SELECT event_id, body FROM inbox ORDER BY event_id").fetchall()
+    return sql_rows(path, "SELECT event_id, body FROM inbox ORDER BY event_id")
 
 
 def assert_released_once(consumer: Consumer) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from contextlib import closing
 from typing import Any
 
 import pytest
 
 from reliable_flow import InvalidEnvelope, Producer
 from reliable_flow.statuses import AdvanceResult
+from support import sql_count, sql_execute, sql_rows
 
 BODY_FIELDS = ("flow_id", "kind", "schema", "payload", "meta", "expected_seq")
 STEPS = (("A1", 0, "reserved"), ("A2", 1, "confirmed"), ("A3", 2, "released"))
@@ -21,23 +21,14 @@ Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
 def raw_rows(path: str) -> Rows:
-    """Every flow row and outbox row, read with a plain sqlite3 connection."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        flows = conn.execute("SELECT flow_id, seq, state, data FROM flow ORDER BY flow_id").fetchall()
-        events = conn.execute("SELECT pos, event_id, flow_id, seq, body FROM outbox ORDER BY pos").fetchall()
+    """Every flow row and outbox row, read through connections of their own."""
+    flows = sql_rows(path, "SELECT flow_id, seq, state, data FROM flow ORDER BY flow_id")
+    events = sql_rows(path, "SELECT pos, event_id, flow_id, seq, body FROM outbox ORDER BY pos")
     return flows, events
 
 
 def raw_counts(path: str) -> tuple[int, int]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        flows = conn.execute("SELECT count(*) FROM flow").fetchone()[0]
-        events = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
-    return flows, events
-
-
-def run_sql(path: str, sql: str) -> None:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute(sql)
+    return sql_count(path, "flow"), sql_count(path, "outbox")
 
 
 def step(producer: Producer, n: int, *, amount: int = 3, meta: dict[str, str] | None = None) -> AdvanceResult:
@@ -395,7 +386,7 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
     flow_before = producer.flow("A")
     outbox_before = producer.outbox("A")
     before = raw_rows(producer.path)
-    run_sql(
+    sql_execute(
         producer.path,
         "CREATE TRIGGER reject_outbox BEFORE INSERT ON outbox "
         "BEGIN SELECT RAISE(ABORT, 'rejected by test'); END;",
@@ -410,7 +401,7 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
     assert producer.outbox("A") == outbox_before
     assert raw_rows(producer.path) == before
 
-    run_sql(producer.path, "DROP TRIGGER reject_outbox")
+    sql_execute(producer.path, "DROP TRIGGER reject_outbox")
     r = producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
     assert (r.status, r.seq) == ("committed", expected + 1)
     assert producer.flow("A") == {"state": kind, "seq": expected + 1, "amount": 3}

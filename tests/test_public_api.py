@@ -16,14 +16,16 @@ from typing import Any
 import pytest
 
 import reliable_flow
-from _cli import clean_env, run_cli
 from reliable_flow import Consumer, Producer, relay, statuses
+from support import child_env, run_cli
 
 # Pinned from src/reliable_flow/__init__.py: adding or removing a public name
 # is an API change and must update this list on purpose.
 PUBLIC_NAMES = [
     "AdvanceResult",
     "AdvanceStatus",
+    "AppSchema",
+    "ApplyContext",
     "ApplyResult",
     "ApplyStatus",
     "BlockReason",
@@ -36,15 +38,29 @@ PUBLIC_NAMES = [
     "DeliveryState",
     "DrainResult",
     "DrainStop",
+    "Effect",
+    "EffectAction",
+    "EffectCall",
+    "EffectExecutor",
+    "EffectKeyConflict",
     "EffectRecord",
+    "EffectState",
+    "Effects",
+    "Event",
+    "ExecutorStats",
+    "Feedback",
+    "Happened",
     "InboxEntry",
     "InboxFull",
     "InboxState",
     "InvalidEnvelope",
+    "NotHappened",
     "NotResolvable",
     "OperatorAction",
     "OutboxEntry",
+    "OutcomeUnknown",
     "PayloadError",
+    "PermanentFailure",
     "Producer",
     "Protocol",
     "ReadOnlyStorage",
@@ -56,10 +72,12 @@ PUBLIC_NAMES = [
     "RelayResult",
     "RelayStatus",
     "ReliableFlowError",
+    "RetryLater",
     "SQLiteTooOld",
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
+    "UnknownEffect",
     "UnknownEvent",
     "Worker",
     "WorkerStats",
@@ -86,9 +104,7 @@ assert {"AdvanceResult", "ReceiveResult", "RelayResult", "ApplyResult", "DrainRe
 
 
 def _env() -> dict[str, str]:
-    env = clean_env()
-    env["PYTHONWARNINGS"] = "error"
-    return env
+    return child_env(PYTHONWARNINGS="error")
 
 
 # -- exported names -------------------------------------------------------------------------
@@ -171,8 +187,11 @@ def test_exception_tree() -> None:
     assert issubclass(reliable_flow.PayloadError, ValueError)
     exported = [getattr(reliable_flow, n) for n in reliable_flow.__all__]
     errors = [e for e in exported if isinstance(e, type) and issubclass(e, BaseException)]
-    # PayloadError is raised by protocol code and never escapes the library.
-    assert [e.__name__ for e in errors if not issubclass(e, root)] == ["PayloadError"]
+    # Raised by user code to tell the library something (a protocol's payload
+    # rule, an effect function's outcome); the library never raises them at a caller.
+    assert sorted(e.__name__ for e in errors if not issubclass(e, root)) == [
+        "OutcomeUnknown", "PayloadError", "PermanentFailure", "RetryLater",
+    ]
     err = reliable_flow.InvalidEnvelope("seq", "must be an int")
     assert (err.field, err.problem, str(err)) == ("seq", "must be an int", "seq: must be an int")
 

@@ -30,19 +30,14 @@ import pytest
 
 from reliable_flow import Consumer, Producer, relay, relay_batch
 from reliable_flow.reservation import RESERVATION
+from support import advance_step, envelope
 
 relay_module = importlib.import_module("reliable_flow.store.sqlite.outbox")
 consumer_module = importlib.import_module("reliable_flow.store.sqlite.inbox")
 
-KINDS = {1: "reserved", 2: "confirmed", 3: "released"}
 BIG, SMALL = 1000, 3  # flows of three events each
 # Tables whose size is the number of consumer files, not the amount of history.
 SMALL_BY_DESIGN = {"consumer", "meta"}
-
-
-def envelope(event_id: str, flow_id: str, seq: int) -> dict[str, Any]:
-    return {"event_id": event_id, "flow_id": flow_id, "seq": seq, "kind": KINDS[seq], "schema": 1,
-            "payload": {"amount": 3}}
 
 
 def build(directory: Path, flows: int, analyze: bool) -> Path:
@@ -53,7 +48,7 @@ def build(directory: Path, flows: int, analyze: bool) -> Path:
         with p.batch() as b:
             for f in range(flows):
                 for s in (1, 2, 3):
-                    b.advance(f"F{f}-{s}", f"F{f}", expected_seq=s - 1, kind=KINDS[s], payload={"amount": 3})
+                    advance_step(b, f"F{f}-{s}", f"F{f}", s)
         while relay_batch(p, c, 1000).results:
             pass
         c.process_all(batch_size=1000)

@@ -12,18 +12,15 @@ creating the same new files at once.
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 import sqlite3
 import time
 from collections import Counter
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import _workload
+from children.racers import race_child
 from reliable_flow import (
     Consumer,
     DatabaseBusy,
@@ -35,6 +32,7 @@ from reliable_flow import (
 )
 from reliable_flow.crash import ENV_VAR
 from reliable_flow.reservation import RESERVATION
+from support import sql_rows, start_on_barrier
 
 RACERS = 6
 WATCHDOG_SECONDS = 90.0
@@ -45,54 +43,16 @@ def race(kind: str, producer_path: Path, consumer_path: Path) -> list[list[str]]
 
     Fails (instead of blocking) if a child hangs, and fails if any child raised.
     """
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(RACERS)
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_workload.race_child,
-            args=(kind, str(producer_path), str(consumer_path), i, barrier, results),
-            name=f"race-{kind}-{i}",
-        )
-        for i in range(RACERS)
-    ]
-    reports: dict[int, tuple[Any, ...]] = {}
-    try:
-        for proc in procs:
-            proc.start()
-        deadline = time.monotonic() + WATCHDOG_SECONDS
-        while len(reports) < RACERS:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                report = results.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    break  # a child died without reporting
-                continue
-            reports[report[0]] = report
-        for proc in procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=10)
-        exitcodes = [p.exitcode for p in procs]
-        for proc in procs:
-            if proc.exitcode is not None:
-                proc.close()
-        results.close()
-        results.join_thread()
-    missing = sorted(set(range(RACERS)) - reports.keys())
-    assert not missing, f"{kind}: children {missing} hung or died without a report (exit codes {exitcodes})"
-    errors = {i: r for i, r in reports.items() if r[1] != "ok"}
-    locked = {i: r for i, r in errors.items() if r[3] in ("SQLITE_BUSY", "SQLITE_LOCKED")}
+    run = start_on_barrier(
+        race_child, [(kind, str(producer_path), str(consumer_path), i) for i in range(RACERS)],
+        WATCHDOG_SECONDS, name=f"race-{kind}",
+    )
+    errors = run.errors
+    locked = {i: r for i, r in errors.items() if r.sqlite_error in ("SQLITE_BUSY", "SQLITE_LOCKED")}
     assert not locked, f"{kind}: 'database is locked' at the default busy timeout: {locked}"
-    assert not errors, f"{kind}: children failed: " + "\n".join(r[2] for r in errors.values())
-    assert exitcodes == [0] * RACERS, exitcodes
-    return [list(reports[i][2]) for i in range(RACERS)]
+    assert not errors, f"{kind}: children failed: " + "\n".join(r.error for r in errors.values())
+    assert run.exitcodes == [0] * RACERS, run.exitcodes
+    return [list(statuses) for statuses in run.values()]
 
 
 @pytest.fixture(autouse=True)
@@ -112,9 +72,7 @@ def paths(tmp_path: Path) -> tuple[Path, Path]:
 
 def effect_counts(consumer_path: Path) -> Counter[str]:
     """Effects per event id, read directly: the public API has no per-event count."""
-    with closing(sqlite3.connect(consumer_path)) as conn:
-        conn.execute("PRAGMA query_only=ON")
-        return Counter(dict(conn.execute("SELECT event_id, count(*) FROM effect GROUP BY event_id")))
+    return Counter(dict(sql_rows(consumer_path, "SELECT event_id, count(*) FROM effect GROUP BY event_id")))
 
 
 def test_same_event_advanced_six_times_commits_once(paths: tuple[Path, Path]) -> None:

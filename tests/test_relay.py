@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -15,45 +14,19 @@ import pytest
 import reliable_flow
 from reliable_flow import Consumer, Producer, relay, snapshot
 from reliable_flow.reservation import RESERVATION
-
-KINDS = ("reserved", "confirmed", "released")
-
-
-def commit(producer: Producer, flow: str, upto: int = 3, amount: int = 3) -> None:
-    for n in range(1, upto + 1):
-        r = producer.advance(f"{flow}{n}", flow, expected_seq=n - 1, kind=KINDS[n - 1], payload={"amount": amount})
-        assert (r.status, r.seq) == ("committed", n)
-
-
-def env(event_id: str, flow_id: str, seq: int, amount: int = 3) -> dict[str, Any]:
-    return {
-        "event_id": event_id, "flow_id": flow_id, "seq": seq, "kind": KINDS[seq - 1],
-        "schema": 1, "payload": {"amount": amount},
-    }
+from support import commit, envelope, outbox_entry, sql_execute, sql_rows
 
 
 def raw_inbox(path: str) -> list[tuple[Any, ...]]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return conn.execute("SELECT event_id, flow_id, seq, body, state FROM inbox ORDER BY event_id").fetchall()
+    return sql_rows(path, "SELECT event_id, flow_id, seq, body, state FROM inbox ORDER BY event_id")
 
 
 def raw_delivery(path: str) -> list[tuple[Any, ...]]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        return conn.execute(
-            "SELECT d.consumer, o.event_id, d.state, d.last_status, d.attempts "
-            "FROM delivery d JOIN outbox o ON o.pos = d.pos ORDER BY d.consumer, d.pos"
-        ).fetchall()
-
-
-def run_sql(path: str, sql: str) -> None:
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute(sql)
-
-
-def entry(producer: Producer, event_id: str, consumer: str | None = None) -> dict[str, Any]:
-    found = [e for e in producer.outbox(consumer=consumer) if e.event_id == event_id]
-    assert len(found) == 1
-    return found[0]
+    return sql_rows(
+        path,
+        "SELECT d.consumer, o.event_id, d.state, d.last_status, d.attempts "
+        "FROM delivery d JOIN outbox o ON o.pos = d.pos ORDER BY d.consumer, d.pos",
+    )
 
 
 @pytest.fixture
@@ -73,14 +46,14 @@ def test_relay_idle_when_nothing_is_committed(producer: Producer, consumer: Cons
 
 def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A", 1)
-    assert entry(producer, "A1").accepted is False
+    assert outbox_entry(producer, "A1").accepted is False
     r = relay(producer, consumer)
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("accepted", "A1", "A", 1)
     rows = raw_inbox(consumer.path)
     assert [(row[0], row[4]) for row in rows] == [("A1", "pending")]
     event = producer.event("A1")
     assert event is not None
-    e = entry(producer, "A1")
+    e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (True, "accepted", "accepted")
     assert list(e.deliveries) == ["default"]
     d = e.deliveries["default"]
@@ -91,25 +64,25 @@ def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, cons
 
 def test_relay_does_not_mark_when_the_consumer_fails_to_store(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A", 1)
-    run_sql(
+    sql_execute(
         consumer.path,
         "CREATE TRIGGER reject_inbox BEFORE INSERT ON inbox BEGIN SELECT RAISE(ABORT, 'no room'); END;",
     )
     with pytest.raises(sqlite3.IntegrityError):
         relay(producer, consumer)
     assert raw_inbox(consumer.path) == []
-    e = entry(producer, "A1")
+    e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "pending", None)
     assert e.deliveries["default"].attempts == 1  # the failed send is recorded
     assert "IntegrityError" in (e.deliveries["default"].last_error or "")
     assert producer._store._db.conn.in_transaction is False
     assert consumer._store._db.conn.in_transaction is False
-    run_sql(consumer.path, "DROP TRIGGER reject_inbox")
+    sql_execute(consumer.path, "DROP TRIGGER reject_inbox")
     # (a plain relay may wait out a backoff; an explicit one sends now)
     r = relay(producer, consumer, event_id="A1")
     assert (r.status, r.event_id) == ("accepted", "A1")
     assert [(row[0], row[4]) for row in raw_inbox(consumer.path)] == [("A1", "pending")]
-    assert entry(producer, "A1").accepted is True
+    assert outbox_entry(producer, "A1").accepted is True
 
 
 def test_relay_duplicate_when_the_inbox_already_has_it(producer: Producer, consumer: Consumer) -> None:
@@ -119,20 +92,20 @@ def test_relay_duplicate_when_the_inbox_already_has_it(producer: Producer, consu
     assert consumer.receive(event).status == "accepted"
     r = relay(producer, consumer)
     assert (r.status, r.event_id) == ("duplicate", "A1")
-    e = entry(producer, "A1")
+    e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (True, "accepted", "duplicate")
     assert len(raw_inbox(consumer.path)) == 1
     assert relay(producer, consumer).status == "idle"
     # an explicit re-send of an accepted event is a duplicate and stays accepted
     assert relay(producer, consumer, event_id="A1").status == "duplicate"
-    assert entry(producer, "A1").deliveries["default"].attempts == 2
+    assert outbox_entry(producer, "A1").deliveries["default"].attempts == 2
 
 
 @pytest.mark.parametrize(
     ("planted", "status"),
     [
-        (env("A1", "A", 1, amount=5), "id_conflict"),
-        (env("X1", "A", 1), "sequence_conflict"),
+        (envelope("A1", "A", 1, amount=5), "id_conflict"),
+        (envelope("X1", "A", 1), "sequence_conflict"),
     ],
     ids=["id_conflict", "sequence_conflict"],
 )
@@ -145,7 +118,7 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     r = relay(producer, consumer)
     assert (r.status, r.event_id, r.flow_id, r.seq) == (status, "A1", "A", 1)
     assert r.reason
-    e = entry(producer, "A1")
+    e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "set_aside", status)
     assert e.deliveries["default"].state == "set_aside"
     assert raw_inbox(consumer.path) == inbox_before  # the planted event is kept as it was
@@ -155,14 +128,14 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     # an explicit relay still gets the conflict and still does not mark it
     r = relay(producer, consumer, event_id="A1")
     assert (r.status, r.event_id) == (status, "A1")
-    e = entry(producer, "A1")
+    e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "set_aside", status)
     assert e.deliveries["default"].attempts == 2
     assert raw_inbox(consumer.path) == inbox_before
 
 
 def test_poison_isolation_other_flows_keep_flowing(producer: Producer, consumer: Consumer) -> None:
-    assert consumer.receive(env("A1", "A", 1, amount=9)).status == "accepted"
+    assert consumer.receive(envelope("A1", "A", 1, amount=9)).status == "accepted"
     commit(producer, "A", 1)
     commit(producer, "B", 1)
     first = relay(producer, consumer)
@@ -187,8 +160,8 @@ def test_explicit_relay_delivers_the_chosen_event(producer: Producer, consumer: 
     commit(producer, "B", 1)
     r = relay(producer, consumer, event_id="B1")
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("accepted", "B1", "B", 1)
-    assert entry(producer, "B1").accepted is True
-    assert entry(producer, "A1").accepted is False
+    assert outbox_entry(producer, "B1").accepted is True
+    assert outbox_entry(producer, "A1").accepted is False
     assert [row[0] for row in raw_inbox(consumer.path)] == ["B1"]
     assert relay(producer, consumer).event_id == "A1"
     assert relay(producer, consumer).status == "idle"
@@ -200,7 +173,7 @@ def test_explicit_relay_of_an_unknown_event_raises(producer: Producer, consumer:
         relay(producer, consumer, event_id="nope")
     assert isinstance(info.value, LookupError)
     assert raw_inbox(consumer.path) == []
-    assert entry(producer, "A1").accepted is False
+    assert outbox_entry(producer, "A1").accepted is False
     assert producer._store._db.conn.in_transaction is False
 
 
@@ -248,12 +221,12 @@ def test_distinct_consumer_names_each_get_every_event(
     assert all(e.accepted for e in producer.outbox("A"))
     # events committed after both are registered are pending for both
     commit(producer, "B", 1)
-    assert entry(producer, "B1", "audit").state == "pending"
-    assert entry(producer, "B1", "default").state == "pending"
+    assert outbox_entry(producer, "B1", "audit").state == "pending"
+    assert outbox_entry(producer, "B1", "default").state == "pending"
     assert relay(producer, audit).event_id == "B1"
-    assert entry(producer, "B1", "audit").accepted is True
-    assert entry(producer, "B1", "default").accepted is False
-    assert entry(producer, "B1").accepted is False
+    assert outbox_entry(producer, "B1", "audit").accepted is True
+    assert outbox_entry(producer, "B1", "default").accepted is False
+    assert outbox_entry(producer, "B1").accepted is False
     assert relay(producer, consumer).event_id == "B1"
     for c in (consumer, audit):
         c.process_all()
@@ -264,14 +237,14 @@ def test_distinct_consumer_names_each_get_every_event(
 def test_set_aside_for_one_consumer_is_pending_for_another(
     producer: Producer, consumer: Consumer, audit: Consumer
 ) -> None:
-    assert consumer.receive(env("A1", "A", 1, amount=8)).status == "accepted"
+    assert consumer.receive(envelope("A1", "A", 1, amount=8)).status == "accepted"
     commit(producer, "A", 1)
     assert relay(producer, consumer).status == "id_conflict"
-    assert entry(producer, "A1", "default").state == "set_aside"
-    assert entry(producer, "A1", "audit").state == "pending"
+    assert outbox_entry(producer, "A1", "default").state == "set_aside"
+    assert outbox_entry(producer, "A1", "audit").state == "pending"
     assert relay(producer, audit).status == "accepted"
-    assert entry(producer, "A1", "audit").accepted is True
-    overall = entry(producer, "A1")
+    assert outbox_entry(producer, "A1", "audit").accepted is True
+    overall = outbox_entry(producer, "A1")
     assert (overall.accepted, overall.state) == (False, "set_aside")
 
 
@@ -296,7 +269,7 @@ def test_consumer_registered_after_commits_receives_all(
 def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A")
     commit(producer, "B", 1)
-    assert consumer.receive(env("B1", "B", 1, amount=5)).status == "accepted"  # poison B1
+    assert consumer.receive(envelope("B1", "B", 1, amount=5)).status == "accepted"  # poison B1
     statuses = [(str(r.status), r.event_id) for r in (relay(producer, consumer) for _ in range(5))]
     assert statuses == [("accepted", "A1"), ("accepted", "A2"), ("accepted", "A3"), ("id_conflict", "B1"), ("idle", None)]
     assert consumer.drain("A", limit=2).stop == "limit"

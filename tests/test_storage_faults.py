@@ -6,7 +6,7 @@ objects; faults are injected into SQLite itself, never by mocking:
 * **disk full**: ``PRAGMA max_page_count`` lowered to the current page count
   on the object's own connection, so the next write that needs a page fails
   with SQLITE_FULL (SQLite rolls the transaction back itself); a real
-  ``ENOSPC`` from ``write`` comes from the LD_PRELOAD shim below.
+  ``ENOSPC`` from ``write`` comes from the LD_PRELOAD shim described below.
 * **read-only file**: ``PRAGMA query_only = ON`` on the object's connection
   (what a read-only mount looks like to SQLite: SQLITE_READONLY; chmod does
   nothing for root), and a real ``mode=ro`` connection for snapshot().
@@ -16,8 +16,9 @@ objects; faults are injected into SQLite itself, never by mocking:
   reads); and TEMP triggers with ``RAISE(ABORT)`` on each table a transaction
   writes (the statement fails, the transaction stays open: the library must
   roll back).
-* **failed fsync / full disk at COMMIT**: a small C shim compiled here with the
-  system compiler and loaded with ``LD_PRELOAD`` into a child process only;
+* **failed fsync / full disk at COMMIT**: a small C shim (``children/fault_shim.c``)
+  compiled here with the system compiler and loaded with ``LD_PRELOAD`` into a
+  child process (``children/faulty_child.py``) only;
   it makes ``fsync``/``fdatasync`` fail with EIO (or ``pwrite`` with ENOSPC)
   for one database once an "arm" file exists.  The child then dies without
   closing anything; the test reopens the files.
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import sqlite3
 import subprocess
@@ -47,7 +47,6 @@ from typing import Any
 
 import pytest
 
-import reliable_flow
 from reliable_flow import (
     CommitOutcomeUnknown,
     Consumer,
@@ -66,30 +65,21 @@ from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.errors import BEGIN_RETRIES
 from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER
+from support import (
+    CHILD_TIMEOUT,
+    CHILDREN,
+    SRC,
+    advance_step,
+    envelope,
+    in_forked_child,
+    run_script,
+)
 
-KINDS = {1: "reserved", 2: "confirmed", 3: "released"}
 FULL = 2  # PRAGMA synchronous value of FULL
-CHILD_TIMEOUT = 60
 UNLIMITED_PAGES = 1 << 30
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def envelope(event_id: str, flow_id: str, seq: int, *, schema: int = 1, meta: dict[str, str] | None = None) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "event_id": event_id, "flow_id": flow_id, "seq": seq, "kind": KINDS[seq], "schema": schema,
-        "payload": {"amount": 3} if schema == 1 else {"units": 3},
-    }
-    if meta:
-        env["meta"] = meta
-    return env
-
-
-def advance(producer: Producer, event_id: str, flow_id: str, seq: int, meta: dict[str, str] | None = None) -> Any:
-    return producer.advance(
-        event_id, flow_id, expected_seq=seq - 1, kind=KINDS[seq], payload={"amount": 3}, meta=meta
-    )
 
 
 def dump(path: str | os.PathLike[str]) -> dict[str, list[tuple[Any, ...]]]:
@@ -265,7 +255,7 @@ def _process_all_boundaries(p: Producer, c: Consumer) -> None:
 
 def _setup_relay(p: Producer, c: Consumer) -> None:
     _bind(p, c)
-    assert advance(p, "A1", "A", 1).status == "committed"
+    assert advance_step(p, "A1", "A", 1).status == "committed"
 
 
 def _final_relay(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
@@ -284,10 +274,10 @@ def _between_relay_consumer_side(p: Producer, c: Consumer) -> None:
 
 
 OPS = [
-    Op("advance", "producer", _bind, lambda p, c: advance(p, "A1", "A", 1), _final_advance,
+    Op("advance", "producer", _bind, lambda p, c: advance_step(p, "A1", "A", 1), _final_advance,
        ("INSERT INTO flow", "INSERT INTO outbox", "INSERT INTO delivery", "COMMIT")),
-    Op("advance_next_step", "producer", lambda p, c: (_bind(p, c), advance(p, "A1", "A", 1)),
-       lambda p, c: advance(p, "A2", "A", 2), _final_advance_next,
+    Op("advance_next_step", "producer", lambda p, c: (_bind(p, c), advance_step(p, "A1", "A", 1)),
+       lambda p, c: advance_step(p, "A2", "A", 2), _final_advance_next,
        ("INSERT INTO flow", "INSERT INTO outbox", "INSERT INTO delivery", "COMMIT")),
     Op("producer_batch", "producer", _bind, _batch3, _final_batch,
        ("INSERT INTO flow", "INSERT INTO outbox", "INSERT INTO delivery", "COMMIT")),
@@ -472,18 +462,19 @@ def test_commit_that_fails_raises_outcome_unknown_and_the_retry_is_idempotent(
 TRIGGER_CASES = [
     # (id, setup, side whose connection gets the trigger, trigger target, call, answer of the retry)
     ("advance-flow-insert", _bind, "producer", "INSERT ON main.flow",
-     lambda p, c: advance(p, "A1", "A", 1).status, "committed"),
+     lambda p, c: advance_step(p, "A1", "A", 1).status, "committed"),
     ("advance-outbox-insert", _bind, "producer", "INSERT ON main.outbox",
-     lambda p, c: advance(p, "A1", "A", 1).status, "committed"),
+     lambda p, c: advance_step(p, "A1", "A", 1).status, "committed"),
     ("advance-delivery-insert", _bind, "producer", "INSERT ON main.delivery",
-     lambda p, c: advance(p, "A1", "A", 1).status, "committed"),
-    ("advance-flow-update", lambda p, c: (_bind(p, c), advance(p, "A1", "A", 1)), "producer", "UPDATE ON main.flow",
-     lambda p, c: advance(p, "A2", "A", 2).status, "committed"),
+     lambda p, c: advance_step(p, "A1", "A", 1).status, "committed"),
+    ("advance-flow-update", lambda p, c: (_bind(p, c), advance_step(p, "A1", "A", 1)), "producer",
+     "UPDATE ON main.flow",
+     lambda p, c: advance_step(p, "A2", "A", 2).status, "committed"),
     ("batch-outbox-insert-of-the-second", _bind, "producer", "INSERT ON main.outbox WHEN new.flow_id = 'B'",
      lambda p, c: _batch3(p, c), ("committed",) * 3),
-    ("relay-bind-consumer-insert", lambda p, c: advance(p, "A1", "A", 1), "producer", "INSERT ON main.consumer",
+    ("relay-bind-consumer-insert", lambda p, c: advance_step(p, "A1", "A", 1), "producer", "INSERT ON main.consumer",
      lambda p, c: relay(p, c).status, "accepted"),
-    ("relay-bind-delivery-insert", lambda p, c: advance(p, "A1", "A", 1), "producer", "INSERT ON main.delivery",
+    ("relay-bind-delivery-insert", lambda p, c: advance_step(p, "A1", "A", 1), "producer", "INSERT ON main.delivery",
      lambda p, c: relay(p, c).status, "accepted"),
     ("relay-mark-delivery-update", _setup_relay, "producer", "UPDATE ON main.delivery",
      lambda p, c: relay(p, c).status, "duplicate"),
@@ -552,7 +543,7 @@ def test_a_failed_advance_caught_inside_a_batch_leaves_nothing_of_itself(produce
     producer._store._db.conn.execute("DROP TRIGGER temp.inject")
     assert producer.flow("B") is None and producer.outbox("B") == [], "half an advance was committed"
     assert [e.event_id for e in producer.outbox()] == ["A1", "C1"]
-    assert advance(producer, "B1", "B", 1).status == "committed"  # not "stale": nothing of B1 was kept
+    assert advance_step(producer, "B1", "B", 1).status == "committed"  # not "stale": nothing of B1 was kept
 
 
 def test_advances_after_a_storage_error_inside_a_batch_are_refused_and_nothing_commits(producer: Producer) -> None:
@@ -625,7 +616,7 @@ def _fill_receive_for_apply(p: Producer, c: Consumer) -> None:
 
 
 FILL_OPS = [
-    FillOp("advance", "producer", _bind, lambda p, c, i: advance(p, f"E{i}", f"F{i}", 1, META).status,
+    FillOp("advance", "producer", _bind, lambda p, c, i: advance_step(p, f"E{i}", f"F{i}", 1, meta=META).status,
            "committed", lambda i: [f"F{i}"]),
     FillOp("producer_batch", "producer", _bind,
            lambda p, c, i: _batch_of(p, i), ("committed",) * 3, lambda i: [f"F{i}-{j}" for j in range(3)]),
@@ -696,7 +687,7 @@ def test_disk_full_on_the_consumer_during_relay_is_recorded_and_delivery_resumes
     conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
     try:
         for i in range(300):
-            assert advance(producer, f"E{i}", f"F{i}", 1, META).status == "committed"
+            assert advance_step(producer, f"E{i}", f"F{i}", 1, meta=META).status == "committed"
             before = dump(consumer.path)
             try:
                 assert relay(producer, consumer).status == "accepted"
@@ -727,13 +718,13 @@ def _assert_read_only(error: BaseException) -> None:
 
 
 def test_read_only_producer_file_refuses_writes_clearly_and_keeps_reads(producer: Producer) -> None:
-    assert advance(producer, "A1", "A", 1).status == "committed"
+    assert advance_step(producer, "A1", "A", 1).status == "committed"
     conn = producer._store._db.conn
     before = dump(producer.path)
     conn.execute("PRAGMA query_only = ON")
     try:
-        for call in (lambda: advance(producer, "A2", "A", 2),  # a new event
-                     lambda: advance(producer, "A1", "A", 1),  # even a repeat: the write lock comes first
+        for call in (lambda: advance_step(producer, "A2", "A", 2),  # a new event
+                     lambda: advance_step(producer, "A1", "A", 1),  # even a repeat: the write lock comes first
                      lambda: _batch3(producer)):
             with pytest.raises(ReadOnlyStorage) as raised:
                 call()
@@ -744,7 +735,7 @@ def test_read_only_producer_file_refuses_writes_clearly_and_keeps_reads(producer
     finally:
         conn.execute("PRAGMA query_only = OFF")
     assert dump(producer.path) == before
-    assert advance(producer, "A2", "A", 2).status == "committed"
+    assert advance_step(producer, "A2", "A", 2).status == "committed"
 
 
 def test_read_only_consumer_file_refuses_writes_clearly_and_keeps_reads(
@@ -848,7 +839,7 @@ def traced(conn: sqlite3.Connection, hook: Callable[[str], None]) -> Iterator[No
 
 
 BUSY_CALLS = {
-    "advance": ("producer", lambda p, c: advance(p, "A1", "A", 1).status, "committed"),
+    "advance": ("producer", lambda p, c: advance_step(p, "A1", "A", 1).status, "committed"),
     "receive": ("consumer", lambda p, c: c.receive(envelope("A1", "A", 1)).status, "accepted"),
     "apply_next": ("consumer", lambda p, c: c.apply_next("B").status, "applied"),
 }
@@ -894,7 +885,7 @@ def test_a_lock_released_between_begin_retries_lets_the_call_succeed(tmp_path: P
                         blocker.execute("COMMIT")  # the other writer finishes while we back off
 
             with traced(conn, release_on_second_begin):
-                assert advance(p, "A1", "A", 1).status == "committed"
+                assert advance_step(p, "A1", "A", 1).status == "committed"
         assert begins == ["BEGIN IMMEDIATE", "BEGIN IMMEDIATE"]
         assert [e.event_id for e in p.outbox("A")] == ["A1"]
 
@@ -916,130 +907,6 @@ def test_busy_consumer_during_relay_is_recorded_and_delivery_resumes(tmp_path: P
 # -- failed fsync and a full disk at COMMIT: LD_PRELOAD shim in a child process ------------------
 
 
-SHIM_SOURCE = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/types.h>
-#include <unistd.h>
-
-/* Fails fsync/fdatasync with EIO (FAULT_SHIM_KIND=fsync) or writes with ENOSPC
-   (FAULT_SHIM_KIND=write) on files whose path contains FAULT_SHIM_MATCH, while
-   the file FAULT_SHIM_ARM exists.  Each injected failure appends a line to
-   FAULT_SHIM_LOG. */
-static int armed(const char *kind, int fd) {
-    const char *want = getenv("FAULT_SHIM_KIND"), *arm = getenv("FAULT_SHIM_ARM");
-    const char *match = getenv("FAULT_SHIM_MATCH"), *log = getenv("FAULT_SHIM_LOG");
-    char link[64], target[4096];
-    ssize_t n;
-    if (!want || !arm || !match || strcmp(want, kind) != 0 || access(arm, F_OK) != 0) return 0;
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    n = readlink(link, target, sizeof target - 1);
-    if (n < 0) return 0;
-    target[n] = '\0';
-    if (strstr(target, match) == NULL) return 0;
-    if (log) { FILE *f = fopen(log, "a"); if (f) { fprintf(f, "%s %s\n", kind, target); fclose(f); } }
-    return 1;
-}
-
-typedef int (*sync_fn)(int);
-typedef ssize_t (*pwrite_fn)(int, const void *, size_t, off_t);
-typedef ssize_t (*pwrite64_fn)(int, const void *, size_t, off64_t);
-typedef ssize_t (*write_fn)(int, const void *, size_t);
-
-int fsync(int fd) {
-    static sync_fn real = NULL;
-    if (!real) real = (sync_fn)dlsym(RTLD_NEXT, "fsync");
-    if (armed("fsync", fd)) { errno = EIO; return -1; }
-    return real(fd);
-}
-
-int fdatasync(int fd) {
-    static sync_fn real = NULL;
-    if (!real) real = (sync_fn)dlsym(RTLD_NEXT, "fdatasync");
-    if (armed("fsync", fd)) { errno = EIO; return -1; }
-    return real(fd);
-}
-
-ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t offset) {
-    static pwrite64_fn real = NULL;
-    if (!real) real = (pwrite64_fn)dlsym(RTLD_NEXT, "pwrite64");
-    if (armed("write", fd)) { errno = ENOSPC; return -1; }
-    return real(fd, buf, count, offset);
-}
-
-ssize_t pwrite(int fd, const void *buf, size_t count, off_t offset) {
-    static pwrite_fn real = NULL;
-    if (!real) real = (pwrite_fn)dlsym(RTLD_NEXT, "pwrite");
-    if (armed("write", fd)) { errno = ENOSPC; return -1; }
-    return real(fd, buf, count, offset);
-}
-
-ssize_t write(int fd, const void *buf, size_t count) {
-    static write_fn real = NULL;
-    if (!real) real = (write_fn)dlsym(RTLD_NEXT, "write");
-    if (armed("write", fd)) { errno = ENOSPC; return -1; }
-    return real(fd, buf, count);
-}
-"""
-
-CHILD_SOURCE = r"""
-import json, os, sys
-from reliable_flow import CommitOutcomeUnknown, Consumer, Producer, StorageError, relay
-from reliable_flow.reservation import RESERVATION
-
-op, mode, producer_path, consumer_path, arm = sys.argv[1:6]
-A1 = {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved", "schema": 1, "payload": {"amount": 3}}
-p = Producer(producer_path, RESERVATION)
-c = Consumer(consumer_path, RESERVATION)
-
-def call(first):
-    if op == "advance":
-        return p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status.value
-    if op == "receive":
-        return c.receive(A1).status.value
-    if op == "apply_next":
-        return c.apply_next("A").status.value
-    if op == "relay":
-        return (relay(p, c) if first else relay(p, c, event_id="A1")).status.value
-    raise SystemExit("unknown op " + op)
-
-# Prepare with fsync working.
-if op == "relay":
-    assert relay(p, c).status == "idle"  # bind the consumer
-    assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
-if op == "apply_next":
-    assert c.receive(A1).status == "accepted"
-
-out = {}
-if mode != "unarmed":
-    open(arm, "w").close()
-try:
-    out["first"] = call(True)
-except CommitOutcomeUnknown as exc:
-    out["first"] = "CommitOutcomeUnknown"
-    out["cause"] = getattr(exc.__cause__, "sqlite_errorname", repr(exc.__cause__))
-    out["is_storage_error"] = isinstance(exc, StorageError)
-except Exception as exc:
-    out["first"] = type(exc).__name__ + ": " + str(exc)
-# Looked at without reopening anything (the library may have discarded the
-# connection after the failed COMMIT; the shim is still armed here).
-out["in_transaction"] = [x._store._db._conn is not None and x._store._db._conn.in_transaction for x in (p, c)]
-if os.path.exists(arm):
-    os.remove(arm)
-if mode == "retry":
-    try:
-        out["retry"] = call(False)
-    except Exception as exc:
-        out["retry"] = type(exc).__name__ + ": " + str(exc)
-print(json.dumps(out), flush=True)
-os._exit(0)  # a crash: no COMMIT, no close, no checkpoint
-"""
-
-
 @pytest.fixture(scope="module")
 def fault_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compiler = shutil.which("gcc") or shutil.which("cc")
@@ -1048,9 +915,9 @@ def fault_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not sys.platform.startswith("linux"):
         pytest.skip("the fault shim reads /proc/self/fd and relies on glibc LD_PRELOAD: Linux only")
     build = tmp_path_factory.mktemp("shim")
-    (build / "fault_shim.c").write_text(SHIM_SOURCE, encoding="utf-8")
     done = subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(build / "fault_shim.so"), str(build / "fault_shim.c"), "-ldl"],
+        [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(build / "fault_shim.so"),
+         str(CHILDREN / "fault_shim.c"), "-ldl"],
         capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False,
     )
     assert done.returncode == 0, f"{compiler} could not build the shim:\n{done.stderr}"
@@ -1061,13 +928,10 @@ def run_faulty_child(tmp_path: Path, shim: Path, op: str, mode: str, kind: str =
     producer_path = os.path.realpath(tmp_path / "producer.db")
     consumer_path = os.path.realpath(tmp_path / "consumer.db")
     target = consumer_path if op in ("receive", "apply_next") else producer_path
-    script = tmp_path / "faulty_child.py"
-    script.write_text(CHILD_SOURCE, encoding="utf-8")
     log = tmp_path / "shim.log"
-    src = str(Path(reliable_flow.__file__).resolve().parent.parent)
-    env = {
+    env = {  # deliberately minimal: nothing but what the child and the shim need
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": src,
+        "PYTHONPATH": str(SRC),
         "PYTHONDONTWRITEBYTECODE": "1",
         "LD_PRELOAD": str(shim),
         "FAULT_SHIM_KIND": kind,
@@ -1075,10 +939,8 @@ def run_faulty_child(tmp_path: Path, shim: Path, op: str, mode: str, kind: str =
         "FAULT_SHIM_MATCH": target,
         "FAULT_SHIM_LOG": str(log),
     }
-    done = subprocess.run(
-        [sys.executable, str(script), op, mode, producer_path, consumer_path, str(tmp_path / "armed")],
-        env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, cwd=tmp_path, check=False,
-    )
+    done = run_script(CHILDREN / "faulty_child.py", op, mode, producer_path, consumer_path, str(tmp_path / "armed"),
+                      env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     injected = log.read_text().splitlines() if log.exists() else []
     return json.loads(done.stdout.strip().splitlines()[-1]), injected
@@ -1116,7 +978,7 @@ RETRY_ANSWER = {  # (write present after the crash, write absent)
 
 def _retry_in_parent(p: Producer, c: Consumer, op: str) -> str:
     if op == "advance":
-        return str(advance(p, "A1", "A", 1).status)
+        return str(advance_step(p, "A1", "A", 1).status)
     if op == "receive":
         return str(c.receive(envelope("A1", "A", 1)).status)
     if op == "apply_next":
@@ -1182,7 +1044,7 @@ def test_disk_full_while_commit_writes_the_wal_is_outcome_unknown_and_the_retry_
     present, p, c = _reopened_state(tmp_path, "advance")
     try:
         assert present
-        assert advance(p, "A1", "A", 1).status == "existing"
+        assert advance_step(p, "A1", "A", 1).status == "existing"
     finally:
         p.close()
         c.close()
@@ -1191,44 +1053,20 @@ def test_disk_full_while_commit_writes_the_wal_is_outcome_unknown_and_the_retry_
 # -- fork ---------------------------------------------------------------------------------------
 
 
-def wait_child(pid: int, timeout: float = CHILD_TIMEOUT) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"forked child {pid} did not finish within {timeout}s")
+def in_forked_child_reporting(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``work`` in a forked child that always leaves through os._exit; return its report
+    (``{"crashed": ...}`` if it raised)."""
 
-
-def in_forked_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run ``work`` in a forked child that always leaves through os._exit; return its report."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
+    def report() -> str:
         try:
-            os.close(read_fd)
-            try:
-                report = work()
-            except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-                report = {"crashed": f"{type(exc).__name__}: {exc}"}
-            os.write(write_fd, json.dumps(report).encode())
-            os.close(write_fd)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    code = wait_child(pid)
-    chunks = []
-    while select.select([read_fd], [], [], 5)[0]:
-        chunk = os.read(read_fd, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_fd)
+            out = work()
+        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
+            out = {"crashed": f"{type(exc).__name__}: {exc}"}
+        return json.dumps(out)
+
+    code, text = in_forked_child(report)
     assert code == 0
-    return dict(json.loads(b"".join(chunks).decode()))
+    return dict(json.loads(text))
 
 
 def test_objects_used_after_fork_refuse_with_wrong_process_and_reopen_works_in_the_child(
@@ -1237,7 +1075,7 @@ def test_objects_used_after_fork_refuse_with_wrong_process_and_reopen_works_in_t
     _setup_relay(producer, consumer)
     parent = os.getpid()
     calls: dict[str, Callable[[], Any]] = {
-        "advance": lambda: advance(producer, "B1", "B", 1),
+        "advance": lambda: advance_step(producer, "B1", "B", 1),
         "flow": lambda: producer.flow("A"),
         "outbox": lambda: producer.outbox("A"),
         "batch": lambda: _batch3(producer, consumer),
@@ -1265,14 +1103,14 @@ def test_objects_used_after_fork_refuse_with_wrong_process_and_reopen_works_in_t
             report["after_reopen"] = [
                 relay(producer, consumer).status.value,
                 consumer.apply_next("A").status.value,
-                advance(producer, "A2", "A", 2).status.value,
+                advance_step(producer, "A2", "A", 2).status.value,
             ]
         finally:
             producer.close()
             consumer.close()
         return report
 
-    report = in_forked_child(work)
+    report = in_forked_child_reporting(work)
     for name in calls:
         message = report[name]
         assert f"opened in process {parent}" in message and "reopen()" in message, (name, message)
@@ -1297,7 +1135,7 @@ def test_a_child_that_only_touches_an_inherited_object_writes_nothing(
 
     def work() -> dict[str, Any]:
         outcomes = {}
-        for name, call in (("advance", lambda: advance(producer, "A2", "A", 2)),
+        for name, call in (("advance", lambda: advance_step(producer, "A2", "A", 2)),
                            ("relay", lambda: relay(producer, consumer)),
                            ("receive", lambda: consumer.receive(envelope("A1", "A", 1)))):
             try:
@@ -1307,6 +1145,8 @@ def test_a_child_that_only_touches_an_inherited_object_writes_nothing(
                 outcomes[name] = "WrongProcess"
         return outcomes
 
-    assert in_forked_child(work) == {"advance": "WrongProcess", "relay": "WrongProcess", "receive": "WrongProcess"}
+    assert in_forked_child_reporting(work) == {
+        "advance": "WrongProcess", "relay": "WrongProcess", "receive": "WrongProcess"
+    }
     assert (dump(producer.path), dump(consumer.path)) == before
     assert relay(producer, consumer).status == "accepted"

@@ -169,7 +169,13 @@ def check_json_value(field_name: str, value: object) -> str:
 
 
 def _check_json(path: str, value: object) -> None:
-    if value is None or isinstance(value, (bool, str, int)):
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidEnvelope(path, "must be valid Unicode (lone surrogate found)") from None
+        return
+    if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -179,6 +185,7 @@ def _check_json(path: str, value: object) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidEnvelope(path, f"keys must be strings, got {type(key).__name__}")
+            _check_json(path, key)
             _check_json(f"{path}.{key}", item)
         return
     if isinstance(value, (list, tuple)):

@@ -40,6 +40,8 @@ from .store.effects import EffectUnit, NewEffect
 
 __all__ = ["AppSchema", "ApplyContext", "Event", "Handler"]
 
+# Comments and blanks before the first keyword, which SQLite skips too.
+_LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
 _TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE|VACUUM|ATTACH|DETACH)\b", re.IGNORECASE)
 
 
@@ -96,7 +98,7 @@ class ApplyContext:
         """Run one statement on the application's own tables, inside the apply
         transaction; returns its rows.  Transaction control is refused: the
         library commits or rolls back the whole apply."""
-        if not isinstance(sql, str) or _TRANSACTION_CONTROL.match(sql):
+        if not isinstance(sql, str) or _TRANSACTION_CONTROL.match(_LEADING_COMMENTS.sub("", sql)):
             raise ValueError(f"sql must be one statement without transaction control, got {sql!r}")
         return self._unit.user_execute(sql, params)
 

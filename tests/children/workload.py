@@ -1,16 +1,15 @@
-"""The child-process side of the crash-point, race and kill tests.
+"""The child-process side of the crash-point and kill tests.
 
 Not collected by pytest (no ``test_`` prefix).  Two ways in:
 
 * as a script, in a fresh interpreter started by the test with an explicit
   environment and a timeout::
 
-      python tests/_workload.py crash-run PRODUCER CONSUMER
-      python tests/_workload.py kill-run PRODUCER CONSUMER JOURNAL SEED ROUND INCARNATION
+      python tests/children/workload.py crash-run PRODUCER CONSUMER
+      python tests/children/workload.py kill-run PRODUCER CONSUMER JOURNAL SEED ROUND INCARNATION
 
-* imported: :func:`race_child` is the target of the ``spawn`` processes of
-  ``test_races.py``, and :func:`plan_round` lets the kill test compute what
-  the workload was asked to do.
+* imported: :func:`plan_round` lets the kill test compute what the workload
+  was asked to do.
 
 Every child opens its own ``Producer`` / ``Consumer``; nothing is inherited.
 """
@@ -21,7 +20,6 @@ import json
 import os
 import random
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,70 +48,6 @@ def crash_run(producer_path: str, consumer_path: str) -> int:
         drained = consumer.drain("A")
         assert (drained.applied, drained.stop) == (1, "idle"), drained
     return 0
-
-
-# -- race children -------------------------------------------------------------------
-
-
-def race_child(kind: str, producer_path: str, consumer_path: str, index: int, barrier: Any, results: Any) -> None:
-    """One of six racing processes: open, wait at the barrier, act, report.
-
-    Reports ``(index, "ok", [statuses])`` or ``(index, "error", text,
-    sqlite_errorname)``; an exception never escapes silently.
-    """
-    try:
-        if kind == "create":
-            results.put((index, "ok", create_race(producer_path, consumer_path, barrier)))
-            return
-        with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
-            barrier.wait(timeout=60)  # everyone open; go together
-            statuses: list[str] = []
-            if kind == "advance_same":
-                r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-                statuses.append(str(r.status))
-            elif kind == "advance_new_ids":
-                r = producer.advance(f"A1-{index}", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-                statuses.append(str(r.status))
-            elif kind == "receive":
-                envelope = {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved",
-                            "schema": 1, "payload": {"amount": 3}}
-                statuses.append(str(consumer.receive(envelope).status))
-            elif kind == "apply":
-                statuses.append(str(consumer.apply_next("A").status))
-            elif kind == "relay":
-                for _ in range(1000):
-                    d = relay(producer, consumer)
-                    statuses.append(f"{d.status} {d.event_id}")
-                    if d.status == "idle":
-                        break
-            else:
-                raise ValueError(f"unknown race kind {kind!r}")
-        results.put((index, "ok", statuses))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, BrokenBarrierError too
-        name = getattr(exc, "sqlite_errorname", None)
-        results.put((index, "error", "".join(traceback.format_exception(exc)), name))
-
-
-CREATE_ROUNDS = 40
-
-
-def create_race(producer_dir: str, consumer_dir: str, barrier: Any) -> list[str]:
-    """Open ``CREATE_ROUNDS`` brand-new producer and consumer files, all racers together.
-
-    Each round every racer waits at the barrier, then opens the same two new
-    paths; one of them creates each file.  Returns ``"ok"`` or the error per round
-    (an error in one round does not stop the others, so the barrier stays in step).
-    """
-    out = []
-    for n in range(CREATE_ROUNDS):
-        barrier.wait(timeout=60)
-        try:
-            Producer(os.path.join(producer_dir, f"p{n}.db"), RESERVATION).close()
-            Consumer(os.path.join(consumer_dir, f"c{n}.db"), RESERVATION).close()
-            out.append("ok")
-        except Exception as exc:  # noqa: BLE001 - reported to the parent
-            out.append(f"{type(exc).__name__} {getattr(exc, 'sqlite_errorname', None)}: {exc}")
-    return out
 
 
 # -- the kill workload ---------------------------------------------------------------

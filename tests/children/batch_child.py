@@ -4,10 +4,10 @@ Not collected by pytest (no ``test_`` prefix).  Run as a script, in a fresh
 interpreter started by the test with an explicit environment (including
 ``RELIABLE_FLOW_CRASH_AT``) and a timeout::
 
-    python tests/_batch_child.py advance-batch PRODUCER
-    python tests/_batch_child.py relay-batch PRODUCER CONSUMER
-    python tests/_batch_child.py drain PROTOCOL CONSUMER FLOW BATCH_SIZE
-    python tests/_batch_child.py process-all PROTOCOL CONSUMER BATCH_SIZE
+    python tests/children/batch_child.py advance-batch PRODUCER
+    python tests/children/batch_child.py relay-batch PRODUCER CONSUMER
+    python tests/children/batch_child.py drain PROTOCOL CONSUMER FLOW BATCH_SIZE
+    python tests/children/batch_child.py process-all PROTOCOL CONSUMER BATCH_SIZE
 
 Without a crash point the child runs to the end and prints what the batch
 call answered as one JSON line, so the control run can check that the path
