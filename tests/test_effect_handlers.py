@@ -4,9 +4,6 @@ handler's input can be refused.
 
 Real files in ``tmp_path``, the reservation protocol, an injected clock; no
 sleeping.  The executor side is in ``test_effects.py``.
-
-Tests marked ``xfail(strict=True)`` with a reason starting ``SRC BUG`` show a
-bug in ``src/``: they fail today and must start passing once it is fixed.
 """
 
 from __future__ import annotations
@@ -268,16 +265,11 @@ def test_payload_error_in_a_drain_batch_keeps_the_earlier_applies(world: World) 
 TRANSACTION_CONTROL = [
     "COMMIT", "commit", "  END", "END TRANSACTION", "BEGIN", "BEGIN IMMEDIATE", "ROLLBACK", "ROLLBACK TO step",
     "SAVEPOINT mine", "RELEASE step", "RELEASE SAVEPOINT step", "VACUUM", "ATTACH DATABASE ':memory:' AS x",
-    "DETACH x", "\n\tcommit",
+    "DETACH x", "\n\tcommit", "/* x */ COMMIT", "-- x\nCOMMIT", "/* a */ -- b\n /* c */ rollback",
 ]
-BYPASS = pytest.mark.xfail(strict=True, reason=(
-    "SRC BUG: ApplyContext.execute only matches transaction control at the start of the text; "
-    "a leading SQL comment slips COMMIT through and commits half an apply"))
 
 
-@pytest.mark.parametrize("sql", [*TRANSACTION_CONTROL,
-                                 pytest.param("/* x */ COMMIT", marks=BYPASS),
-                                 pytest.param("-- x\nCOMMIT", marks=BYPASS)])
+@pytest.mark.parametrize("sql", [*TRANSACTION_CONTROL, "; COMMIT", "/* x */;COMMIT", "\ufeffCOMMIT"])
 def test_execute_refuses_transaction_control(world: World, sql: str) -> None:
     refused: list[str] = []
 
@@ -482,9 +474,9 @@ def test_unregistered_name_raises_unknown_effect_and_stores_nothing(world: World
     ({"x": [1, {"y": float("nan")}]}, "payload.x[1].y"),
     (["not", "an", "object"], "payload"),
     (None, "payload"),
-    pytest.param({"x": "\ud800"}, "payload.x", marks=pytest.mark.xfail(strict=True, reason=(
-        "SRC BUG: a lone surrogate in an effect payload is not caught by check_json_object; SQLite's "
-        "UnicodeEncodeError escapes instead of InvalidEnvelope naming the field"))),
+    ({"x": "\ud800"}, "payload.x"),
+    ({"x": ["ok", "\udc00"]}, "payload.x[1]"),
+    ({"\ud800": 1}, "payload"),
 ])
 def test_non_json_payload_raises_invalid_envelope_naming_the_field(world: World, payload: Any, field: str) -> None:
     c = world.consumer((schedule_on_reserved(("notify", {"fine": 1}, {"key": "first"}), ("notify", payload, {})),),
@@ -543,6 +535,19 @@ def test_same_key_from_a_later_event_conflicts_and_the_flow_stays(world: World) 
         c.apply_next("A")  # same name and payload, but another event
     assert_nothing_applied(world, c, at_seq=1)
     assert [e.event_id for e in c.effect_outbox()] == ["A1"]
+
+
+@pytest.mark.parametrize("options", [{"deadline": 5000.0}, {"version": 3}, {"ordered": True}])
+def test_same_key_same_payload_other_options_conflicts(world: World, options: dict[str, Any]) -> None:
+    c = world.consumer((schedule_on_reserved(("notify", {"n": 1}, {"key": "k"}),
+                                             ("notify", {"n": 1}, {"key": "k", **options})),),
+                       registry("notify"))
+    world.push("A", 1)
+    world.deliver(c)
+    with pytest.raises(EffectKeyConflict, match="'k'"):
+        c.apply_next("A")
+    assert_nothing_applied(world, c)
+    assert c.effect_outbox() == []
 
 
 def test_same_key_same_payload_twice_in_one_apply_is_one_row(world: World) -> None:

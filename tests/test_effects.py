@@ -6,9 +6,6 @@ Real files in ``tmp_path``; one injected clock shared by the consumer and the
 executor's policy (``random`` fixed at 0.5, so every backoff is exact); no
 sleeping.  Handlers and scheduling are in ``test_effect_handlers.py``, crashes
 in real child processes in ``test_effect_crash_points.py``.
-
-Tests marked ``xfail(strict=True)`` with a reason starting ``SRC BUG`` show a
-bug in ``src/``: they fail today and must start passing once it is fixed.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -422,6 +418,23 @@ def test_running_effect_whose_lease_ran_out_is_in_doubt(world: World, mode: str)
     assert e.lease_owner is None
 
 
+def test_a_runner_dying_starts_a_new_doubt_after_earlier_retries(world: World) -> None:
+    run = Script(RetryLater("busy"), RetryLater("busy"), Died())
+    check = Script(OSError("ledger down"))
+    c = one_effect(world, run, reconcile=check, max_attempts=5)
+    ex = world.executor(c)
+    ex.run_once()
+    world.clock.t = T0 + 0.25
+    ex.run_once()
+    world.clock.t = T0 + 0.75
+    run_dying(ex)
+    assert (c.effect(KEY).state, c.effect(KEY).failures) == ("running", 2)
+    world.clock.t = T0 + 0.75 + 30  # the lease ran out: reconcile, which cannot tell
+    assert world.executor(c, owner="survivor").run_once() == 1
+    e = c.effect(KEY)  # the doubt is failure 1, the failed reconcile failure 2
+    assert (e.state, e.failures, e.due_at) == ("in_doubt", 2, world.clock.t + 0.5)
+
+
 def test_late_outcome_after_the_lease_was_taken_over_is_discarded(world: World) -> None:
     takeover: list[EffectExecutor] = []
 
@@ -541,13 +554,12 @@ def test_non_json_answer_of_reconcile_is_unknown(world: World) -> None:
     assert c.effect(KEY).state == "unknown"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SRC BUG: a result holding a lone surrogate passes check_json_value, then SQLite refuses to encode "
-    "it: run_once raises UnicodeEncodeError and the effect stays running (later in doubt) instead of unknown"))
 def test_result_with_a_lone_surrogate_is_unknown(world: World) -> None:
     c = one_effect(world, Script({"text": "\ud800"}))
     world.executor(c).run_once()
-    assert c.effect(KEY).state == "unknown"
+    e = c.effect(KEY)
+    assert (e.state, e.lease_owner) == ("unknown", None)
+    assert e.last_error.startswith("result.text")
 
 
 def test_only_registered_names_are_claimed(world: World) -> None:
@@ -736,10 +748,11 @@ def test_operator_action_from_every_state(world: World, action: str) -> None:
         key = zoo_key(flow)
         before = c.effect(key)
         if state in ALLOWED[action]:
-            started = time.time()
+            world.clock.t += 1.0
             record = act(key, actor="alice", reason=f"{action} {flow}", **extra)
             assert (record.key, record.action, record.actor, record.reason) == (key, action, "alice", f"{action} {flow}")
-            assert started <= record.at <= time.time()
+            assert record.at == world.clock.t  # the consumer's clock
+            assert c.effect(key).updated_at == world.clock.t
             after = c.effect(key)
             assert (after.state, after.lease_owner) == (AFTER[action], None)
             if action == "retry":

@@ -128,6 +128,7 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         if not callable(clock):
             raise TypeError("clock must be a function returning seconds")
         self.effect_registry = effects
+        self.clock = clock
         self._rules = ApplyRules(protocol, chosen, tuple(handlers), effects, self._name, clock)
         if app_schema is not None:
             self._migrate_app(app_schema)

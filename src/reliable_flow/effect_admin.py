@@ -4,6 +4,7 @@ effect methods): every action recorded with who, when and why."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .effects import check_json_value
@@ -31,6 +32,9 @@ def _text(name: str, value: object) -> str:
 
 class EffectAdmin:
     """The effect outbox of a consumer's store, for reading and for operators."""
+
+    #: Seconds since the epoch; stamps operator actions (the consumer's clock).
+    clock: Callable[[], float] = time.time
 
     @property
     def store(self) -> InboxStore:
@@ -84,7 +88,7 @@ class EffectAdmin:
         _text("key", key)
         _text("actor", actor)
         _text("reason", reason)
-        now = time.time()
+        now = self.clock()
         with self.store.write() as unit:
             effect = unit.effect(key)
             if effect is None:

@@ -129,13 +129,13 @@ class EffectExecutor:
             effect = due[0]
             spec = self._spec(effect)
             chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
-            unit.update_effect(effect.key, claim_changes(effect, chosen, reason, self.policy, now), now)
+            claimed = claim_changes(effect, chosen, reason, self.policy, now)
+            unit.update_effect(effect.key, claimed, now)
         if chosen not in (Plan.RUN, Plan.RECONCILE):
             self.stats.outcomes[_FINAL[chosen].value] += 1
             return effect, chosen
         crash_point("executor.after_claim")
-        attempts = effect.attempts + 1 if chosen is Plan.RUN else effect.attempts
-        return _with(effect, attempts=attempts), chosen
+        return _with(effect, **claimed), chosen
 
     def _execute(self, effect: Effect, chosen: Plan) -> None:
         spec = self._spec(effect)

@@ -191,9 +191,12 @@ def schedule_in(unit: EffectUnit, new: NewEffect) -> Effect | None:
     held = unit.add_effect(new)
     if held is None:
         return None
-    if (held.name, envelope.canonical(held.payload)) != (new.name, new.payload) or held.event_id != new.event_id:
+    same = (held.name, envelope.canonical(held.payload), held.event_id, held.deadline, held.version, held.ordered) == (
+        new.name, new.payload, new.event_id, new.deadline, new.version, new.ordered
+    )
+    if not same:
         raise EffectKeyConflict(
             f"effect key {new.key!r} is already held by {held.name!r} of event {held.event_id!r} "
-            f"with a different name, payload or event; give each effect its own key"
+            f"with a different name, payload, event, deadline, version or order; give each effect its own key"
         )
     return held

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -13,6 +14,14 @@ from ...statuses import Effect, EffectAction, EffectState
 from ..effects import EFFECT_COLUMNS, NewEffect
 
 __all__ = ["DUE_EFFECTS", "SqliteEffects"]
+
+_REFUSED_ACTIONS = frozenset({
+    sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH,
+})
+
+
+def _allow_all(*_: object) -> int:
+    return sqlite3.SQLITE_OK
 
 _COLUMNS = (
     "key, name, payload, event_id, flow_id, seq, meta, state, ordered, deadline, version, attempts, "
@@ -122,7 +131,30 @@ class SqliteEffects:
         )
 
     def user_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self._conn.execute(sql, tuple(params))]
+        """The statement runs under an authorizer that refuses transaction
+        control (and ATTACH / DETACH): whatever its text looks like, it cannot
+        commit or roll back part of the library's transaction."""
+        denied: list[int] = []
+
+        def authorize(action: int, *_: object) -> int:
+            if action in _REFUSED_ACTIONS:
+                denied.append(action)
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK
+
+        self._conn.set_authorizer(authorize)
+        try:
+            return [tuple(r) for r in self._conn.execute(sql, tuple(params))]
+        except sqlite3.DatabaseError:
+            if denied:
+                raise ValueError(
+                    f"sql must not use transaction control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, "
+                    f"ATTACH, DETACH): the library commits or rolls back the whole apply; got {sql!r}"
+                ) from None
+            raise
+        finally:
+            # Python 3.10 cannot remove an authorizer; a permissive one is the same.
+            self._conn.set_authorizer(None if sys.version_info >= (3, 11) else _allow_all)
 
     def app_version(self, name: str) -> int:
         row = self._conn.execute("SELECT version FROM app_schema WHERE name = ?", (name,)).fetchone()
