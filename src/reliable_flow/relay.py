@@ -7,26 +7,23 @@ public face: it checks the arguments and hands the producer's store and the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .consumer import Consumer
 from .core.relay import relay_batch_to, relay_to
 from .delivery import DeliveryPolicy
 from .errors import InvalidEnvelope
+from .producer import Producer
 from .receiver import Receiver
 from .statuses import RelayBatchResult, RelayResult
-
-if TYPE_CHECKING:
-    from .producer import Producer
 
 __all__ = ["DeliveryPolicy", "relay", "relay_batch"]
 
 
 def _check_pair(producer: object, consumer: object) -> None:
-    from .producer import Producer
-
     if not isinstance(producer, Producer):
         raise TypeError(f"producer must be a reliable_flow Producer, got {type(producer).__name__}")
-    if not isinstance(consumer, Receiver):
+    # A Consumer is checked by its class; only another Receiver pays for the
+    # structural check, which is slow (it inspects every member).
+    if not isinstance(consumer, Consumer) and not isinstance(consumer, Receiver):
         raise TypeError(
             f"consumer must be a Consumer (or another Receiver), got {type(consumer).__name__}"
         )

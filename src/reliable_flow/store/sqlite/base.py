@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
 from .connection import Database
@@ -31,17 +31,12 @@ class SqliteStore(Generic[View]):
 
     def write(self, *, durable: bool = True) -> AbstractContextManager[View]:
         """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`)."""
-        return self._in(self._db.write(durable=durable))
+        return self._db.write_view(self._view, durable=durable)
 
     def read(self) -> AbstractContextManager[View]:
         """A consistent snapshot: every read inside sees the same commit (taken
         at the first read, as SQLite does)."""
-        return self._in(self._db.read())
-
-    @contextmanager
-    def _in(self, transaction: AbstractContextManager[sqlite3.Connection]) -> Iterator[View]:
-        with transaction as conn:
-            yield self._view(conn)
+        return self._db.read_view(self._view)
 
     @property
     def latest(self) -> View:

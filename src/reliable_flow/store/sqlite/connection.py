@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Union
+from typing import TypeVar, Union
 
 from ...errors import (
     CommitOutcomeUnknown,
@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+View = TypeVar("View")
+
+
+def _as_is(conn: sqlite3.Connection) -> sqlite3.Connection:
+    return conn
 MIN_SQLITE = (3, 24, 0)
 # Long enough that six processes queueing for the write lock, each holding it
 # for a few fsyncs, never see "database is locked" (see docs/operations.md).
@@ -260,16 +265,21 @@ class Database:
         by the next durable commit, but a power loss may drop it.  Only for
         hints whose loss is harmless (relay leases, backoff times).
         """
-        return self._write(durable)
+        return self._write(durable, _as_is)
+
+    def write_view(self, view: Callable[[sqlite3.Connection], View], *, durable: bool = True
+                   ) -> AbstractContextManager[View]:
+        """:meth:`write`, yielding ``view(conn)`` (one context manager, not two)."""
+        return self._write(durable, view)
 
     @contextmanager
-    def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
+    def _write(self, durable: bool, view: Callable[[sqlite3.Connection], View]) -> Iterator[View]:
         conn = self.conn
         try:
             if not durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
             with _transaction(conn):
-                yield conn
+                yield view(conn)
         except CommitOutcomeUnknown:
             self._discard()
             raise
@@ -282,13 +292,20 @@ class Database:
                     self._discard()
                     raise
 
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
+    def read(self) -> AbstractContextManager[sqlite3.Connection]:
         """A read transaction: every SELECT inside sees the same snapshot."""
+        return self._read(_as_is)
+
+    def read_view(self, view: Callable[[sqlite3.Connection], View]) -> AbstractContextManager[View]:
+        """:meth:`read`, yielding ``view(conn)``."""
+        return self._read(view)
+
+    @contextmanager
+    def _read(self, view: Callable[[sqlite3.Connection], View]) -> Iterator[View]:
         conn = self.conn
         conn.execute("BEGIN")
         try:
-            yield conn
+            yield view(conn)
         finally:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
