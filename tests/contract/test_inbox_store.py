@@ -14,7 +14,7 @@ import pytest
 
 from reliable_flow.envelope import Envelope, make
 from reliable_flow.statuses import BlockReason, EffectRecord, InboxEntry, InboxState
-from reliable_flow.store import FlowState, InboxReads, InboxUnit, NextRow
+from reliable_flow.store import FlowState, InboxReads, InboxUnit
 
 PENDING = InboxState.PENDING
 BLOCKED = InboxState.BLOCKED
@@ -254,12 +254,12 @@ def test_next_row_is_the_first_row_at_or_after_seq(inbox):
     f1, f2, f4, f9 = env("F1", "F", 1), env("F2", "F", 2), env("F4", "F", 4), env("F9", "F", 9)
     insert(inbox, f9, f2, env("G3", "G", 3), f4, f1)
     with inbox.write() as unit:
-        assert unit.next_row("F", 1) == NextRow(1, "F1", f1.body)
-        assert unit.next_row("F", 2) == NextRow(2, "F2", f2.body)
-        assert unit.next_row("F", 3) == NextRow(4, "F4", f4.body)  # past a gap
-        assert unit.next_row("F", 5) == NextRow(9, "F9", f9.body)
+        assert unit.next_row("F", 1) == (1, "F1", f1.body)
+        assert unit.next_row("F", 2) == (2, "F2", f2.body)
+        assert unit.next_row("F", 3) == (4, "F4", f4.body)  # past a gap
+        assert unit.next_row("F", 5) == (9, "F9", f9.body)
         assert unit.next_row("F", 10) is None
-        assert unit.next_row("G", 1) == NextRow(3, "G3", env("G3", "G", 3).body)
+        assert unit.next_row("G", 1) == (3, "G3", env("G3", "G", 3).body)
         assert unit.next_row("H", 1) is None
 
 
@@ -269,8 +269,8 @@ def test_next_row_finds_rows_whatever_their_state(inbox):
     apply(inbox, f1)
     with inbox.write() as unit:
         unit.block("F2", BlockReason.UNSUPPORTED_SCHEMA)
-        assert unit.next_row("F", 1) == NextRow(1, "F1", f1.body)
-        assert unit.next_row("F", 2) == NextRow(2, "F2", f2.body)
+        assert unit.next_row("F", 1) == (1, "F1", f1.body)
+        assert unit.next_row("F", 2) == (2, "F2", f2.body)
 
 
 def test_block_marks_the_row_blocked_with_its_reason(inbox):

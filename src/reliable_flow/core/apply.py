@@ -62,9 +62,10 @@ def apply_in(
     row = unit.next_row(flow_id, seq)
     if row is None:
         return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known
-    if row.seq != seq:
+    found_seq, event_id, body = row
+    if found_seq != seq:
         return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known
-    event = json.loads(row.body)
+    event = json.loads(body)
     try:
         if event["schema"] not in schemas:
             raise Rejected(
@@ -73,27 +74,27 @@ def apply_in(
             )
         new_data = protocol.next_data(known.state, known.data, event["kind"], event["schema"], event["payload"])
     except Rejected as rejected:
-        unit.block(row.event_id, rejected.reason)
+        unit.block(event_id, rejected.reason)
         return ApplyResult(
-            ApplyStatus.BLOCKED, flow_id, seq, row.event_id, rejected.reason, rejected.detail
+            ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail
         ), known
     new_state = event["kind"]
     view = protocol.view(new_state, new_data)
     if not rules.handlers:
-        _write_applied(unit, flow_id, seq, row.event_id, new_state, new_data, view)
-        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, row.event_id), FlowState(new_state, seq, new_data)
+        _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
+        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data)
     try:
         # Under a nested step: a handler's payload error must leave nothing
         # of this apply behind, only the block.
         with unit.step():
-            _write_applied(unit, flow_id, seq, row.event_id, new_state, new_data, view)
-            _handle(unit, rules, event, row.event_id, flow_id, seq, known.state, new_state, new_data)
+            _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
+            _handle(unit, rules, event, event_id, flow_id, seq, known.state, new_state, new_data)
     except PayloadError as exc:
-        unit.block(row.event_id, BlockReason.INVALID_PAYLOAD)
+        unit.block(event_id, BlockReason.INVALID_PAYLOAD)
         return ApplyResult(
-            ApplyStatus.BLOCKED, flow_id, seq, row.event_id, BlockReason.INVALID_PAYLOAD, str(exc)
+            ApplyStatus.BLOCKED, flow_id, seq, event_id, BlockReason.INVALID_PAYLOAD, str(exc)
         ), known
-    return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, row.event_id), FlowState(new_state, seq, new_data)
+    return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data)
 
 
 def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_state: str,

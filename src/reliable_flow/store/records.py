@@ -27,10 +27,6 @@ class StoredEvent:
     body: str
 
 
-@dataclass(frozen=True, slots=True)
-class NextRow:
-    """The first inbox row of a flow at or after a seq."""
-
-    seq: int
-    event_id: str
-    body: str
+#: The first inbox row of a flow at or after a seq: ``(seq, event_id, body)``.
+#: A plain tuple, as the engine returns it: apply asks for one per event.
+NextRow = tuple[int, str, str]

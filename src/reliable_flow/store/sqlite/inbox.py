@@ -90,8 +90,8 @@ class SqliteInbox(SqliteEffects):
         return None if row is None else FlowState(row[0], row[1], json.loads(row[2]))
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
-        row = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
-        return None if row is None else NextRow(row[0], row[1], row[2])
+        row: NextRow | None = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
+        return row
 
     def block(self, event_id: str, reason: BlockReason) -> None:
         self._conn.execute(_BLOCK, (reason.value, event_id, reason.value))
