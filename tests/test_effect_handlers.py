@@ -33,6 +33,7 @@ from reliable_flow import (
     UnknownEffect,
     relay,
 )
+from reliable_flow.envelope import make
 from reliable_flow.reservation import RESERVATION
 
 KINDS = ("reserved", "confirmed", "released")
@@ -147,9 +148,9 @@ def test_handler_sees_whole_event_states_data_and_consumer(world: World) -> None
     world.deliver(c)
     assert c.drain("A", batch_size=10).applied == 2  # one transaction: the data is carried over
     assert seen == [
-        {"event": Event("A1", "A", 1, "reserved", 1, {"amount": 3}, {"trace": "t-1"}),
+        {"event": make(event_id="A1", flow_id="A", seq=1, kind="reserved", schema=1, payload={"amount": 3}, meta={"trace": "t-1"}),
          "previous": "new", "state": "reserved", "data": {"amount": 3}, "consumer": "shop"},
-        {"event": Event("A2", "A", 2, "confirmed", 1, {"amount": 3}, {"trace": "t-1"}),
+        {"event": make(event_id="A2", flow_id="A", seq=2, kind="confirmed", schema=1, payload={"amount": 3}, meta={"trace": "t-1"}),
          "previous": "reserved", "state": "confirmed", "data": {"amount": 3}, "consumer": "shop"},
     ]
     assert c.projection("A") == {"state": "confirmed", "last_seq": 2, "held": 3}
@@ -162,7 +163,7 @@ def test_handler_sees_raw_payload_of_schema_2_and_empty_meta(world: World) -> No
                                   schema=2).status == "committed"
     world.deliver(c)
     assert c.apply_next("A").status == "applied"
-    assert seen == [Event("A1", "A", 1, "reserved", 2, {"units": 4}, {})]
+    assert seen == [make(event_id="A1", flow_id="A", seq=1, kind="reserved", schema=2, payload={"units": 4}, meta={})]
 
 
 def test_handler_writes_app_table_and_schedules_everything_commits_with_apply(world: World) -> None:

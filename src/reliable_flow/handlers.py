@@ -45,17 +45,10 @@ _LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTAL
 _TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE|VACUUM|ATTACH|DETACH)\b", re.IGNORECASE)
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """The event being applied, as stored in the inbox."""
-
-    event_id: str
-    flow_id: str
-    seq: int
-    kind: str
-    schema: int
-    payload: dict[str, Any]
-    meta: dict[str, str]
+#: The event being applied, as stored in the inbox: an
+#: :class:`~reliable_flow.envelope.Envelope` (``event_id``, ``flow_id``,
+#: ``seq``, ``kind``, ``schema``, ``payload``, ``meta`` and its canonical ``body``).
+Event = envelope.Envelope
 
 
 @dataclass(frozen=True)

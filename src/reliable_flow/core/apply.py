@@ -34,12 +34,12 @@ class ApplyRules:
     clock: Callable[[], float] | None = None
 
 
-def _handle(unit: InboxUnit, rules: ApplyRules, event: dict[str, Any], event_id: str, flow_id: str, seq: int,
-            previous: str, new_state: str, new_data: dict[str, Any]) -> None:
+def _handle(unit: InboxUnit, rules: ApplyRules, event: dict[str, Any], body: str, event_id: str, flow_id: str,
+            seq: int, previous: str, new_state: str, new_data: dict[str, Any]) -> None:
     assert rules.clock is not None
     ctx = ApplyContext(
         unit,
-        Event(event_id, flow_id, seq, event["kind"], event["schema"], event["payload"], event.get("meta", {})),
+        Event(event_id, flow_id, seq, event["kind"], event["schema"], event["payload"], event.get("meta", {}), body),
         previous, new_state, new_data, rules.consumer, rules.effects, rules.clock(),
     )
     for handler in rules.handlers:
@@ -88,7 +88,7 @@ def apply_in(
         # of this apply behind, only the block.
         with unit.step():
             _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
-            _handle(unit, rules, event, event_id, flow_id, seq, known.state, new_state, new_data)
+            _handle(unit, rules, event, body, event_id, flow_id, seq, known.state, new_state, new_data)
     except PayloadError as exc:
         unit.block(event_id, BlockReason.INVALID_PAYLOAD)
         return ApplyResult(
