@@ -38,14 +38,19 @@ class Receiver(Protocol):
     """
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The name producers keep this consumer's delivery state under."""
 
     @property
-    def uid(self) -> str: ...
+    def uid(self) -> str:
+        """The identity of the storage behind the name."""
 
     @property
-    def location(self) -> str: ...
+    def location(self) -> str:
+        """Where the consumer is (a path, an address), for messages."""
 
-    def accept(self, body: str) -> Answer: ...
+    def accept(self, body: str) -> Answer:
+        """Store one canonical event body durably, or say why not (see the class)."""
 
-    def accept_many(self, bodies: Sequence[str]) -> list[Answer]: ...
+    def accept_many(self, bodies: Sequence[str]) -> list[Answer]:
+        """Store several bodies in one durable step; one answer per body, in order."""
