@@ -80,15 +80,15 @@ MARK = (
     "UPDATE delivery SET state = 'accepted', last_status = 'accepted', attempts = attempts + 1, "
     "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = ? WHERE consumer = ? AND pos = ?"
 )
-INSERT_INBOX = "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)"
+INSERT_INBOX = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (?, ?, ?, ?, ?)"
 UPSERT_PROJECTION = (
     "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, last_seq = excluded.last_seq, "
     "data = excluded.data, view = excluded.view"
 )
 INSERT_EFFECT = "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)"
-MARK_APPLIED = "UPDATE inbox SET state = 'applied', reason = NULL WHERE event_id = ?"
-PENDING = "SELECT event_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id, seq"
+MARK_APPLIED = "UPDATE inbox SET state = 'applied', reason = NULL, detail = NULL WHERE event_id = ?"
+PENDING = "SELECT event_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id, seq"
 
 
 class FloorProducer:
@@ -149,13 +149,14 @@ class FloorConsumer:
 
     def receive(self, e: Event) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
-        self.conn.execute(INSERT_INBOX, (e.event_id, e.flow_id, e.seq, e.body))
+        self.conn.execute(INSERT_INBOX, (e.event_id, e.flow_id, e.seq, e.body, time.time()))
         self.conn.execute("COMMIT")
 
     def receive_many(self, events: Sequence[Event]) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
+        now = time.time()
         self.conn.executemany(
-            INSERT_INBOX, [(e.event_id, e.flow_id, e.seq, e.body) for e in events]
+            INSERT_INBOX, [(e.event_id, e.flow_id, e.seq, e.body, now) for e in events]
         )
         self.conn.execute("COMMIT")
 

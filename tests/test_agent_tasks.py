@@ -483,7 +483,7 @@ def test_arrival_orders_converge(tmp_path: Path, protocol: Protocol, steps: Step
         for n, order in enumerate(itertools.permutations([1, 2, 3])):
             with Consumer(tmp_path / f"consumer-{n}.db", protocol, name=f"c{n}") as consumer:
                 for seq in order:
-                    assert relay(producer, consumer, event_id=f"F-{seq}").status == "accepted"
+                    assert relay(producer, consumer, event_id=f"F-{seq}", register=True).status == "accepted"
                     consumer.process_all()
                     applied = [e.seq for e in consumer.effects("F")]
                     assert applied == list(range(1, len(applied) + 1))  # always a gap-free prefix

@@ -21,6 +21,7 @@ from reliable_flow import errors, statuses
 from reliable_flow.store.sqlite import effects as sqlite_effects
 from reliable_flow.store.sqlite import inbox as sqlite_inbox
 from reliable_flow.store.sqlite import outbox as sqlite_outbox
+from reliable_flow.store.sqlite import registry as sqlite_registry
 from reliable_flow.store.sqlite import schema as sqlite_schema
 
 PACKAGE = Path(reliable_flow.__file__).parent
@@ -105,6 +106,7 @@ def _all_migration_sql(kind: sqlite_schema.FileKind) -> list[str]:
 STATE_ENUMS: dict[str, type] = {
     "delivery": statuses.DeliveryState, "delivery_v2": statuses.DeliveryState,
     "inbox": statuses.InboxState, "effect_outbox": statuses.EffectState,
+    "inbox_v3": statuses.InboxState, "consumer_action": statuses.InboxState,  # its previous_state
 }
 _TABLE = re.compile(r"(?:CREATE TABLE|\bON|UPDATE|FROM)\s+(\w+)")
 
@@ -121,6 +123,7 @@ def _table_of(sql: str) -> str:
         ("outbox queries", _sql_strings(sqlite_outbox)),
         ("inbox queries", _sql_strings(sqlite_inbox)),
         ("effect queries", _sql_strings(sqlite_effects)),
+        ("registry queries", _sql_strings(sqlite_registry)),
         ("producer schema", _all_migration_sql(sqlite_schema.PRODUCER)),
         ("consumer schema", _all_migration_sql(sqlite_schema.CONSUMER)),
     ],

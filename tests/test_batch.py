@@ -868,7 +868,7 @@ def test_relay_batch_leaves_a_second_consumer_untouched(tmp_path: Path) -> None:
         audit = stack.enter_context(Consumer(tmp_path / "audit.db", RESERVATION, name="audit"))
         commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("A2", "A", 2))
         assert [x.event_id for x in relay_batch(producer, audit, limit=1).results] == ["A1"]
-        assert relay_batch(producer, main, limit=100).counts == {"accepted": 3}
+        assert relay_batch(producer, main, limit=100, register=True).counts == {"accepted": 3}
         assert [e.state for e in producer.outbox(consumer="audit")] == ["accepted", "pending", "pending"]
         assert [e.state for e in producer.outbox(consumer="default")] == ["accepted"] * 3
         assert [e.accepted for e in producer.outbox()] == [True, False, False]

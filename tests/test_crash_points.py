@@ -25,8 +25,8 @@ from support import CHILDREN, child_env, run_script
 
 WORKLOAD = CHILDREN / "workload.py"
 
-PENDING = [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None}]
-APPLIED = [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None}]
+PENDING = [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None, "meta": {}}]
+APPLIED = [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None, "meta": {}}]
 EFFECT = [{"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"}]
 FLOW = {"state": "reserved", "seq": 1, "amount": 3}
 PROJECTION = {"state": "reserved", "last_seq": 1, "held": 3}

@@ -75,8 +75,10 @@ def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, An
 
 
 @pytest.fixture
-def three(tmp_path: Path) -> Iterator[dict[str, Consumer]]:
+def three(tmp_path: Path, producer: Producer) -> Iterator[dict[str, Consumer]]:
     consumers = {name: Consumer(tmp_path / f"{name}.db", RESERVATION, name=name) for name in NAMES}
+    for name in NAMES:  # several consumers: each one registered explicitly
+        producer.register_consumer(name, actor="test", reason="one of three consumers")
     yield consumers
     for c in consumers.values():
         c.close()
@@ -449,7 +451,7 @@ def test_max_backlog_counts_pending_deliveries_over_all_consumers(tmp_path: Path
     with Producer(tmp_path / "p.db", RESERVATION, max_backlog=4) as producer, \
             Consumer(tmp_path / "a.db", RESERVATION, name="a") as a, \
             Consumer(tmp_path / "b.db", RESERVATION, name="b") as b:
-        assert relay(producer, a).status == relay(producer, b).status == "idle"
+        assert relay(producer, a).status == relay(producer, b, register=True).status == "idle"
         commit(producer, "A", 1)
         commit(producer, "B", 1)  # 2 events x 2 consumers = 4 pending
         assert producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "backlog_full"

@@ -1106,7 +1106,7 @@ def test_v1_consumer_file_upgrades_in_place_and_effects_work(world: World) -> No
     c = world.consumer((lambda ctx: ctx.schedule("notify", {"kind": ctx.event.kind}),), effects,
                        app_schema=AppSchema("shop", [["CREATE TABLE note(x)"]]))
     with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == CONSUMER.version
         assert conn.execute("SELECT name, version FROM app_schema").fetchall() == [("shop", 1)]
     assert (c.name, c.uid) == ("old", "u-1")
     assert [(e.event_id, e.state) for e in c.inbox("A")] == [("A1", "applied"), ("A2", "pending")]

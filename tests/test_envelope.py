@@ -422,7 +422,8 @@ def test_valid_edge_case_is_accepted_once_in_every_spelling(
         if name != first:
             assert consumer.receive(spelling).status == "duplicate", name
     assert consumer.inbox(env["flow_id"]) == [
-        InboxEntry(event_id=env["event_id"], seq=env["seq"], state="pending", reason=None)
+        InboxEntry(event_id=env["event_id"], seq=env["seq"], state="pending", reason=None,
+                   meta=env.get("meta", {}))
     ]
     assert sql_count(consumer.path, "inbox") == 1
     # Stored as the canonical body: sorted keys, compact, non-ASCII as UTF-8 text.
@@ -513,7 +514,7 @@ def test_advance_edge_values_survive_relay_unchanged(producer: Producer, consume
         "schema": 1, "payload": {"amount": 1_000_000}, "meta": meta,
     }
     assert relay(producer, consumer).status == "accepted"
-    assert consumer.inbox("f" * 128) == [InboxEntry(event_id=UNICODE, seq=1, state="pending", reason=None)]
+    assert consumer.inbox("f" * 128) == [InboxEntry(event_id=UNICODE, seq=1, state="pending", reason=None, meta=meta)]
     assert consumer.apply_next("f" * 128).status == "applied"
     assert consumer.projection("f" * 128) == {"state": "reserved", "last_seq": 1, "held": 1_000_000}
 

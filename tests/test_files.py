@@ -460,7 +460,7 @@ def test_release_1_producer_file_upgrades_in_place(tmp_path: Path) -> None:
         assert states == [("A1", "accepted"), ("A2", "pending")]
         assert p.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3}).status == "committed"
         with Consumer(tmp_path / "c.db", RESERVATION) as c:
-            delivered = [relay(p, c).status for _ in range(4)]
+            delivered = [relay(p, c, register=True).status for _ in range(4)]
             assert delivered == ["accepted", "accepted", "accepted", "idle"]
             assert c.drain("A").applied == 3
             assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}

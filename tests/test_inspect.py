@@ -33,7 +33,7 @@ def test_text_report_names_every_problem(tmp_path: Path) -> None:
     p_path, c_path = _troubled_files(tmp_path)
     before = (digest(p_path), digest(c_path))
     done = run_cli("inspect", str(p_path), str(c_path))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # blocked and set aside: needs attention
     out = done.stdout
     assert "producer (reservation): 4 flows, 7 events" in out
     assert "to consumer 'default': 4 accepted, 2 undelivered, 1 set aside" in out
@@ -48,16 +48,19 @@ def test_text_report_names_every_problem(tmp_path: Path) -> None:
 def test_json_report_is_machine_readable(tmp_path: Path) -> None:
     p_path, c_path = _troubled_files(tmp_path)
     done = run_cli("inspect", str(p_path), str(c_path), "--json")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     default = report["producer"]["consumers"]["default"]
     assert [e["event_id"] for e in default["pending"]] == ["B2", "D1"]
     assert [e["event_id"] for e in default["set_aside"]] == ["C1"]
+    blocked, gaps = report["consumer"]["blocked"], report["consumer"]["gaps"]
+    assert blocked[0].pop("detail") == "schema 2 is not decoded by this consumer (decodes [1])"
+    assert blocked[0].pop("blocked_at") > 0 and gaps[0].pop("since") > 0
     assert report["consumer"]["blocked"] == [
-        {"flow_id": "A", "event_id": "A2", "seq": 2, "reason": "unsupported_schema"}
+        {"flow_id": "A", "event_id": "A2", "seq": 2, "reason": "unsupported_schema", "meta": {}}
     ]
-    assert report["consumer"]["gaps"] == [{"flow_id": "B", "missing_seq": 2, "waiting": [3]}]
-    assert report["consumer"]["inbox"] == {"pending": 1, "blocked": 1, "applied": 3}
+    assert report["consumer"]["gaps"] == [{"flow_id": "B", "missing_seq": 2, "waiting": [3], "meta": [{}]}]
+    assert report["consumer"]["inbox"] == {"pending": 1, "blocked": 1, "applied": 3, "skipped": 0, "replaced": 0}
 
 
 def test_wrong_or_missing_files_are_a_clear_error(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ def v1_content(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         "meta": sql_rows(path, "SELECT key, value FROM meta ORDER BY key"),
         "flow": sql_rows(path, "SELECT * FROM flow ORDER BY flow_id"),
         "outbox": sql_rows(path, "SELECT * FROM outbox ORDER BY pos"),
-        "consumer": sql_rows(path, "SELECT * FROM consumer ORDER BY name"),
+        "consumer": sql_rows(path, "SELECT name, uid FROM consumer ORDER BY name"),
         "delivery": sql_rows(
             path,
             "SELECT d.consumer, o.event_id, d.state, d.last_status, d.attempts "
@@ -191,7 +191,7 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
 
         # A consumer added after the upgrade gets every event, old ones included.
         with Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
-            got = [str(r.event_id) for r in relay_until_idle(producer, audit, policy=policy)]
+            got = [str(r.event_id) for r in relay_until_idle(producer, audit, policy=policy, register=True)]
             assert sorted(got) == ["A1", "A2", "A3", "B1", "C1"]
             audit.process_all()
             assert audit.projection("C") == {"state": "reserved", "last_seq": 1, "held": 3}

@@ -205,7 +205,7 @@ def test_distinct_consumer_names_each_get_every_event(
 ) -> None:
     commit(producer, "A")
     assert [relay(producer, consumer).status for _ in range(4)] == ["accepted"] * 3 + ["idle"]
-    r = relay(producer, audit)
+    r = relay(producer, audit, register=True)
     assert (r.status, r.event_id) == ("accepted", "A1")
 
     assert [e.accepted for e in producer.outbox("A", consumer="default")] == [True, True, True]
@@ -241,6 +241,7 @@ def test_set_aside_for_one_consumer_is_pending_for_another(
     commit(producer, "A", 1)
     assert relay(producer, consumer).status == "id_conflict"
     assert outbox_entry(producer, "A1", "default").state == "set_aside"
+    producer.register_consumer("audit", actor="test", reason="a second consumer")
     assert outbox_entry(producer, "A1", "audit").state == "pending"
     assert relay(producer, audit).status == "accepted"
     assert outbox_entry(producer, "A1", "audit").accepted is True
@@ -298,11 +299,11 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
     assert (c["protocol"], c["name"]) == ("reservation", "default")
     assert c["projections"] == {"A": {"state": "confirmed", "last_seq": 2, "held": 3}, "B": None}
     assert c["inbox"]["A"] == [
-        {"event_id": "A1", "seq": 1, "state": "applied", "reason": None},
-        {"event_id": "A2", "seq": 2, "state": "applied", "reason": None},
-        {"event_id": "A3", "seq": 3, "state": "pending", "reason": None},
+        {"event_id": "A1", "seq": 1, "state": "applied", "reason": None, "meta": {}},
+        {"event_id": "A2", "seq": 2, "state": "applied", "reason": None, "meta": {}},
+        {"event_id": "A3", "seq": 3, "state": "pending", "reason": None, "meta": {}},
     ]
-    assert c["inbox"]["B"] == [{"event_id": "B1", "seq": 1, "state": "pending", "reason": None}]
+    assert c["inbox"]["B"] == [{"event_id": "B1", "seq": 1, "state": "pending", "reason": None, "meta": {}}]
     assert c["effects"] == {
         "A": [
             {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved"},

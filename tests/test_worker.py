@@ -76,6 +76,8 @@ def two(tmp_path: Path) -> Iterator[tuple[Producer, Consumer, Consumer]]:
     with Producer(tmp_path / "producer.db", RESERVATION) as p, \
             Consumer(tmp_path / "projection.db", RESERVATION, name="projection") as a, \
             Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as b:
+        for name in ("projection", "audit"):  # two consumers: each registered explicitly
+            p.register_consumer(name, actor="test", reason="one of two consumers")
         yield p, a, b
 
 
@@ -125,7 +127,7 @@ def test_a_consumer_that_raises_is_recorded_and_the_others_go_on(tmp_path: Path)
                         exc=lambda n: ConnectionError("connection refused")) as down, \
             Consumer(tmp_path / "up.db", RESERVATION, name="up") as up:
         commit(producer, "A", sep="-")
-        worker = Worker(producer, [down, up], policy=policy, idle_sleep=0)
+        worker = Worker(producer, [down, up], policy=policy, idle_sleep=0, register=True)
         stats = worker.run(max_passes=4, handle_signals=False)
         # One failed send per pass ends that consumer's turn; each event backs
         # off on its own, and the fourth pass finds nothing due for 'down'.
@@ -491,7 +493,8 @@ def cli_files(tmp_path: Path) -> list[str]:
     for name in ("projection", "audit"):
         Consumer(tmp_path / f"{name}.db", RESERVATION, name=name).close()
     return ["--producer", str(tmp_path / "producer.db"),
-            "--consumer", f"projection={tmp_path / 'projection.db'}", "--consumer", f"audit={tmp_path / 'audit.db'}"]
+            "--consumer", f"projection={tmp_path / 'projection.db'}", "--consumer", f"audit={tmp_path / 'audit.db'}",
+            "--register"]
 
 
 def stopped_stats(stderr: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from .effects import (
 from .errors import *  # every public error, as listed in errors.__all__
 from .executor import EffectExecutor, ExecutorStats
 from .handlers import ApplyContext, AppSchema, Event
+from .operations import ConsumerEntry, FlowWait, InboxAction, InboxRow, RegistryAction, StuckFlow
 from .producer import Producer
 from .protocol import PayloadError, Protocol
 from .receiver import Receiver
@@ -42,15 +43,15 @@ __version__ = "0.1.0"
 # Sorted, and pinned by tests/test_public_api.py.
 __all__ = [
     "AdvanceResult", "AdvanceStatus", "AppSchema", "ApplyContext", "ApplyResult", "ApplyStatus",
-    "BlockReason", "CommitOutcomeUnknown", "Consumer", "ConsumerMismatch", "DatabaseBusy",
+    "BlockReason", "CommitOutcomeUnknown", "Consumer", "ConsumerEntry", "ConsumerMismatch", "DatabaseBusy",
     "DeliveryPolicy", "DeliveryRecord", "DeliveryState", "DrainResult", "DrainStop", "Effect",
     "EffectAction", "EffectCall", "EffectExecutor", "EffectKeyConflict", "EffectRecord",
-    "EffectState", "Effects", "Event", "ExecutorStats", "Feedback", "Happened", "InboxEntry",
-    "InboxFull", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
+    "EffectState", "Effects", "Event", "ExecutorStats", "Feedback", "FlowWait", "Happened", "InboxAction", "InboxEntry",
+    "InboxFull", "InboxRow", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
     "OperatorAction", "OutboxEntry", "OutcomeUnknown", "PayloadError", "PermanentFailure",
     "Producer", "Protocol", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
-    "Refused", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
-    "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull",
-    "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess",
+    "Refused", "RegistryAction", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
+    "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull", "StuckFlow",
+    "UnknownConsumer", "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "WrongThread",
     "__version__", "relay", "relay_batch", "snapshot",
 ]

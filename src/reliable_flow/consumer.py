@@ -19,6 +19,9 @@ from .effect_admin import EffectAdmin
 from .effects import Effects
 from .errors import InboxFull, InvalidEnvelope
 from .handlers import AppSchema, Handler
+from .inbox_admin import InboxAdmin
+from .metrics import ConsumerMetrics, consumer_metrics
+from .observe import CONSUMER, INFO, WARNING, Note, Observer
 from .protocol import Protocol
 from .receiver import Answer
 from .statuses import (
@@ -35,6 +38,7 @@ from .store import InboxStore
 from .store.owner import StoreOwner
 from .store.sqlite import SqliteInboxStore
 from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
+from .tracing import traced
 
 __all__ = ["Consumer"]
 
@@ -53,7 +57,7 @@ def _check_limit(name: str, value: object) -> int:
     return value
 
 
-class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
+class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
     """Owns a consumer file: the inbox, the projection and the effect records.
 
     ``schemas`` are the payload versions this consumer can decode (default:
@@ -74,7 +78,8 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
     (see :mod:`reliable_flow.handlers`); the effects they schedule must be
     registered in ``effects`` when one is given.  ``app_schema`` creates
     and migrates the application's own tables in this consumer's file.
-    ``clock`` (seconds) stamps scheduled effects and tells their deadlines.
+    ``clock`` (seconds) stamps scheduled effects and tells their deadlines,
+    and stamps when an inbox row arrived and became blocked (``stuck``).
     """
 
     def __init__(
@@ -102,6 +107,8 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         else:
             if isinstance(schemas, (str, bytes)) or not isinstance(schemas, Collection):
                 raise ValueError(f"schemas must be a collection of ints, got {schemas!r}")
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in schemas):
+                raise ValueError(f"schemas must hold int versions (not bools or floats), got {schemas!r}")
             chosen = frozenset(schemas)
             unknown = sorted(chosen - protocol.schemas.keys(), key=repr)
             if unknown or not chosen:
@@ -130,6 +137,7 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         self.effect_registry = effects
         self.clock = clock
         self._rules = ApplyRules(protocol, chosen, tuple(handlers), effects, self._name, clock)
+        self._observed = Observer()  # in-process counts (metrics) and logs
         if app_schema is not None:
             self._migrate_app(app_schema)
 
@@ -167,6 +175,7 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
 
     # -- receive --------------------------------------------------------------------
 
+    @traced("reliable_flow.receive")
     def receive(self, envelope_in: dict[str, Any] | str | bytes) -> ReceiveResult:
         """Store an event durably, once; the consumer owns it after ``accepted``.
 
@@ -180,9 +189,11 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         """
         env = envelope.parse(envelope_in)
         with self._store.write() as unit:
-            result = receive_in(unit, env, self.max_inbox, self.path)
+            result = receive_in(unit, env, self.max_inbox, self.path, self.clock())
         if result.status == ReceiveStatus.ACCEPTED:
             crash_point("receive.after_commit")
+        if result.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO):
+            self._observed.received(self._name, env.meta, result)
         return result
 
     def receive_many(
@@ -200,13 +211,17 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         parsed = [envelope.parse(e) for e in envelopes]
         results: list[ReceiveResult | None] = []
         with self._store.write() as unit:
+            now = self.clock()
             for env in parsed:
                 try:
-                    results.append(receive_in(unit, env, self.max_inbox, self.path))
+                    results.append(receive_in(unit, env, self.max_inbox, self.path, now))
                 except InboxFull:
                     results.append(None)
         if any(r is not None and r.status == ReceiveStatus.ACCEPTED for r in results):
             crash_point("receive.after_commit")
+        for env, r in zip(parsed, results):
+            if r is not None and (r.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO)):
+                self._observed.received(self._name, env.meta, r)
         return results
 
     # -- as a Receiver (what relay() calls) -------------------------------------------
@@ -224,6 +239,7 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
 
     # -- apply ----------------------------------------------------------------------
 
+    @traced("reliable_flow.apply", lambda self, flow_id: {"reliable_flow.flow_id": str(flow_id)})
     def apply_next(self, flow_id: str) -> ApplyResult:
         """Apply exactly the next step of ``flow_id`` (seq = last_seq + 1), or say why not.
 
@@ -238,12 +254,16 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         the step had committed, the retry looks at the following seq.
         """
         flow_id = _check_flow_id(flow_id)
+        notes: list[Note] | None = [] if CONSUMER.isEnabledFor(WARNING) else None
         with self._store.write() as unit:
-            result, _ = apply_in(unit, self._rules, flow_id)
+            result, _ = apply_in(unit, self._rules, flow_id, None, notes)
         if result.status == ApplyStatus.APPLIED:
             crash_point("apply.after_commit")
+            self._observed.applied += 1
+        self._observed.emit(notes)
         return result
 
+    @traced("reliable_flow.drain", lambda self, flow_id, *a, **k: {"reliable_flow.flow_id": str(flow_id)})
     def drain(self, flow_id: str, limit: int = 100, *, batch_size: int = 1) -> DrainResult:
         """Apply ``flow_id``'s next steps until a gap, a block, idle, or ``limit`` applies.
 
@@ -256,6 +276,7 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         flow_id = _check_flow_id(flow_id)
         return self._drain_flows([flow_id], limit, batch_size)[flow_id]
 
+    @traced("reliable_flow.process_all")
     def process_all(self, limit: int = 1000, *, batch_size: int = 1) -> dict[str, DrainResult]:
         """Drain every flow that has unapplied inbox rows; ``limit`` is per flow.
 
@@ -267,7 +288,7 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
     def _drain_flows(self, flows: list[str], limit: int, batch_size: int) -> dict[str, DrainResult]:
         limit = _check_limit("limit", limit)
         batch_size = _check_limit("batch_size", batch_size)
-        return drain_flows(self._store.write, self._rules, flows, limit, batch_size)
+        return drain_flows(self._store.write, self._rules, flows, limit, batch_size, self._observed)
 
     # -- reads ----------------------------------------------------------------------
 
@@ -294,6 +315,14 @@ class Consumer(EffectAdmin, StoreOwner[SqliteInboxStore]):
         """Ids of the flows with an inbox row not yet applied, sorted
         (what :meth:`process_all` works through)."""
         return self._store.latest.open_flows()
+
+    def metrics(self) -> ConsumerMetrics:
+        """Inbox rows per state, blocked per reason, flows at a gap, effects per
+        state (one snapshot of the file), and this object's own counts since it
+        was opened: duplicates received, events applied, applied per second
+        (see :class:`~reliable_flow.metrics.ConsumerMetrics`)."""
+        with self._store.read() as reads:
+            return consumer_metrics(reads, self.clock(), self._observed)
 
     def __repr__(self) -> str:
         return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"

@@ -9,6 +9,7 @@ from typing import Any
 
 from .effects import check_json_value
 from .errors import NotResolvable, UnknownEffect
+from .observe import CONSUMER, operator_action
 from .statuses import Effect, EffectAction, EffectState
 from .store import InboxStore
 
@@ -99,4 +100,6 @@ class EffectAdmin:
             unit.update_effect(key, changes, now)
             record = EffectAction(now, key, action, actor, reason)
             unit.record_effect_action(record)
+        operator_action(CONSUMER, record, getattr(self, "name", None), key=key, event_id=effect.event_id,
+                        flow_id=effect.flow_id, previous_state=str(effect.state))
         return record

@@ -11,15 +11,17 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
     ReliableFlowError
      +-- InvalidEnvelope (also ValueError)     bad input; nothing was stored
      +-- UnknownEvent (also LookupError)       relay(event_id=...) names no outbox event
+     +-- UnknownConsumer (also LookupError)    a consumer name the producer has not registered
      +-- WrongFile                             not a file of the expected kind
      |    +-- SchemaTooNew                     written by a newer reliable_flow
      +-- ConsumerMismatch                      two consumer files share one name
      +-- InboxFull                             receive() refused: the inbox is at max_inbox
-     +-- NotResolvable (also ValueError)       operator action on an event in the wrong state
+     +-- NotResolvable (also ValueError)       operator action on something in the wrong state
      +-- EffectKeyConflict (also ValueError)   an effect key reused for another effect
      +-- UnknownEffect (also LookupError)      no such effect (name not registered, key not stored)
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
+     +-- WrongThread                           object used in a thread other than its opener's
      +-- StorageError                          the storage engine failed underneath us
           +-- StorageFull                      disk or database full; nothing written
           +-- ReadOnlyStorage                  the store cannot be written; nothing written
@@ -43,10 +45,12 @@ __all__ = [
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
+    "UnknownConsumer",
     "UnknownEffect",
     "UnknownEvent",
     "WrongFile",
     "WrongProcess",
+    "WrongThread",
 ]
 
 
@@ -70,6 +74,16 @@ class InvalidEnvelope(ReliableFlowError, ValueError):
 
 class UnknownEvent(ReliableFlowError, LookupError):
     """An explicit ``event_id`` that is not in the producer's outbox."""
+
+
+class UnknownConsumer(ReliableFlowError, LookupError):
+    """A consumer name the producer has not registered.
+
+    ``relay`` / ``relay_batch`` / ``Worker`` refuse it, so a typo'd name does
+    not silently start a second delivery state from the first event.  Register
+    it with ``Producer.register_consumer`` or pass ``register=True``.  The
+    first consumer of a producer that has none is registered implicitly.
+    """
 
 
 class WrongFile(ReliableFlowError):
@@ -100,7 +114,8 @@ class InboxFull(ReliableFlowError):
 
 
 class NotResolvable(ReliableFlowError, ValueError):
-    """An operator action names an event whose delivery state does not allow it."""
+    """An operator action names something whose state does not allow it: an
+    event's delivery or inbox state, a consumer name already registered."""
 
 
 class EffectKeyConflict(ReliableFlowError, ValueError):
@@ -121,6 +136,14 @@ class WrongProcess(ReliableFlowError):
 
     SQLite connections must not cross ``fork()``.  Call ``reopen()`` in the
     child to get a fresh connection there.
+    """
+
+
+class WrongThread(ReliableFlowError):
+    """A Producer or Consumer was used in a thread other than the one that opened it.
+
+    A SQLite connection belongs to the thread that made it: use one object
+    per thread (each thread opens its own object on the same file).
     """
 
 

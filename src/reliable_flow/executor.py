@@ -36,13 +36,16 @@ from .core.effects import (
 from .crash import crash_point
 from .delivery import DeliveryPolicy, error_text
 from .effects import EffectCall, Effects, EffectSpec, OutcomeUnknown, PermanentFailure, RetryLater
+from .observe import EXECUTOR, INFO, WARNING, fields, log
 from .producer import Producer
 from .statuses import AdvanceStatus, Effect, EffectState
+from .tracing import traced
 
 __all__ = ["EffectExecutor", "ExecutorStats"]
 
 DEFAULT_LEASE = 30.0
 _FINAL = {Plan.EXPIRE: EffectState.EXPIRED, Plan.SUPERSEDE: EffectState.SUPERSEDED, Plan.PARK: EffectState.UNKNOWN}
+_ALARMING = (EffectState.DEAD, EffectState.UNKNOWN)
 
 
 @dataclass
@@ -133,11 +136,16 @@ class EffectExecutor:
             unit.update_effect(effect.key, claimed, now)
         if chosen not in (Plan.RUN, Plan.RECONCILE):
             self.stats.outcomes[_FINAL[chosen].value] += 1
+            self._observe(effect, _FINAL[chosen], str(chosen), reason=reason)
             return effect, chosen
         crash_point("executor.after_claim")
         return _with(effect, **claimed), chosen
 
-    def _execute(self, effect: Effect, chosen: Plan) -> None:
+    @traced("reliable_flow.effect", lambda self, effect, chosen: {
+        "reliable_flow.effect_key": effect.key, "reliable_flow.event_id": effect.event_id,
+        "reliable_flow.flow_id": effect.flow_id, "reliable_flow.seq": effect.seq, "reliable_flow.plan": str(chosen)})
+    def _execute(self, effect: Effect, chosen: Plan) -> EffectState | None:
+        """Call (or reconcile) one claimed effect and record the outcome; the new state."""
         spec = self._spec(effect)
         call = EffectCall(effect.key, effect.name, effect.payload, effect.meta, effect.attempts,
                           effect.flow_id, effect.event_id)
@@ -163,17 +171,30 @@ class EffectExecutor:
                 # the effect up: keep its record (lease_seconds must exceed the
                 # function's own timeout).
                 self.stats.outcomes["lease_lost"] += 1
-                return
+                self._observe(effect, None, "lease_lost", level=WARNING)
+                return None
             unit.update_effect(effect.key, changes, now)
         crash_point("executor.after_commit")
         state = EffectState(changes["state"])
         self.stats.outcomes[state.value if chosen is Plan.RUN else f"reconciled_{state.value}"] += 1
         if changes.get("last_error"):
             self.stats.last_error = f"{effect.key}: {changes['last_error']}"
+        self._observe(effect, state, str(chosen), error=changes.get("last_error"), attempts=changes.get("attempts"))
         if state is EffectState.SUCCEEDED and changes.get("fed") is False:
             stored = self.consumer.store.latest.effect(effect.key)
             if stored is not None:
                 self._feed(stored)
+        return state
+
+    def _observe(self, effect: Effect, state: EffectState | None, plan_name: str, level: int | None = None,
+                 **more: Any) -> None:
+        """Log an effect's outcome: INFO, or WARNING when it is dead or unknown (an operator's turn)."""
+        if level is None:
+            level = WARNING if state in _ALARMING else INFO
+        if EXECUTOR.isEnabledFor(level):
+            log(EXECUTOR, level, f"effect {effect.name}: {state or plan_name}",
+                fields(effect.event_id, effect.flow_id, effect.seq, state or plan_name, self.consumer.name,
+                       effect.meta, key=effect.key, effect=effect.name, plan=plan_name, **more))
 
     def _advance_result(self, event_id: str, flow_id: str, kind: str, payload: Any,
                         meta: dict[str, str]) -> str | None:
@@ -234,6 +255,8 @@ class EffectExecutor:
                 unit.update_effect(effect.key, {"last_error": refused[:1000]}, now)
                 self.stats.feedback_errors += 1
                 self.stats.last_error = f"{effect.key}: {refused}"
+        if refused is not None:
+            self._observe(effect, None, "feedback_refused", level=WARNING, error=refused)
 
 
 def _call(spec: EffectSpec, call: EffectCall) -> tuple[Outcome, Any]:

@@ -16,12 +16,16 @@ from .core.advance import advance_in, build
 from .crash import crash_point
 from .envelope import Envelope
 from .errors import NotResolvable, StorageError, UnknownEvent
+from .metrics import ProducerMetrics, producer_metrics
+from .observe import INFO, PRODUCER, WARNING, advanced, operator_action
 from .protocol import Protocol
+from .registry import ConsumerRegistry
 from .statuses import AdvanceResult, AdvanceStatus, DeliveryState, OperatorAction, OutboxEntry
 from .store import OutboxStore, OutboxUnit
 from .store.owner import StoreOwner
 from .store.sqlite import SqliteOutboxStore
 from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
+from .tracing import traced
 
 __all__ = ["Batch", "Producer"]
 
@@ -30,6 +34,8 @@ class _Advancing:
     """``advance``, shared by :class:`Producer` (one commit per call) and
     :class:`Batch` (inside the batch's transaction)."""
 
+    @traced("reliable_flow.advance", lambda self, event_id, flow_id, **_: {
+        "reliable_flow.event_id": str(event_id), "reliable_flow.flow_id": str(flow_id)})
     def advance(
         self,
         event_id: str,
@@ -73,6 +79,7 @@ class Batch(_Advancing):
         self._producer = producer
         self._unit: OutboxUnit | None = None
         self.results: list[AdvanceResult] = []
+        self._metas: list[dict[str, str]] = []  # for the logs, written after the commit
 
     @property
     def committed(self) -> int:
@@ -86,6 +93,7 @@ class Batch(_Advancing):
         with unit.step():
             result = advance_in(unit, self._producer.protocol, env, self._producer.max_backlog)
         self.results.append(result)
+        self._metas.append(env.meta)
         return result
 
     def _ready(self) -> OutboxUnit:
@@ -99,7 +107,7 @@ class Batch(_Advancing):
         return unit
 
 
-class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
+class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
     """Owns a producer file: flows, and the outbox of events they committed.
 
     ``Producer(path, protocol)`` creates the file if it is absent, upgrades an
@@ -110,6 +118,12 @@ class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
     ``max_backlog``: if set, ``advance`` answers ``backlog_full`` (storing
     nothing) while that many deliveries are still pending, summed over the
     consumers (or that many events, before any consumer was relayed to).
+
+    Consumers are a registry (:meth:`consumers`): ``relay`` delivers only to
+    registered names, so a typo'd name is refused rather than started from
+    the first event.  The first consumer of a producer that has none is
+    registered on its first relay; any other by :meth:`register_consumer`
+    or ``relay(..., register=True)``.
     """
 
     def __init__(
@@ -140,6 +154,8 @@ class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
             result = advance_in(unit, self.protocol, env, self.max_backlog)
         if result.status == AdvanceStatus.COMMITTED:
             crash_point("advance.after_commit")
+        if result.status is AdvanceStatus.CONFLICT or PRODUCER.isEnabledFor(INFO):
+            advanced(result, env.meta)
         return result
 
     def batch(self) -> AbstractContextManager[Batch]:
@@ -169,6 +185,9 @@ class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
                 batch._unit = None
         if batch.committed:
             crash_point("advance.after_commit")
+        if PRODUCER.isEnabledFor(WARNING):
+            for result, meta in zip(batch.results, batch._metas):
+                advanced(result, meta)
 
     # -- operator actions -----------------------------------------------------------
 
@@ -204,6 +223,7 @@ class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
             unit.resolve(consumer, pos, DeliveryState.PENDING if action == "redeliver" else DeliveryState.SKIPPED, now)
             record = OperatorAction(now, consumer, event_id, action, actor, reason)
             unit.record_action(record)
+        operator_action(PRODUCER, record, previous_state=str(state))
         return OperatorAction(now, consumer, event_id, action, actor, reason, previous_state=state)
 
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
@@ -244,6 +264,14 @@ class Producer(_Advancing, StoreOwner[SqliteOutboxStore]):
         A dict, because it is the envelope exactly as it travels: a JSON object."""
         body = self._store.latest.event_body(event_id)
         return None if body is None else dict(json.loads(body))
+
+    def metrics(self, now: float | None = None) -> ProducerMetrics:
+        """Events, flows, and per consumer the deliveries pending / accepted /
+        set aside / skipped, retries, failing, leased, never sent and the
+        oldest pending age (see :class:`~reliable_flow.metrics.ProducerMetrics`),
+        counted in one snapshot; ``now`` (default: the time) judges leases and ages."""
+        with self._store.read() as reads:
+            return producer_metrics(reads, time.time() if now is None else now)
 
     def __repr__(self) -> str:
         return f"Producer({self.path!r}, {self.protocol.name})"

@@ -230,26 +230,33 @@ class Protocol:
     states: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError("Protocol name must be a non-empty string")
-        if not isinstance(self.initial, str) or not self.initial:
-            raise ValueError("Protocol initial must be a non-empty string")
-        table: dict[str, frozenset[str]] = {}
-        for source, kinds in dict(self.transitions).items():
-            if isinstance(kinds, str):
-                raise TypeError(f"transitions[{source!r}] must be a collection of kinds, not a string")
-            table[source] = frozenset(kinds)
+        for attr in ("name", "initial"):
+            value = getattr(self, attr)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Protocol {attr} must be a non-empty string, got {value!r}")
+        for attr in ("step", "project"):
+            if not callable(getattr(self, attr)):
+                raise TypeError(f"Protocol {attr} must be a function, got {getattr(self, attr)!r}")
+        table = _transition_table(self.transitions)
+        if not isinstance(self.schemas, Mapping):
+            raise TypeError(
+                f"Protocol schemas must be a mapping {{version: decoder}}, got {type(self.schemas).__name__}"
+            )
         schemas = dict(self.schemas)
         if not schemas:
-            raise ValueError("Protocol needs at least one schema")
+            raise ValueError("Protocol schemas must hold at least one version")
         for version, decoder in schemas.items():
             if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= 1000:
-                raise ValueError(f"schema versions must be ints 1..1000, got {version!r}")
+                raise ValueError(f"Protocol schemas: versions must be ints 1..1000 (not bools), got {version!r}")
             if not callable(decoder):
-                raise TypeError(f"schemas[{version}] must be a decoder function")
+                raise TypeError(f"Protocol schemas[{version}] must be a decoder function, got {decoder!r}")
         chosen = {}
         for attr in ("consumer_schemas", "producer_schemas"):
             value = getattr(self, attr)
+            if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, Collection)):
+                raise TypeError(f"{attr} must be None or a collection of schema versions, got {value!r}")
+            if value is not None and any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                raise ValueError(f"{attr} must hold int schema versions (not bools), got {value!r}")
             wanted = frozenset(schemas if value is None else value)
             if not wanted or not wanted <= schemas.keys():
                 raise ValueError(f"{attr} must be a non-empty subset of schemas {sorted(schemas)}")
@@ -310,6 +317,25 @@ class Protocol:
         shown = self.project(state, data)
         _check_keys(self.name, "project", shown)
         return shown
+
+
+def _transition_table(transitions: object) -> dict[str, frozenset[str]]:
+    """``transitions`` checked: a mapping of non-empty state names to collections of kinds."""
+    if not isinstance(transitions, Mapping):
+        raise TypeError(
+            f"Protocol transitions must be a mapping {{state: [kind, ...]}}, got {type(transitions).__name__}"
+        )
+    table: dict[str, frozenset[str]] = {}
+    for source, kinds in transitions.items():
+        if not isinstance(source, str) or not source:
+            raise ValueError(f"transitions: a state must be a non-empty string, got {source!r}")
+        if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Collection):
+            raise TypeError(f"transitions[{source!r}] must be a collection of kinds, got {kinds!r}")
+        for kind in kinds:
+            if not isinstance(kind, str) or not kind:
+                raise ValueError(f"transitions[{source!r}]: a kind must be a non-empty string, got {kind!r}")
+        table[source] = frozenset(kinds)
+    return table
 
 
 def _check_keys(protocol: str, function: str, value: object) -> None:

@@ -14,6 +14,7 @@ from .errors import InvalidEnvelope
 from .producer import Producer
 from .receiver import Receiver
 from .statuses import RelayBatchResult, RelayResult
+from .tracing import traced
 
 __all__ = ["DeliveryPolicy", "relay", "relay_batch"]
 
@@ -29,12 +30,15 @@ def _check_pair(producer: object, consumer: object) -> None:
         )
 
 
+@traced("reliable_flow.relay", lambda producer, consumer, *a, **k: {
+    "reliable_flow.consumer": str(getattr(consumer, "name", ""))})
 def relay(
     producer: Producer,
     consumer: Receiver,
     event_id: str | None = None,
     *,
     policy: DeliveryPolicy | None = None,
+    register: bool = False,
 ) -> RelayResult:
     """Deliver one event to ``consumer`` and record its answer in the producer file.
 
@@ -52,19 +56,28 @@ def relay(
     consumer.  If ``consumer.receive`` raises (or the inbox is full), the
     failure is recorded (attempts, last error, next due time after
     backoff) and the exception propagates.
+
+    A consumer name the producer has not registered raises
+    :class:`UnknownConsumer` (nothing sent), unless ``register=True``
+    registers it now (every committed event becomes pending for it), or it
+    is the first consumer of a producer that has none, which is registered
+    implicitly.  See ``Producer.register_consumer``.
     """
     if event_id is not None and (not isinstance(event_id, str) or not event_id):
         raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")
     _check_pair(producer, consumer)
-    return relay_to(producer.store, consumer, event_id, policy)
+    return relay_to(producer.store, consumer, event_id, policy, bool(register))
 
 
+@traced("reliable_flow.relay_batch", lambda producer, consumer, *a, **k: {
+    "reliable_flow.consumer": str(getattr(consumer, "name", ""))})
 def relay_batch(
     producer: Producer,
     consumer: Receiver,
     limit: int = 100,
     *,
     policy: DeliveryPolicy | None = None,
+    register: bool = False,
 ) -> RelayBatchResult:
     """Deliver up to ``limit`` events in one consumer and one producer transaction.
 
@@ -74,9 +87,10 @@ def relay_batch(
     recorded, and are counted in ``refused``; the rest of the batch is still
     delivered.  If ``receive_many`` raises, nothing of the batch was stored,
     the failure is recorded on every event of the batch, and the exception
-    propagates.
+    propagates.  An unregistered consumer name: as for :func:`relay`
+    (``register=True`` registers it).
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
     _check_pair(producer, consumer)
-    return relay_batch_to(producer.store, consumer, limit, policy)
+    return relay_batch_to(producer.store, consumer, limit, policy, bool(register))

@@ -8,7 +8,7 @@ describe what happened and cannot be edited afterwards.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -95,11 +95,18 @@ class DrainStop(_StrEnum):
 
 
 class InboxState(_StrEnum):
-    """State of a row in the consumer's inbox."""
+    """State of a row in the consumer's inbox.
+
+    ``skipped`` / ``replaced``: an operator moved the flow past the event, or
+    put a corrected event in its place (recorded, never automatic; see
+    ``Consumer.skip_event`` / ``Consumer.replace_event``).
+    """
 
     PENDING = "pending"
     BLOCKED = "blocked"
     APPLIED = "applied"
+    SKIPPED = "skipped"
+    REPLACED = "replaced"
 
 
 class DeliveryState(_StrEnum):
@@ -282,12 +289,14 @@ class OperatorAction:
 
 @dataclass(frozen=True, slots=True)
 class InboxEntry:
-    """One row of the consumer's inbox (see ``Consumer.inbox``)."""
+    """One row of the consumer's inbox (see ``Consumer.inbox``); ``meta`` is
+    the event's own ``meta`` (correlation ids, trace), as stored with it."""
 
     event_id: str
     seq: int
     state: InboxState
     reason: BlockReason | None
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

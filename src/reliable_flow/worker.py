@@ -12,12 +12,25 @@ from types import FrameType
 from typing import Any
 
 from .consumer import Consumer
+from .core.operate import refused_names, unknown_consumer
+from .delivery import check_seconds
+from .errors import ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread
 from .executor import EffectExecutor
+from .observe import WARNING, WORKER, fields, log
 from .producer import Producer
 from .relay import DeliveryPolicy, relay
 from .statuses import DrainStop, RelayStatus
 
 __all__ = ["Worker", "WorkerStats"]
+
+# Errors that retrying cannot heal (a consumer name bound to another file, a
+# file of the wrong kind or too new, an object used after fork or in another
+# thread): run_once records them, then raises them instead of retrying forever.
+CANNOT_HEAL = (ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread)
+# run(until_idle=True) looks again at least this often while something waits,
+# and pauses this long when something is due already but the pass did nothing.
+UNTIL_IDLE_MAX_SLEEP = 5.0
+UNTIL_IDLE_PAUSE = 0.05
 
 
 @dataclass
@@ -52,7 +65,17 @@ class Worker:
     then each of ``executors`` runs up to ``apply_limit`` due effects.
     When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
     early by :meth:`stop`).  A consumer that raises is recorded by the relay
-    (attempts, error, backoff) and the worker goes on with the others.
+    (attempts, error, backoff) and the worker goes on with the others; so is
+    any failure of a pass (``stats.errors``, ``stats.last_error``), except
+    one that retrying cannot heal (:data:`CANNOT_HEAL`: ``ConsumerMismatch``,
+    ``UnknownConsumer``, ``WrongFile`` / ``SchemaTooNew``, ``WrongProcess``, ``WrongThread``),
+    which :meth:`run_once` and :meth:`run` raise after recording it.
+
+    Consumers must be registered in the producer (see
+    ``Producer.register_consumer``; the first consumer of a producer that has
+    none is registered on its first relay): an unknown name raises
+    :class:`UnknownConsumer` here, unless ``register=True`` registers every
+    one of them on its first relay.
 
     Stopping: :meth:`stop`, or SIGTERM / SIGINT when :meth:`run` installed
     its handlers.  The handler only sets a flag, so the transaction in
@@ -72,6 +95,7 @@ class Worker:
         idle_sleep: float = 0.5,
         on_pass: Callable[[WorkerStats], None] | None = None,
         executors: Sequence[EffectExecutor] = (),
+        register: bool = False,
     ) -> None:
         if not consumers:
             raise ValueError("consumers must name at least one Consumer")
@@ -81,8 +105,12 @@ class Worker:
         for name, value in (("relay_batch", relay_batch), ("apply_limit", apply_limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(idle_sleep, bool) or not isinstance(idle_sleep, (int, float)) or idle_sleep < 0:
-            raise ValueError(f"idle_sleep must be a number of seconds >= 0, got {idle_sleep!r}")
+        check_seconds("idle_sleep", idle_sleep, allow_zero=True)
+        if not register:  # refuse a typo'd name now, not on every pass
+            refused = refused_names(producer.store.latest, names)
+            if refused:
+                raise unknown_consumer(producer.path, refused[0], producer.consumers())
+        self.register = bool(register)
         self.producer = producer
         self.consumers = list(consumers)
         self.policy = policy or DeliveryPolicy()
@@ -113,7 +141,7 @@ class Worker:
                 if self.stopping:
                     return work
                 try:
-                    result = relay(self.producer, consumer, policy=self.policy)
+                    result = relay(self.producer, consumer, policy=self.policy, register=self.register)
                 except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
                     self._failed(consumer.name, exc)
                     break
@@ -165,9 +193,30 @@ class Worker:
     def _failed(self, where: str, exc: Exception) -> None:
         self.stats.errors += 1
         self.stats.last_error = f"{where}: {type(exc).__name__}: {exc}"
+        if WORKER.isEnabledFor(WARNING):
+            log(WORKER, WARNING, f"error in {where}, going on",
+                fields(status="error", where=where, error=f"{type(exc).__name__}: {exc}"))
+        if isinstance(exc, CANNOT_HEAL):
+            raise exc
 
-    def run(self, *, max_passes: int | None = None, handle_signals: bool = True) -> WorkerStats:
-        """Loop until :meth:`stop`, a signal, or ``max_passes`` passes; return the totals."""
+    def run(
+        self, *, max_passes: int | None = None, handle_signals: bool = True, until_idle: bool = False
+    ) -> WorkerStats:
+        """Loop until :meth:`stop`, a signal, or ``max_passes`` passes; return the totals.
+
+        ``until_idle``: also return once a pass did no work and nothing is
+        merely waiting for its time: no delivery to these consumers still
+        pending (leased by a relay, or backing off after a failure) and no
+        effect of the ``executors`` pending, running or in doubt.  While
+        something waits, sleep until the earliest due time (looking again at
+        least every :data:`UNTIL_IDLE_MAX_SLEEP` seconds), so leases and
+        backoffs are waited out; a consumer that keeps failing keeps it
+        running.  What waits for a person does not count: an event at a gap
+        or blocked, a set-aside delivery, an effect parked as unknown.
+
+        Raises, after recording it, an error retrying cannot heal
+        (:data:`CANNOT_HEAL`).
+        """
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -180,16 +229,40 @@ class Worker:
                 if max_passes is not None and passes >= max_passes:
                     break
                 if work == 0:
-                    self._idle()
+                    wait = self._waiting() if until_idle else self.idle_sleep
+                    if wait is None:
+                        break
+                    self._idle(wait)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.stats
 
-    def _idle(self) -> None:
+    def _waiting(self) -> float | None:
+        """Seconds to sleep until the earliest pending delivery or open effect
+        is due (bounded), or None when nothing waits."""
+        try:
+            now = self.policy.clock()
+            due = [d - now for d in (self.producer.store.latest.next_due_at(c.name) for c in self.consumers)
+                   if d is not None]
+            for executor in self.executors:
+                at = executor.consumer.store.latest.next_effect_due_at(list(executor.effects))
+                if at is not None:
+                    due.append(at - executor.policy.clock())
+        except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
+            self._failed("until_idle", exc)
+            return self.idle_sleep
+        if not due:
+            return None
+        # Due already, yet the pass did nothing (a consumer failed and the
+        # relay moved on to the next one): a short pause, never a spin.
+        wait = min(due)
+        return min(wait if wait > 0 else UNTIL_IDLE_PAUSE, UNTIL_IDLE_MAX_SLEEP)
+
+    def _idle(self, seconds: float) -> None:
         # Short slices rather than one Event.wait(): the signal handler must
         # not touch the Event's lock (it may be held by this very thread).
-        deadline = time.monotonic() + self.idle_sleep
+        deadline = time.monotonic() + seconds
         while not self.stopping:
             left = deadline - time.monotonic()
             if left <= 0:

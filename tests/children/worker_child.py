@@ -48,7 +48,7 @@ def signal_mode(d: str) -> int:
             print("running", flush=True)
 
     worker = Worker(producer, consumers, policy=DeliveryPolicy(lease_seconds=30), relay_batch=10,
-                    apply_limit=2, idle_sleep=0.05, on_pass=on_pass)
+                    apply_limit=2, idle_sleep=0.05, on_pass=on_pass, register=True)
     stats = worker.run()
     print(json.dumps(stats.as_dict()), flush=True)
     for c in consumers:
@@ -76,7 +76,7 @@ def kill_mode(d: str, seed: int, finish: bool) -> int:
     producer, consumers = open_all(d)
     policy = DeliveryPolicy(lease_seconds=0.2, backoff_base=0.01, backoff_cap=0.05)
     worker = Worker(producer, consumers, policy=policy, relay_batch=rng.randint(1, 8),
-                    apply_limit=rng.randint(1, 3), idle_sleep=0)
+                    apply_limit=rng.randint(1, 3), idle_sleep=0, register=True)
     quota = 60 if finish else rng.randint(1, 4)  # events this incarnation may commit
     print("ready", flush=True)
     deadline = time.monotonic() + 50

@@ -9,10 +9,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from .. import envelope
+from .. import envelope, observe
 from ..crash import crash_point
 from ..effects import Effects
 from ..handlers import ApplyContext, Event, Handler
+from ..observe import CONSUMER, INFO, WARNING, Note, Observer
 from ..protocol import PayloadError, Protocol, Rejected
 from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
 from ..store import FlowState, InboxUnit
@@ -47,24 +48,54 @@ def _handle(unit: InboxUnit, rules: ApplyRules, event: dict[str, Any], body: str
 
 
 def apply_in(
-    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None = None
+    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None = None,
+    notes: list[Note] | None = None,
 ) -> tuple[ApplyResult, FlowState | None]:
     """One apply step inside ``unit``'s transaction.
 
     ``known`` is the flow's state as left by the previous step of the same
     transaction, which holds the write lock, so it cannot be stale; the new
-    one is returned after an apply.
+    one is returned after an apply.  ``notes``: where to put the log record
+    of the outcome, to be written once the transaction committed.
     """
+    result, state, source = _step(unit, rules, flow_id, known)
+    if notes is not None and result.status is not ApplyStatus.IDLE:
+        _note(notes, rules.consumer, result, source)
+    return result, state
+
+
+def _note(notes: list[Note], consumer: str, result: ApplyResult, source: dict[str, Any] | str | None) -> None:
+    """The log record of an outcome (``source``: the event, or the body of the
+    row waiting after a gap, parsed only here, when the record is wanted)."""
+    status = result.status
+    level = INFO if status is ApplyStatus.APPLIED or status is ApplyStatus.GAP else WARNING
+    if not CONSUMER.isEnabledFor(level):
+        return
+    event = json.loads(source) if isinstance(source, str) else source or {}
+    extra = observe.fields(result.event_id, result.flow_id, result.seq, status, consumer, event.get("meta"))
+    once: tuple[Any, ...] | None = None
+    if status is ApplyStatus.BLOCKED:
+        extra.update(reason=None if result.reason is None else str(result.reason), detail=result.detail)
+        once = ("blocked", result.event_id, result.reason)
+    elif status is ApplyStatus.GAP:  # the meta is the waiting event's
+        extra.update(detail=result.detail, waiting_event_id=event.get("event_id"), waiting_seq=event.get("seq"))
+        once = ("gap", result.flow_id, result.seq)
+    notes.append((CONSUMER, level, str(status), extra, once))
+
+
+def _step(
+    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None
+) -> tuple[ApplyResult, FlowState | None, dict[str, Any] | str | None]:
     protocol, schemas = rules.protocol, rules.schemas
     if known is None:
         known = unit.flow_state(flow_id) or FlowState(protocol.initial, 0, {})
     seq = known.seq + 1
     row = unit.next_row(flow_id, seq)
     if row is None:
-        return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known
+        return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known, None
     found_seq, event_id, body = row
     if found_seq != seq:
-        return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known
+        return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known, body
     event = json.loads(body)
     try:
         if event["schema"] not in schemas:
@@ -74,15 +105,15 @@ def apply_in(
             )
         new_data = protocol.next_data(known.state, known.data, event["kind"], event["schema"], event["payload"])
     except Rejected as rejected:
-        unit.block(event_id, rejected.reason)
+        unit.block(event_id, rejected.reason, rejected.detail, _now(rules))
         return ApplyResult(
             ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail
-        ), known
+        ), known, event
     new_state = event["kind"]
     view = protocol.view(new_state, new_data)
     if not rules.handlers:
         _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
-        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data)
+        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data), event
     try:
         # Under a nested step: a handler's payload error must leave nothing
         # of this apply behind, only the block.
@@ -90,11 +121,16 @@ def apply_in(
             _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
             _handle(unit, rules, event, body, event_id, flow_id, seq, known.state, new_state, new_data)
     except PayloadError as exc:
-        unit.block(event_id, BlockReason.INVALID_PAYLOAD)
+        unit.block(event_id, BlockReason.INVALID_PAYLOAD, str(exc), _now(rules))
         return ApplyResult(
             ApplyStatus.BLOCKED, flow_id, seq, event_id, BlockReason.INVALID_PAYLOAD, str(exc)
-        ), known
-    return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data)
+        ), known, event
+    return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data), event
+
+
+def _now(rules: ApplyRules) -> float | None:
+    """When a block happens, on the consumer's clock (None without one)."""
+    return None if rules.clock is None else rules.clock()
 
 
 def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_state: str,
@@ -107,10 +143,12 @@ def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_s
 
 def drain_flows(
     write: Callable[[], AbstractContextManager[InboxUnit]], rules: ApplyRules,
-    flows: list[str], limit: int, batch_size: int,
+    flows: list[str], limit: int, batch_size: int, observer: Observer | None = None,
 ) -> dict[str, DrainResult]:
     """Apply each flow's next steps until a gap, a block, idle or ``limit``,
-    ``batch_size`` applies to a transaction (opened by ``write``)."""
+    ``batch_size`` applies to a transaction (opened by ``write``).  The
+    ``observer`` counts the applies and logs each outcome after its commit."""
+    notes: list[Note] | None = [] if observer is not None and CONSUMER.isEnabledFor(WARNING) else None
     results: dict[str, DrainResult] = {}
     queue = iter(flows)
     flow = next(queue, None)
@@ -120,7 +158,7 @@ def drain_flows(
         with write() as unit:
             known: FlowState | None = None  # re-read in every new transaction
             while flow is not None and done_in_batch < batch_size:
-                last, known = apply_in(unit, rules, flow, known)
+                last, known = apply_in(unit, rules, flow, known, notes)
                 if last.status == ApplyStatus.APPLIED:
                     applied += 1
                     done_in_batch += 1
@@ -134,4 +172,7 @@ def drain_flows(
                 applied, last, known = 0, None, None
         if done_in_batch:
             crash_point("apply.after_commit")
+        if observer is not None:
+            observer.applied += done_in_batch
+            observer.emit(notes)
     return results

@@ -12,15 +12,18 @@ from ..store import InboxUnit
 __all__ = ["receive_in"]
 
 
-def receive_in(unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str) -> ReceiveResult:
-    """Decide and write one receive inside ``unit``'s transaction.
+def receive_in(
+    unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None = None
+) -> ReceiveResult:
+    """Decide and write one receive inside ``unit``'s transaction; a stored
+    row is stamped as received at ``now``.
 
     Raises :class:`InboxFull` (having written nothing) when ``max_inbox``
     unapplied rows are held and the event is not its flow's next step.
     """
     # The common case first: a new event is stored by one statement; only
     # when a unique key refused it do we look at why.
-    if max_inbox is None and unit.insert_new(env):
+    if max_inbox is None and unit.insert_new(env, now):
         crash_point("receive.after_inbox_insert")
         return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
     body = unit.body_of(env.event_id)
@@ -39,7 +42,7 @@ def receive_in(unit: InboxUnit, env: Envelope, max_inbox: int | None, location: 
         )
     if max_inbox is not None:
         _check_room(unit, env, max_inbox, location)
-    unit.insert(env)
+    unit.insert(env, now)
     crash_point("receive.after_inbox_insert")
     return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
 
@@ -52,5 +55,5 @@ def _check_room(unit: InboxUnit, env: Envelope, cap: int, location: str) -> None
         return  # the flow's very next step: refusing it could deadlock a full inbox
     raise InboxFull(
         f"{location} holds {used} unapplied events (max_inbox={cap}); "
-        f"event {env.flow_id!r} seq {env.seq} refused, nothing stored"
+        f"event {env.event_id!r} (flow {env.flow_id!r}, seq {env.seq}) refused, nothing stored"
     )

@@ -17,11 +17,14 @@ older than anything committed since, so it cannot be starved by new work.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ..crash import crash_point
-from ..delivery import DeliveryPolicy, claim_until, retry_after
+from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..errors import ConsumerMismatch, InboxFull, UnknownEvent
+from ..observe import INFO, RELAY, WARNING, body_fields, log
+from ..operations import RegistryAction
 from ..receiver import Answer, Receiver
 from ..statuses import (
     ReceiveResult,
@@ -32,28 +35,64 @@ from ..statuses import (
     RelayStatus,
 )
 from ..store import OutboxStore
+from .operate import unknown_consumer
 
 __all__ = ["relay_batch_to", "relay_to"]
 
 PLAIN = DeliveryPolicy(wait_for_due=False)
+_DELIVERED = (ReceiveStatus.ACCEPTED, ReceiveStatus.DUPLICATE)
+
+
+def _observe(consumer: str, marks: Sequence[tuple[int, ReceiveResult]], bodies: dict[int, str]) -> None:
+    """Log what the consumer answered, once the marks committed: delivered at
+    INFO, a conflict (the event is set aside) at WARNING."""
+    for pos, answer in marks:
+        body = bodies[pos]
+        delivered = answer.status in _DELIVERED
+        level = INFO if delivered else WARNING
+        if RELAY.isEnabledFor(level):
+            log(RELAY, level, str(answer.status) if delivered else f"set aside ({answer.status})",
+                body_fields(body, answer.status, consumer, reason=answer.reason))
+
+
+def _observe_failure(consumer: str, bodies: Sequence[str], exc: BaseException, level: int = WARNING) -> None:
+    """Log a send that failed (recorded, retried after a backoff)."""
+    if RELAY.isEnabledFor(level):
+        for body in bodies:
+            log(RELAY, level, "send failed, will retry", body_fields(body, "failed", consumer, error=error_text(exc)))
 
 
 def _outside_batch(store: OutboxStore) -> None:
-    # Inside an open producer.batch() the connection would read the batch's
-    # uncommitted events and hand them to the consumer: refuse.
+    # Inside an open transaction (a producer.batch(), or a protocol hook
+    # running during advance) the connection would read uncommitted events
+    # and hand them to the consumer: refuse.
     if store.in_transaction():
-        raise RuntimeError("relay() cannot run inside an open producer.batch(); relay after the block")
+        raise RuntimeError(
+            "relay() cannot run inside an open transaction of this producer (a batch, or a protocol "
+            "hook during advance); relay after it has committed"
+        )
 
 
-def _bind(store: OutboxStore, receiver: Receiver) -> None:
-    """Make sure the producer keeps delivery state for this consumer."""
+def _bind(store: OutboxStore, receiver: Receiver, register: bool = False) -> None:
+    """Make sure the producer keeps delivery state for this consumer: a
+    registered name is bound to the receiver's file on its first relay.  An
+    unknown name is registered only when asked (``register``), or when it is
+    the first consumer of a producer that has none."""
     name, uid = receiver.name, receiver.uid
     if store.known_binding(name, uid):
         return
     with store.write() as unit:
+        if not unit.is_registered(name):
+            first = not unit.has_consumers()
+            if not (register or first):
+                raise unknown_consumer(store.location, name, unit.consumers())
+            now = time.time()
+            unit.register_consumer(name, now, False)
+            why = "relay(register=True)" if register else "the producer's first consumer, on its first relay"
+            unit.record_registry_action(RegistryAction(now, name, "register", "relay", why))
         bound = unit.bound_uid(name)
         if bound is None:
-            unit.add_consumer(name, uid)
+            unit.bind_consumer(name, uid)
         elif bound != uid:
             raise ConsumerMismatch(
                 f"producer {store.location} delivers to a consumer named {name!r} "
@@ -116,14 +155,21 @@ def _answered(answer: Answer) -> ReceiveResult:
     return answer
 
 
+def _start(store: OutboxStore, receiver: Receiver, policy: DeliveryPolicy | None,
+           register: bool) -> tuple[DeliveryPolicy, str]:
+    """What every relay call does first: refuse inside an open transaction,
+    make sure the receiver is bound; the policy to use and the receiver's name."""
+    _outside_batch(store)
+    _bind(store, receiver, register)
+    return policy or PLAIN, receiver.name
+
+
 def relay_to(
-    store: OutboxStore, receiver: Receiver, event_id: str | None, policy: DeliveryPolicy | None
+    store: OutboxStore, receiver: Receiver, event_id: str | None, policy: DeliveryPolicy | None,
+    register: bool = False,
 ) -> RelayResult:
     """One event to ``receiver``; see :func:`reliable_flow.relay`."""
-    policy = policy or PLAIN
-    _outside_batch(store)
-    _bind(store, receiver)
-    name = receiver.name
+    policy, name = _start(store, receiver, policy, register)
     if event_id is None:
         if policy.lease_seconds is None:
             # No claim to write: pick the event and read its body in one query.
@@ -147,19 +193,20 @@ def relay_to(
         answer = _answered(receiver.accept(body))
     except Exception as exc:
         _record_failure(store, name, [pos], policy, exc)
+        _observe_failure(name, [body], exc)
         raise
     _mark(store, name, [(pos, answer)], policy.clock())
+    if answer.status not in _DELIVERED or RELAY.isEnabledFor(INFO):
+        _observe(name, [(pos, answer)], {pos: body})
     return _as_relay(answer)
 
 
 def relay_batch_to(
-    store: OutboxStore, receiver: Receiver, limit: int, policy: DeliveryPolicy | None
+    store: OutboxStore, receiver: Receiver, limit: int, policy: DeliveryPolicy | None,
+    register: bool = False,
 ) -> RelayBatchResult:
     """Up to ``limit`` events to ``receiver``; see :func:`reliable_flow.relay_batch`."""
-    policy = policy or PLAIN
-    _outside_batch(store)
-    _bind(store, receiver)
-    name = receiver.name
+    policy, name = _start(store, receiver, policy, register)
     picked = _claim(store, name, policy, policy.clock(), limit)
     if not picked:
         return RelayBatchResult((), {})
@@ -168,13 +215,17 @@ def relay_batch_to(
         answers = receiver.accept_many([bodies[pos] for pos in picked])
     except Exception as exc:
         _record_failure(store, name, picked, policy, exc)
+        _observe_failure(name, [bodies[pos] for pos in picked], exc)
         raise
     marks = [(pos, a) for pos, a in zip(picked, answers) if not isinstance(a, Refused)]
     refused = [pos for pos, a in zip(picked, answers) if isinstance(a, Refused)]
     if marks:
         _mark(store, name, marks, policy.clock())
+        _observe(name, marks, bodies)
     if refused:
-        _record_failure(store, name, refused, policy, InboxFull("inbox full (max_inbox)"))
+        full = InboxFull("inbox full (max_inbox)")
+        _record_failure(store, name, refused, policy, full)
+        _observe_failure(name, [bodies[pos] for pos in refused], full, INFO)
     results = tuple(_as_relay(a) for _, a in marks)
     counts: dict[str, int] = {}
     for r in results:

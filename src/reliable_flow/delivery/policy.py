@@ -66,15 +66,16 @@ class DeliveryPolicy:
     owner: str = field(default_factory=_owner)
 
     def __post_init__(self) -> None:
-        if self.lease_seconds is not None and not (
-            isinstance(self.lease_seconds, (int, float)) and not isinstance(self.lease_seconds, bool)
-            and self.lease_seconds > 0
-        ):
-            raise ValueError(f"lease_seconds must be None or a number > 0, got {self.lease_seconds!r}")
+        # Finite only: NaN or infinity would make every due time NaN or never.
+        if self.lease_seconds is not None:
+            try:
+                check_seconds("lease_seconds", self.lease_seconds, allow_zero=False)
+            except ValueError:
+                raise ValueError(
+                    f"lease_seconds must be None or a finite number > 0, got {self.lease_seconds!r}"
+                ) from None
         for name in ("backoff_base", "backoff_cap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            check_seconds(name, getattr(self, name), allow_zero=True)
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` consecutive failed sends (>= 1)."""

@@ -61,6 +61,14 @@ class EffectReads(Protocol):
     def unfed_effects(self, limit: int) -> list[Effect]:
         """Succeeded effects whose result still has to be fed back, oldest first."""
 
+    def next_effect_due_at(self, names: Collection[str]) -> float | None:
+        """The earliest ``due_at`` among effects of these ``names`` that an
+        executor will take up without an operator: ``pending``, ``running``
+        (its lease ends then) or ``in_doubt``; an ordered effect waiting behind
+        an earlier unresolved ordered effect of its flow does not count (the
+        earlier one's own time does, or it waits for an operator).  None
+        when there is no such effect."""
+
 
 class EffectUnit(EffectReads, Protocol):
     """Writes of the effect outbox, inside a consumer-side unit of work."""

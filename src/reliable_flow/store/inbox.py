@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..envelope import Envelope
+from ..operations import InboxAction, InboxRow
 from ..statuses import BlockReason, EffectRecord, InboxEntry
 from .base import Store
 from .effects import EffectReads, EffectUnit
-from .records import FlowState, NextRow
+from .records import FlowState, InboxCounts, NextRow
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
@@ -31,32 +32,48 @@ class InboxReads(EffectReads, Protocol):
         """The flow's effect records in apply order."""
 
     def inbox(self, flow_id: str) -> list[InboxEntry]:
-        """The flow's inbox rows by seq."""
+        """The flow's inbox rows by seq (a replaced row just before its replacement)."""
 
     def flows(self) -> list[str]:
         """Every flow with an inbox row, sorted."""
 
     def open_flows(self) -> list[str]:
-        """Flows with a row not yet applied, sorted."""
+        """Flows with a row still waiting (pending or blocked), sorted."""
+
+    def body_of(self, event_id: str) -> str | None:
+        """The stored body of ``event_id`` (in any state), or None."""
+
+    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[InboxRow]:
+        """The flow's rows at or after ``from_seq`` in full, ordered as :meth:`inbox`."""
+
+    def inbox_row(self, event_id: str) -> InboxRow | None:
+        """The row of ``event_id`` in full, or None."""
+
+    def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
+        """Recorded skips and replacements, oldest first; with ``event_id``,
+        those of that event or naming it as the replacement."""
+
+    def inbox_counts(self) -> InboxCounts:
+        """Rows per state, blocked rows per reason, flows stopped at a gap;
+        for metrics, one pass over the inbox."""
 
 
 class InboxUnit(InboxReads, EffectUnit, Protocol):
     """One write transaction on the consumer side: all of it commits, or none."""
 
-    def insert_new(self, env: Envelope) -> bool:
-        """Store the event as pending unless its id or (flow, seq) is taken; True if stored."""
+    def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
+        """Store the event as pending, received at ``received_at``, unless its
+        id or (flow, seq) is taken (by a row not replaced); True if stored."""
 
-    def insert(self, env: Envelope) -> None:
-        """Store the event as pending; a taken id or (flow, seq) raises the engine's integrity error."""
-
-    def body_of(self, event_id: str) -> str | None:
-        """The stored body of ``event_id``, or None."""
+    def insert(self, env: Envelope, received_at: float | None = None) -> None:
+        """Store the event as pending, received at ``received_at``; a taken id
+        or (flow, seq) raises the engine's integrity error."""
 
     def holder(self, flow_id: str, seq: int) -> str | None:
-        """The event id stored at (flow, seq), or None."""
+        """The event id holding (flow, seq) (a replaced row no longer does), or None."""
 
     def unapplied(self, cap: int) -> int:
-        """Rows not yet applied, counted up to ``cap``."""
+        """Rows still waiting (pending or blocked), counted up to ``cap``."""
 
     def last_seq(self, flow_id: str) -> int:
         """The flow's last applied seq (0 before any)."""
@@ -65,17 +82,31 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
         """The flow's applied state, last seq and data, or None."""
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
-        """The flow's first row at or after ``seq``, or None."""
+        """The flow's first row at or after ``seq`` that is not replaced, or None."""
 
-    def block(self, event_id: str, reason: BlockReason) -> None:
-        """Mark the row blocked for ``reason`` (writing nothing if it already is)."""
+    def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
+              now: float | None = None) -> None:
+        """Mark the row blocked for ``reason`` with ``detail`` (writing nothing
+        if it already is, for the same reason and detail); ``blocked_at``
+        becomes ``now`` only when the row was not blocked before."""
+
+    def set_skipped(self, event_id: str) -> None:
+        """Mark the row skipped (an operator moved its flow past it)."""
+
+    def set_replaced(self, event_id: str) -> None:
+        """Mark the row replaced: it keeps its id and body, and gives up its
+        (flow, seq) slot to a replacement stored next."""
+
+    def record_inbox_action(self, action: InboxAction) -> None:
+        """Append a skip or a replacement to the record."""
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
         """Create or replace the flow's projection."""
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
-        """The event's one effect record and its row marked applied; a second
-        effect for the event or (flow, seq) raises the engine's integrity error."""
+        """The event's one effect record and its row marked applied (reason and
+        detail cleared); a second effect for the event or (flow, seq) raises
+        the engine's integrity error."""
 
 
 class InboxStore(Store[InboxReads, InboxUnit], Protocol):

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from ..delivery import Retry
 from ..envelope import Envelope
+from ..operations import ConsumerEntry, RegistryAction
 from ..statuses import DeliveryState, OperatorAction, OutboxEntry
 from .base import Store
-from .records import FlowState, StoredEvent
+from .records import FlowState, OutboxCounts, StoredEvent
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
 
@@ -45,17 +46,34 @@ class OutboxReads(Protocol):
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         """Recorded operator actions, oldest first."""
 
+    def consumers(self) -> list[ConsumerEntry]:
+        """Every registered consumer, by name, with its pending and set-aside delivery counts."""
+
+    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+        """Recorded registrations and removals (of one name if given), oldest first."""
+
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
         """Positions of the oldest pending deliveries to ``consumer`` due at ``horizon``."""
 
     def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
         """The oldest due pending delivery's position and body, or None."""
 
+    def next_due_at(self, consumer: str) -> float | None:
+        """The earliest due time of a pending delivery to ``consumer`` (new:
+        at once; leased: when the lease ends; failed: after its backoff), or
+        None when nothing is pending for it (accepted, set aside and skipped
+        deliveries wait for nothing)."""
+
     def body_at(self, pos: int) -> str:
         """The body of the event at ``pos`` (which must exist)."""
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
         """Bodies of the events at ``positions``."""
+
+    def outbox_counts(self, now: float) -> OutboxCounts:
+        """Events, flows, bound consumers, and deliveries counted per consumer
+        and state (leases judged at ``now``); for metrics, one pass over the
+        deliveries."""
 
 
 class OutboxUnit(OutboxReads, Protocol):
@@ -84,10 +102,33 @@ class OutboxUnit(OutboxReads, Protocol):
         """A nested step: its writes vanish if it raises; the rest stays."""
 
     def bound_uid(self, name: str) -> str | None:
-        """The uid of the consumer file bound to ``name``, or None."""
+        """The uid of the consumer file bound to ``name``, or None (not
+        registered, or registered and not bound yet)."""
 
     def add_consumer(self, name: str, uid: str) -> None:
-        """Bind ``name`` to ``uid``; every committed event becomes pending for it."""
+        """Register ``name`` bound to ``uid`` at once (registration time
+        unknown); every committed event becomes pending for it."""
+
+    def has_consumers(self) -> bool:
+        """True if any consumer name is registered (bound or not)."""
+
+    def is_registered(self, name: str) -> bool:
+        """True if ``name`` is registered (bound or not)."""
+
+    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+        """Register ``name``, bound to no file yet, at ``now``.  Every event
+        committed before becomes pending for it, or, with ``from_now``, none
+        of them (it gets the events appended afterwards, like every
+        registered name).  A taken name raises the engine's integrity error."""
+
+    def bind_consumer(self, name: str, uid: str) -> None:
+        """Bind a registered name that has no file yet to ``uid``."""
+
+    def remove_consumer(self, name: str) -> None:
+        """Forget ``name``: its registration and every delivery to it."""
+
+    def record_registry_action(self, action: RegistryAction) -> None:
+        """Append a registration or removal to the record."""
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
         """Lease these deliveries to ``owner``: due again only at ``until``."""
@@ -123,4 +164,7 @@ class OutboxStore(Store[OutboxReads, OutboxUnit], Protocol):
         """True once this object has seen ``name`` bound to ``uid``."""
 
     def remember_binding(self, name: str, uid: str) -> None:
-        """Remember that ``name`` is bound to ``uid`` (bindings are never undone)."""
+        """Remember that ``name`` is bound to ``uid``."""
+
+    def forget_binding(self, name: str) -> None:
+        """Forget what this object remembered about ``name`` (it was removed)."""

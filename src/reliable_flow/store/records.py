@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FlowState", "NextRow", "StoredEvent"]
+__all__ = ["DeliveryCounts", "FlowState", "InboxCounts", "NextRow", "OutboxCounts", "StoredEvent"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +30,47 @@ class StoredEvent:
 #: The first inbox row of a flow at or after a seq: ``(seq, event_id, body)``.
 #: A plain tuple, as the engine returns it: apply asks for one per event.
 NextRow = tuple[int, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryCounts:
+    """The deliveries to one consumer in one state, counted (what metrics read).
+
+    ``retries``: attempts beyond each delivery's first; ``failing``: ones
+    whose last send failed (consecutive failures > 0); ``leased``: claimed
+    by a relay whose lease has not ended at the ``now`` asked about;
+    ``untried``: never sent (no attempt); ``oldest_touch``: the earliest
+    time one of them was last written (claimed, failed, marked, resolved),
+    None when none was written since it was committed.
+    """
+
+    consumer: str
+    state: str
+    count: int
+    retries: int
+    failing: int
+    leased: int
+    untried: int
+    oldest_touch: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxCounts:
+    """The producer side counted: events, flows, the consumers bound, and
+    their deliveries per state (a consumer with no delivery has no group)."""
+
+    events: int
+    flows: int
+    consumers: tuple[str, ...]
+    deliveries: tuple[DeliveryCounts, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InboxCounts:
+    """The consumer side counted: inbox rows per state (only states with
+    rows), blocked rows per reason, and flows stopped at a gap (their first
+    unapplied row is past ``last_seq + 1``)."""
+
+    by_state: dict[str, int]
+    blocked: dict[str, int]
+    gaps: int

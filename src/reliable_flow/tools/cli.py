@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -13,6 +14,22 @@ from typing import Any
 from .. import __version__
 
 __all__ = ["main"]
+
+
+def _seconds(allow_zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, > 0 (or >= 0 with ``allow_zero``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,13 +61,44 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect = sub.add_parser(
         "inspect",
-        help="summarise a producer file and a consumer file (read only)",
+        help="summarise a producer file and a consumer file, or why one flow / event is stuck (read only)",
         description="Flows, undelivered and set-aside events per consumer, inbox pending / "
-                    "blocked (with reasons) / applied, and gaps per flow. Never writes.",
+                    "blocked (with reasons) / applied, and gaps per flow; with --flow or --event, that "
+                    "flow or event on both sides. Never writes. Exits 1 when something is blocked, set "
+                    "aside, or stuck longer than --stuck-after (for alerts), 2 on an error. "
+                    "See docs/operations.md.",
     )
     inspect.add_argument("producer", metavar="PRODUCER_DB")
     inspect.add_argument("consumer", metavar="CONSUMER_DB")
     inspect.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
+    focus = inspect.add_mutually_exclusive_group()
+    focus.add_argument("--flow", metavar="FLOW_ID", help="why this flow waits, on both sides")
+    focus.add_argument("--event", metavar="EVENT_ID", help="this event on both sides")
+    inspect.add_argument("--stuck-after", type=_seconds(True), default=300.0, metavar="SECONDS",
+                         help="a gap, or a next step pending, older than this is stuck (default 300)")
+    compare = sub.add_parser(
+        "compare",
+        help="compare each consumer's projections with the producer's flows (read only)",
+        description="Producer flow (state, seq) against each consumer's projection (state, last_seq), "
+                    "flows missing on either side, a consumer ahead of the producer. Never writes. "
+                    "Exits 1 on a difference no recorded operator action explains, 2 on an error.",
+    )
+    compare.add_argument("producer", metavar="PRODUCER_DB")
+    compare.add_argument("consumers", metavar="CONSUMER_DB", nargs="+")
+    compare.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
+    metrics = sub.add_parser(
+        "metrics",
+        help="the metrics snapshot of a producer file and a consumer file (read only)",
+        description="Pending / set-aside / skipped deliveries per consumer with retries and the oldest "
+                    "pending age, inbox rows by state, blocked by reason, gaps, effects by state. "
+                    "Never writes. See docs/operations.md, 'Logs and metrics'.",
+    )
+    metrics.add_argument("producer", metavar="PRODUCER_DB")
+    metrics.add_argument("consumer", metavar="CONSUMER_DB")
+    metrics_format = metrics.add_mutually_exclusive_group()
+    metrics_format.add_argument("--prometheus", action="store_true",
+                                help="the Prometheus text exposition format instead of text")
+    metrics_format.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     run = sub.add_parser(
         "run",
         help="relay and apply continuously until SIGTERM / SIGINT",
@@ -70,29 +118,84 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--effects", metavar="MODULE:ATTR",
                      help="an Effects registry: the consumers may schedule these effects and the worker runs them")
     run.add_argument("--app-schema", metavar="MODULE:ATTR", help="the application's own tables (an AppSchema)")
-    run.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="relay lease (default 30)")
-    run.add_argument("--effect-lease", type=float, default=30.0, metavar="SECONDS",
+    run.add_argument("--lease", type=_seconds(False), default=30.0, metavar="SECONDS",
+                     help="relay lease (default 30)")
+    run.add_argument("--effect-lease", type=_seconds(False), default=30.0, metavar="SECONDS",
                      help="effect lease, longer than any effect function's own timeout (default 30)")
-    run.add_argument("--idle-sleep", type=float, default=0.5, metavar="SECONDS")
-    run.add_argument("--report-every", type=float, default=10.0, metavar="SECONDS",
+    run.add_argument("--idle-sleep", type=_seconds(True), default=0.5, metavar="SECONDS",
+                     help="how long to sleep after a pass that found nothing (default 0.5)")
+    run.add_argument("--report-every", type=_seconds(True), default=10.0, metavar="SECONDS",
                      help="print progress counts to stderr this often (0: only at exit)")
-    run.add_argument("--once", action="store_true", help="run one pass and exit")
+    run.add_argument("--register", action="store_true",
+                     help="register consumer names the producer does not know yet (each gets every event "
+                          "from the first one); without it an unknown name is refused, except the first "
+                          "consumer of a producer that has none")
+    until = run.add_mutually_exclusive_group()
+    until.add_argument("--once", action="store_true",
+                       help="run one pass and exit: at most 100 relays per consumer (the worker's "
+                            "relay_batch), then apply and effects once; not 'until idle': events leased or "
+                            "backing off are left for later")
+    until.add_argument("--until-idle", action="store_true",
+                       help="run passes until one does no work and nothing waits for a lease or backoff "
+                            "to end (waiting those out), then exit 0")
     return parser
 
 
-def _inspect(producer: str, consumer: str, as_json: bool) -> int:
+def _inspect(args: argparse.Namespace) -> int:
     from ..errors import ReliableFlowError
+    from .drilldown import event_report, flow_report, format_event_report, format_flow_report
     from .inspection import format_report, inspect_files
 
     try:
-        report = inspect_files(producer, consumer)
+        if args.flow is not None:
+            report = flow_report(args.producer, args.consumer, args.flow, stuck_after=args.stuck_after)
+            text = format_flow_report
+        elif args.event is not None:
+            report = event_report(args.producer, args.consumer, args.event, stuck_after=args.stuck_after)
+            text = format_event_report
+        else:
+            report = inspect_files(args.producer, args.consumer, stuck_after=args.stuck_after)
+            text = format_report
     except (ReliableFlowError, FileNotFoundError) as exc:
         print(f"inspect: {exc}", file=sys.stderr)
         return 2
-    if as_json:
+    if args.json:
         sys.stdout.write(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
-        print(format_report(report))
+        print(text(report))
+    return 1 if report["attention"] else 0
+
+
+def _compare(producer: str, consumers: list[str], as_json: bool) -> int:
+    from ..errors import ReliableFlowError
+    from .compare import compare_files, dumps, format_comparison
+
+    try:
+        report = compare_files(producer, consumers)
+    except (ReliableFlowError, FileNotFoundError) as exc:
+        print(f"compare: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(dumps(report) if as_json else format_comparison(report) + "\n")
+    return 1 if report["differences"] else 0
+
+
+def _metrics(producer: str, consumer: str, prometheus: bool, as_json: bool) -> int:
+    from ..errors import ReliableFlowError
+    from ..metrics import prometheus_text
+    from .metrics_report import format_metrics, metrics_files
+
+    try:
+        p, c = metrics_files(producer, consumer)
+    except (ReliableFlowError, FileNotFoundError) as exc:
+        print(f"metrics: {exc}", file=sys.stderr)
+        return 2
+    if prometheus:
+        sys.stdout.write(prometheus_text([p, c]))
+    elif as_json:
+        report = {"producer": p.as_dict(), "consumer": c.as_dict()}
+        sys.stdout.write(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    else:
+        print(format_metrics(p, c))
     return 0
 
 
@@ -185,16 +288,30 @@ def _run(args: argparse.Namespace) -> int:
     policy = DeliveryPolicy(lease_seconds=args.lease)
     effect_policy = DeliveryPolicy(lease_seconds=args.effect_lease)
     executors = [EffectExecutor(c, policy=effect_policy, producer=producer) for c in consumers] if "effects" in app else []
-    worker = Worker(
-        producer, consumers, policy=policy, idle_sleep=args.idle_sleep, on_pass=report, executors=executors,
-    )
     try:
-        stats = worker.run(max_passes=1 if args.once else None)
+        worker = Worker(
+            producer, consumers, policy=policy, idle_sleep=args.idle_sleep, on_pass=report, executors=executors,
+            register=args.register,
+        )
+    except ReliableFlowError as exc:  # a consumer name the producer has not registered
+        for c in consumers:
+            c.close()
+        producer.close()
+        print(f"run: {exc}", file=sys.stderr)
+        return 2
+    failure: ReliableFlowError | None = None
+    try:
+        worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
+    except ReliableFlowError as exc:  # the worker raises only what retrying cannot heal
+        failure = exc
     finally:
         for c in consumers:
             c.close()
         producer.close()
-    print(f"run: stopped: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    if failure is not None:
+        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 
@@ -237,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "experiment":
         return _experiment(args.output, args.check)
     if args.command == "inspect":
-        return _inspect(args.producer, args.consumer, args.json)
+        return _inspect(args)
+    if args.command == "compare":
+        return _compare(args.producer, args.consumers, args.json)
+    if args.command == "metrics":
+        return _metrics(args.producer, args.consumer, args.prometheus, args.json)
     if args.command == "run":
         return _run(args)
     parser.print_help(sys.stderr)

@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from ..statuses import EffectState
+from ..core.operate import why_waiting
+from ..operations import FlowWait
+from ..statuses import EffectState, InboxState
 from ..store.sqlite.connection import PathLike
+from .drilldown import (
+    DEFAULT_STUCK_AFTER,
+    attention_lines,
+    consumer_attention,
+    opened,
+    set_aside_attention,
+)
 from .snapshot import snapshot
 
 __all__ = ["format_report", "inspect_files"]
 
 
-def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str, Any]:
+def inspect_files(producer_path: PathLike, consumer_path: PathLike, *,
+                  stuck_after: float = DEFAULT_STUCK_AFTER, now: float | None = None) -> dict[str, Any]:
     """A summary of both files, read without writing to either.
 
     Keys: ``producer`` (flow and event counts, per consumer the pending and
-    set-aside events), ``consumer`` (inbox counts by state, blocked events
-    with reasons, flows stopped at a gap).
+    set-aside events, the consumer registry), ``consumer`` (inbox counts by
+    state, blocked events with reasons and details, flows stopped at a gap,
+    why each open flow waits), ``attention`` (what is blocked, set aside, or
+    ready / at a gap for ``stuck_after`` seconds or more at ``now``; see
+    docs/operations.md for every key).
     """
     snap = snapshot(producer_path, consumer_path)
     prod, cons = snap["producer"], snap["consumer"]
@@ -44,20 +59,22 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
             "accepted": accepted, "pending": pending, "set_aside": set_aside, "skipped": skipped,
         }
 
-    counts = {"pending": 0, "blocked": 0, "applied": 0}
+    counts = {state.value: 0 for state in InboxState}
     blocked, gaps = [], []
     for flow_id, rows in cons["inbox"].items():
         for row in rows:
             counts[row["state"]] += 1
             if row["state"] == "blocked":
                 blocked.append({"flow_id": flow_id, "event_id": row["event_id"], "seq": row["seq"],
-                                "reason": row["reason"]})
+                                "reason": row["reason"], "meta": row.get("meta", {})})
         projection = cons["projections"].get(flow_id)
         next_seq = (projection["last_seq"] if projection else 0) + 1
         present = {row["seq"] for row in rows}
         waiting = sorted(s for s in present if s > next_seq)
         if next_seq not in present and waiting:
-            gaps.append({"flow_id": flow_id, "missing_seq": next_seq, "waiting": waiting})
+            metas = {row["seq"]: row.get("meta", {}) for row in rows}
+            gaps.append({"flow_id": flow_id, "missing_seq": next_seq, "waiting": waiting,
+                         "meta": [metas[s] for s in waiting]})  # of the waiting events, in order
 
     outbox = cons["effect_outbox"]
     effect_counts = {state.value: 0 for state in EffectState}
@@ -70,7 +87,7 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
         if e["state"] in (EffectState.RUNNING, EffectState.IN_DOUBT, EffectState.UNKNOWN, EffectState.DEAD)
         or (e["state"] == EffectState.PENDING and e["failures"])
     ]
-    return {
+    report: dict[str, Any] = {
         "producer": {
             "protocol": prod["protocol"],
             "flows": len(prod["flows"]),
@@ -90,6 +107,40 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike) -> dict[str,
                         "actions": cons["effect_actions"]},
         },
     }
+    _add_operations(report, producer_path, consumer_path, stuck_after, time.time() if now is None else now)
+    return report
+
+
+def _add_operations(report: dict[str, Any], producer_path: PathLike, consumer_path: PathLike,
+                    stuck_after: float, now: float) -> None:
+    """The registry, why each open flow waits, the operators' skips and
+    replacements, and what needs attention (read after the snapshot)."""
+    with opened(producer_path, consumer_path) as (p, c):
+        registry = [asdict(entry) for entry in p.consumers()]
+        registry_actions = [asdict(a) for a in p.registry_actions()]
+        name = c.meta().get("name")
+        waits = [why_waiting(c, flow) for flow in c.open_flows()]
+        actions = [asdict(a) for a in c.inbox_actions()]
+    prod, cons = report["producer"], report["consumer"]
+    prod["registry"], prod["registry_actions"] = registry, registry_actions
+    rows = {row.event_id: row for w in waits for row in w.rows}
+    for item in cons["blocked"]:
+        row = rows.get(item["event_id"])
+        item["detail"], item["blocked_at"] = (None, None) if row is None else (row.detail, row.blocked_at)
+    since = {w.flow_id: w.since for w in waits}
+    for item in cons["gaps"]:
+        item["since"] = since.get(item["flow_id"])
+    cons["waiting"] = [
+        {"flow_id": w.flow_id, "wait": w.wait.value, "next_seq": w.next_seq, "since": w.since,
+         "reason": None if w.reason is None else w.reason.value, "detail": w.detail}
+        for w in waits if w.wait is not FlowWait.IDLE
+    ]
+    cons["actions"] = actions
+    attention = [item for w in waits if (item := consumer_attention(name, w, now, stuck_after)) is not None]
+    for consumer, d in prod["consumers"].items():
+        attention += [set_aside_attention(consumer, e["flow_id"], e["seq"], e["event_id"], e["last_status"])
+                      for e in d["set_aside"]]
+    report["attention"], report["stuck_after"], report["checked_at"] = attention, stuck_after, now
 
 
 def _when(seconds: float) -> str:
@@ -101,6 +152,11 @@ def _when(seconds: float) -> str:
 
 def _rows(items: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return ["    " + "  ".join(f"{k}={item[k]}" for k in keys) for item in items]
+
+
+def _with_meta(items: list[dict[str, Any]]) -> list[str]:
+    """Show the events' meta (correlation ids ...) in the text only when some has one."""
+    return ["meta"] if any(any(m) if isinstance(m, list) else m for m in (i.get("meta") for i in items)) else []
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -125,17 +181,22 @@ def format_report(report: dict[str, Any]) -> str:
     if p["operator_actions"]:
         lines.append("  operator actions:")
         lines += _rows(p["operator_actions"], ["action", "event_id", "consumer", "actor", "reason"])
+    lines += _registry_lines(p)
     inbox = c["inbox"]
     lines.append(
         f"consumer {c['name']!r} ({c['protocol']}): {c['flows']} flows; inbox {inbox['pending']} pending, "
         f"{inbox['blocked']} blocked, {inbox['applied']} applied"
+        + "".join(f", {inbox[s]} {s}" for s in ("skipped", "replaced") if inbox.get(s))
     )
     if c["blocked"]:
         lines.append("  blocked (the flow stops here until fixed or upgraded):")
-        lines += _rows(c["blocked"], ["flow_id", "seq", "event_id", "reason"])
+        lines += _rows(c["blocked"], ["flow_id", "seq", "event_id", "reason"] + _with_meta(c["blocked"]))
+        lines += [f"      {b['detail']} (blocked since {_when(b['blocked_at'] or 0)})" for b in c["blocked"]
+                  if b.get("detail")]
     if c["gaps"]:
         lines.append("  gaps (waiting for a missing seq):")
-        lines += _rows(c["gaps"], ["flow_id", "missing_seq", "waiting"])
+        shown_gaps = [{**g, "since": _when(g.get("since") or 0)} for g in c["gaps"]]
+        lines += _rows(shown_gaps, ["flow_id", "missing_seq", "waiting", "since"] + _with_meta(c["gaps"]))
     if not c["blocked"] and not c["gaps"]:
         lines.append("  no blocked events, no gaps")
     effects = c["effects"]
@@ -149,4 +210,18 @@ def format_report(report: dict[str, Any]) -> str:
         if effects["actions"]:
             lines.append("  operator actions on effects:")
             lines += _rows(effects["actions"], ["action", "key", "actor", "reason"])
-    return "\n".join(lines)
+    if c.get("actions"):
+        lines.append("  operator actions (skip / replace):")
+        lines += _rows(c["actions"], ["action", "event_id", "replacement_event_id", "actor", "reason"])
+    return "\n".join(lines + attention_lines(report))
+
+
+def _registry_lines(p: dict[str, Any]) -> list[str]:
+    """Registered names not yet bound to a file (no relay reached them: a typo?), and registry changes."""
+    lines = [f"  consumer {r['name']!r} is registered but no relay has reached it yet (a typo?): "
+             f"backlog {r['backlog']}" for r in p.get("registry", []) if not r["bound"]]
+    by_people = [a for a in p.get("registry_actions", []) if a["actor"] != "relay"]
+    if by_people:
+        lines.append("  registry changes by operators:")
+        lines += _rows(by_people, ["action", "consumer", "actor", "reason"])
+    return lines

@@ -29,6 +29,7 @@ from ...errors import (
     WrongProcess,
 )
 from .errors import BEGIN_RETRIES, SQLITE_BUSY, SQLITE_LOCKED, primary_code, reraise, storage_error
+from .guards import check_outside_transaction, check_thread, opener
 from .schema import CONSUMER, PRODUCER, FileKind
 
 __all__ = [
@@ -96,6 +97,8 @@ class Database:
         self.path = os.fspath(path)
         if not isinstance(self.path, str) or self.path in ("", ":memory:") or self.path.startswith("file:"):
             raise ValueError(f"path must name a file on disk, got {path!r}")
+        # Absolute from now on, so that reopen() after an os.chdir() opens this same file.
+        self.path = os.path.abspath(self.path)
         self.kind = kind
         self._busy_timeout = float(busy_timeout)
         self._on_create = on_create
@@ -105,18 +108,22 @@ class Database:
         self._conn: sqlite3.Connection | None = None
         self._reopen_on_use = False
         self._pid = os.getpid()
+        self._thread = opener()
         self._conn = self._open()
 
     # -- opening --------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
+        if os.path.isdir(self.path):
+            raise WrongFile(f"{self.path} is a directory, not a {self.kind.name} file; give the path of a file")
         if not self._create and not Path(self.path).is_file():
             raise FileNotFoundError(f"no {self.kind.name} file at {self.path}")
         try:
             if self._readonly:
                 # mode=ro: a reader must never checkpoint or delete the -wal
                 # file, which closing a read-write connection may do.
-                uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+                # Quote the bytes: a name that is not valid UTF-8 holds surrogates as a str.
+                uri = "file:" + urllib.parse.quote(os.fsencode(self.path)) + "?mode=ro"
                 conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self._busy_timeout)
             else:
                 conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
@@ -236,6 +243,7 @@ class Database:
                 f"this {self.kind.name} object for {self.path} was opened in process {self._pid} "
                 f"and is used in process {os.getpid()} (after fork?); call reopen() first"
             )
+        check_thread(self._thread, self.kind.name, self.path)
         if self._conn is None:
             if not self._reopen_on_use:
                 raise StorageError(f"the {self.kind.name} file {self.path} is closed; call reopen()")
@@ -275,6 +283,7 @@ class Database:
     @contextmanager
     def _write(self, durable: bool, view: Callable[[sqlite3.Connection], View]) -> Iterator[View]:
         conn = self.conn
+        check_outside_transaction(conn, self.kind.name, self.path)
         try:
             if not durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -303,6 +312,7 @@ class Database:
     @contextmanager
     def _read(self, view: Callable[[sqlite3.Connection], View]) -> Iterator[View]:
         conn = self.conn
+        check_outside_transaction(conn, self.kind.name, self.path)
         conn.execute("BEGIN")
         try:
             yield view(conn)
@@ -316,16 +326,19 @@ class Database:
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""
         if self._conn is not None and os.getpid() == self._pid:
+            check_thread(self._thread, self.kind.name, self.path)
             self._conn.close()
         self._conn = None
 
     def reopen(self) -> None:
         """Open a fresh connection in this process; use it in a child after fork()."""
         if os.getpid() == self._pid and self._conn is not None:
+            check_thread(self._thread, self.kind.name, self.path)
             self._conn.close()
         self._conn = None  # never close a connection inherited across fork()
         self._reopen_on_use = False
         self._pid = os.getpid()
+        self._thread = opener()
         self._conn = self._open()
 
 

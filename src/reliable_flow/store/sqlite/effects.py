@@ -13,7 +13,7 @@ from typing import Any
 from ...statuses import Effect, EffectAction, EffectState
 from ..effects import EFFECT_COLUMNS, NewEffect
 
-__all__ = ["DUE_EFFECTS", "SqliteEffects"]
+__all__ = ["DUE_EFFECTS", "NEXT_EFFECT_DUE", "SqliteEffects"]
 
 _REFUSED_ACTIONS = frozenset({
     sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH,
@@ -37,6 +37,16 @@ DUE_EFFECTS = (
     "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
     "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
     "ORDER BY e.due_at, e.id LIMIT ?"
+)
+
+# The earliest time DUE_EFFECTS will pick something up (same predicates, any time).
+NEXT_EFFECT_DUE = (
+    "SELECT e.due_at FROM effect_outbox e INDEXED BY effect_due "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.name IN ({names}) "
+    "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
+    "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
+    "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
+    "ORDER BY e.due_at, e.id LIMIT 1"
 )
 
 
@@ -101,6 +111,13 @@ class SqliteEffects:
             return []
         sql = DUE_EFFECTS.format(names=",".join("?" * len(chosen)))
         return [_effect(r) for r in self._conn.execute(sql, (now, *chosen, limit))]
+
+    def next_effect_due_at(self, names: Collection[str]) -> float | None:
+        chosen = sorted(names)
+        if not chosen:
+            return None
+        row = self._conn.execute(NEXT_EFFECT_DUE.format(names=",".join("?" * len(chosen))), chosen).fetchone()
+        return None if row is None else float(row[0])
 
     def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
         unknown = set(changes) - EFFECT_COLUMNS

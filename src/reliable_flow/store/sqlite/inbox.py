@@ -14,10 +14,11 @@ from typing import Any
 
 from ...envelope import Envelope
 from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
-from ..records import FlowState, NextRow
+from ..records import FlowState, InboxCounts, NextRow
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .effects import SqliteEffects
+from .inbox_admin import SqliteInboxAdmin
 from .schema import CONSUMER
 
 __all__ = ["NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
@@ -27,24 +28,35 @@ _APPLIED = InboxState.APPLIED.value
 
 # The hot queries, named so tests can check their plans use an index.
 # NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
-# of the flow at or after last_seq + 1 (later rows exist only past a gap).
-NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? ORDER BY seq LIMIT 1"
-OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state <> 'applied' ORDER BY flow_id"
-_INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)"
+# of the flow at or after last_seq + 1 (later rows exist only past a gap)
+# that holds its slot (live = 1: not replaced).
+NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 ORDER BY seq LIMIT 1"
+OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
+_INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (?, ?, ?, ?, ?)"
 _UPSERT_PROJECTION = (
     "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
     "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
 )
+# Metrics.  A flow is at a gap when its first row still waiting (pending or
+# blocked) is past last_seq + 1.
+_INBOX_COUNTS = "SELECT state, reason, count(*) FROM inbox GROUP BY state, reason"
+_GAPS = (
+    "SELECT count(*) FROM (SELECT flow_id, min(seq) AS first FROM inbox WHERE state IN ('pending','blocked') "
+    "GROUP BY flow_id) o LEFT JOIN projection p ON p.flow_id = o.flow_id "
+    "WHERE o.first > coalesce(p.last_seq, 0) + 1"
+)
 # Only a change is written: re-examining an unchanged block then costs no
 # fsync (a transaction without writes commits for free).
+# blocked_at keeps the time the row first became blocked.
 _BLOCK = (
-    f"UPDATE inbox SET state = '{_BLOCKED}', reason = ? "
-    f"WHERE event_id = ? AND (state <> '{_BLOCKED}' OR reason IS NOT ?)"
+    f"UPDATE inbox SET blocked_at = CASE WHEN state = '{_BLOCKED}' THEN blocked_at ELSE ? END, "
+    f"state = '{_BLOCKED}', reason = ?, detail = ? "
+    f"WHERE event_id = ? AND (state <> '{_BLOCKED}' OR reason IS NOT ? OR detail IS NOT ?)"
 )
 
 
-class SqliteInbox(SqliteEffects):
+class SqliteInbox(SqliteEffects, SqliteInboxAdmin):
     """The consumer file's tables, seen through one connection."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -52,29 +64,25 @@ class SqliteInbox(SqliteEffects):
 
     # -- receive --------------------------------------------------------------------
 
-    def insert_new(self, env: Envelope) -> bool:
+    def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken; True if stored."""
         return bool(self._conn.execute(_INSERT + " ON CONFLICT DO NOTHING",
-                                       (env.event_id, env.flow_id, env.seq, env.body)).rowcount)
+                                       (env.event_id, env.flow_id, env.seq, env.body, received_at)).rowcount)
 
-    def insert(self, env: Envelope) -> None:
-        self._conn.execute(_INSERT, (env.event_id, env.flow_id, env.seq, env.body))
-
-    def body_of(self, event_id: str) -> str | None:
-        row = self._conn.execute("SELECT body FROM inbox WHERE event_id = ?", (event_id,)).fetchone()
-        return None if row is None else str(row[0])
+    def insert(self, env: Envelope, received_at: float | None = None) -> None:
+        self._conn.execute(_INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
 
     def holder(self, flow_id: str, seq: int) -> str | None:
-        """The event id stored at (flow, seq), if any."""
+        """The event id holding (flow, seq), if any (a replaced row does not)."""
         row = self._conn.execute(
-            "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", (flow_id, seq)
+            "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ? AND live = 1", (flow_id, seq)
         ).fetchone()
         return None if row is None else str(row[0])
 
     def unapplied(self, cap: int) -> int:
-        """Rows not yet applied, counted up to ``cap``."""
+        """Rows still waiting (pending or blocked), counted up to ``cap``."""
         return int(self._conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state <> 'applied' LIMIT ?)", (cap,)
+            "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state IN ('pending','blocked') LIMIT ?)", (cap,)
         ).fetchone()[0])
 
     def last_seq(self, flow_id: str) -> int:
@@ -93,8 +101,9 @@ class SqliteInbox(SqliteEffects):
         row: NextRow | None = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
         return row
 
-    def block(self, event_id: str, reason: BlockReason) -> None:
-        self._conn.execute(_BLOCK, (reason.value, event_id, reason.value))
+    def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
+              now: float | None = None) -> None:
+        self._conn.execute(_BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
         self._conn.execute(_UPSERT_PROJECTION, (flow_id, state, seq, data, view))
@@ -104,7 +113,9 @@ class SqliteInbox(SqliteEffects):
         self._conn.execute(
             "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)", (event_id, flow_id, seq, kind)
         )
-        self._conn.execute(f"UPDATE inbox SET state = '{_APPLIED}', reason = NULL WHERE event_id = ?", (event_id,))
+        self._conn.execute(
+            f"UPDATE inbox SET state = '{_APPLIED}', reason = NULL, detail = NULL WHERE event_id = ?", (event_id,)
+        )
 
     def open_flows(self) -> list[str]:
         return [r[0] for r in self._conn.execute(OPEN_FLOWS)]
@@ -132,14 +143,25 @@ class SqliteInbox(SqliteEffects):
 
     def inbox(self, flow_id: str) -> list[InboxEntry]:
         return [
-            InboxEntry(r[0], r[1], InboxState(r[2]), None if r[3] is None else BlockReason(r[3]))
+            InboxEntry(r[0], r[1], InboxState(r[2]), None if r[3] is None else BlockReason(r[3]),
+                       dict(json.loads(r[4]).get("meta", {})))
             for r in self._conn.execute(
-                "SELECT event_id, seq, state, reason FROM inbox WHERE flow_id = ? ORDER BY seq", (flow_id,)
+                "SELECT event_id, seq, state, reason, body FROM inbox WHERE flow_id = ? ORDER BY seq, live", (flow_id,)
             )
         ]
 
     def flows(self) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
+
+    def inbox_counts(self) -> InboxCounts:
+        """Counts for metrics; call inside a read transaction for one snapshot."""
+        by_state: dict[str, int] = {}
+        blocked: dict[str, int] = {}
+        for state, reason, n in self._conn.execute(_INBOX_COUNTS):
+            by_state[state] = by_state.get(state, 0) + int(n)
+            if state == _BLOCKED and reason is not None:
+                blocked[reason] = blocked.get(reason, 0) + int(n)
+        return InboxCounts(by_state, blocked, int(self._conn.execute(_GAPS).fetchone()[0]))
 
 
 class SqliteInboxStore(SqliteStore[SqliteInbox]):

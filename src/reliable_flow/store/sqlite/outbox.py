@@ -20,13 +20,14 @@ from ...delivery import Retry
 from ...envelope import Envelope
 from ...errors import StorageError
 from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
-from ..records import FlowState, StoredEvent
+from ..records import DeliveryCounts, FlowState, OutboxCounts, StoredEvent
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
+from .registry import SqliteRegistry
 from .schema import PRODUCER
 
-__all__ = ["NEXT_DUE", "NEXT_DUE_BODY", "SqliteOutbox", "SqliteOutboxStore"]
+__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "SqliteOutbox", "SqliteOutboxStore"]
 
 _PENDING = DeliveryState.PENDING.value
 _ACCEPTED = DeliveryState.ACCEPTED.value
@@ -43,6 +44,7 @@ NEXT_DUE_BODY = (
     "SELECT d.pos, o.body FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
     "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT 1"
 )
+NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
 _UPSERT_FLOW = (
     "INSERT INTO flow(flow_id, seq, state, data) VALUES (?, ?, ?, ?) "
     "ON CONFLICT(flow_id) DO UPDATE SET seq = excluded.seq, state = excluded.state, data = excluded.data"
@@ -56,6 +58,13 @@ _MARK_CONFLICT = (
     f"UPDATE delivery SET state = CASE state WHEN '{_ACCEPTED}' THEN state ELSE '{_SET_ASIDE}' END, "
     "last_status = ?, attempts = attempts + 1, lease_owner = NULL, updated_at = ? "
     "WHERE consumer = ? AND pos = ?"
+)
+# Metrics: one pass over the deliveries, grouped.  A lease counts while its
+# owner is set and its due time (the lease's end) is still ahead.
+_DELIVERY_COUNTS = (
+    "SELECT consumer, state, count(*), total(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END), "
+    "total(failures > 0), total(lease_owner IS NOT NULL AND due_at > ?), total(attempts = 0), min(updated_at) "
+    "FROM delivery GROUP BY consumer, state ORDER BY consumer, state"
 )
 # Through the consumer table, so each (consumer, pos) is a key lookup rather
 # than a scan of every delivery.
@@ -78,7 +87,7 @@ def _summary(chosen: dict[str, DeliveryRecord]) -> DeliveryState:
     return DeliveryState.PENDING
 
 
-class SqliteOutbox:
+class SqliteOutbox(SqliteRegistry):
     """The producer file's tables, seen through one connection."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -146,7 +155,7 @@ class SqliteOutbox:
 
     def bound_uid(self, name: str) -> str | None:
         row = self._conn.execute("SELECT uid FROM consumer WHERE name = ?", (name,)).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None or row[0] is None else str(row[0])
 
     def add_consumer(self, name: str, uid: str) -> None:
         """Bind a consumer name to a file; every event already committed is pending for it."""
@@ -160,6 +169,10 @@ class SqliteOutbox:
     def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
         row = self._conn.execute(NEXT_DUE_BODY, (consumer, horizon)).fetchone()
         return None if row is None else (int(row[0]), str(row[1]))
+
+    def next_due_at(self, consumer: str) -> float | None:
+        due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
+        return None if due is None else float(due)
 
     def body_at(self, pos: int) -> str:
         return str(self._conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()[0])
@@ -269,6 +282,20 @@ class SqliteOutbox:
             ))
         return out
 
+    def outbox_counts(self, now: float) -> OutboxCounts:
+        """Counts for metrics; call inside a read transaction for one snapshot."""
+        groups = tuple(
+            DeliveryCounts(str(c), str(st), int(n), int(retries), int(failing), int(leased), int(untried),
+                           None if touch is None else float(touch))
+            for c, st, n, retries, failing, leased, untried, touch in self._conn.execute(_DELIVERY_COUNTS, (now,))
+        )
+        return OutboxCounts(
+            int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]),
+            int(self._conn.execute("SELECT count(*) FROM flow").fetchone()[0]),
+            tuple(r[0] for r in self._conn.execute("SELECT name FROM consumer ORDER BY name")),
+            groups,
+        )
+
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE event_id = ?", (event_id,)) if event_id is not None else ("", ())
         return [
@@ -312,3 +339,6 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox]):
 
     def remember_binding(self, name: str, uid: str) -> None:
         self._bound.add((name, uid))
+
+    def forget_binding(self, name: str) -> None:
+        self._bound = {(n, u) for n, u in self._bound if n != name}

@@ -100,6 +100,31 @@ PRODUCER = FileKind(
                 reason TEXT NOT NULL
             )""",
         ),
+        (
+            # v3: consumers as a registry.  A name may be registered before
+            # any file is bound to it (uid NULL until its first relay), with
+            # when it was registered and, for one registered "from now", the
+            # last event committed before (it gets none of those).  uid was
+            # NOT NULL, and SQLite cannot drop a NOT NULL, so the table is
+            # rebuilt.  Registering and removing names is recorded.
+            """CREATE TABLE consumer_v3(
+                name TEXT PRIMARY KEY,
+                uid TEXT UNIQUE,
+                registered_at REAL,
+                from_pos INTEGER
+            ) WITHOUT ROWID""",
+            "INSERT INTO consumer_v3(name, uid) SELECT name, uid FROM consumer",
+            "DROP TABLE consumer",
+            "ALTER TABLE consumer_v3 RENAME TO consumer",
+            """CREATE TABLE registry_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                consumer TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('register','remove')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )""",
+        ),
     ),
 )
 
@@ -185,6 +210,53 @@ CONSUMER = FileKind(
                 reason TEXT NOT NULL
             )""",
             "CREATE TABLE app_schema(name TEXT PRIMARY KEY, version INTEGER NOT NULL) WITHOUT ROWID",
+        ),
+        (
+            # v3: an operator's way past a bad accepted event, and why a flow
+            # waits.  A row may end ``skipped`` or ``replaced``; a replaced
+            # row keeps its id and body but gives up its (flow, seq) slot to
+            # its replacement: ``live`` is 1 while a row holds the slot and
+            # NULL once replaced, so UNIQUE (flow_id, seq, live) still allows
+            # one live row per slot.  ``received_at`` / ``blocked_at`` (the
+            # consumer's clock) and the block's ``detail`` say since when and
+            # why a flow waits (NULL for rows stored before v3).  SQLite
+            # cannot alter a CHECK constraint, so the inbox table is rebuilt.
+            """CREATE TABLE inbox_v3(
+                event_id TEXT PRIMARY KEY,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                body TEXT NOT NULL,
+                state TEXT NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending','blocked','applied','skipped','replaced')),
+                reason TEXT,
+                detail TEXT,
+                received_at REAL,
+                blocked_at REAL,
+                live INTEGER DEFAULT 1 CHECK ((live IS 1) = (state <> 'replaced')),
+                UNIQUE (flow_id, seq, live)
+            )""",
+            (
+                "INSERT INTO inbox_v3(event_id, flow_id, seq, body, state, reason) "
+                "SELECT event_id, flow_id, seq, body, state, reason FROM inbox"
+            ),
+            "DROP TABLE inbox",
+            "ALTER TABLE inbox_v3 RENAME TO inbox",
+            # Flows with work left: only rows still waiting (skipped and
+            # replaced rows are as done as applied ones).
+            "CREATE INDEX inbox_open ON inbox(flow_id, seq) WHERE state IN ('pending','blocked')",
+            # Operators' skips and replacements of accepted events.
+            """CREATE TABLE consumer_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                event_id TEXT NOT NULL,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('skip','replace')),
+                previous_state TEXT NOT NULL CHECK (previous_state IN ('pending','blocked')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                replacement_event_id TEXT
+            )""",
         ),
     ),
 )

@@ -1,0 +1,219 @@
+"""Metrics: a snapshot of each side (``Producer.metrics()``,
+``Consumer.metrics()``, ``reliable-flow metrics``), and its Prometheus text.
+
+The snapshots are frozen dataclasses, like every other read result: their
+fields are fixed and typed, and :meth:`as_dict` gives the JSON-able form.
+
+What the files do not store is counted in the process instead and is None
+when read from the files alone (the CLI): the duplicates a consumer object
+received and the events it applied since it was opened.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .observe import Observer
+from .statuses import DeliveryState, EffectState, InboxState
+from .store.inbox import InboxReads
+from .store.outbox import OutboxReads
+
+__all__ = [
+    "ConsumerMetrics", "DeliveryMetrics", "ProducerMetrics", "consumer_metrics", "producer_metrics",
+    "prometheus_text",
+]
+
+
+@dataclass(frozen=True)
+class DeliveryMetrics:
+    """The deliveries of a producer's events to one consumer.
+
+    ``pending`` / ``accepted`` / ``set_aside`` / ``skipped``: events in each
+    delivery state.  ``retries``: sends beyond each event's first (failed
+    sends, and re-sends after a crash or a redeliver).  ``failing``: pending
+    events whose last send failed (backing off).  ``leased``: pending events
+    claimed by a relay right now.  ``untried``: pending events never sent.
+    ``oldest_pending_age``: seconds since the oldest pending delivery was
+    last written (claimed, failed, redelivered) -- an approximation: the
+    outbox stores no commit time, so a pending event never sent has no age
+    and shows up in ``untried`` instead; None when no pending event has one.
+    """
+
+    pending: int = 0
+    accepted: int = 0
+    set_aside: int = 0
+    skipped: int = 0
+    retries: int = 0
+    failing: int = 0
+    leased: int = 0
+    untried: int = 0
+    oldest_pending_age: float | None = None
+
+
+@dataclass(frozen=True)
+class ProducerMetrics:
+    """A producer file counted at ``at`` (seconds since the epoch).
+
+    ``events`` and ``flows`` in the file; ``unbound_events``: events
+    committed before any consumer was bound (no relay has run yet);
+    ``consumers``: :class:`DeliveryMetrics` per consumer name.
+    """
+
+    at: float
+    events: int
+    flows: int
+    unbound_events: int
+    consumers: dict[str, DeliveryMetrics]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as plain dicts (JSON-able)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ConsumerMetrics:
+    """A consumer file counted at ``at`` (seconds since the epoch).
+
+    From the file: ``inbox`` rows per state (every state listed), ``blocked``
+    rows per reason, ``gaps`` (flows stopped at a missing seq), ``effects``
+    per state (every state listed, ``unknown`` included).
+
+    From this process only, None when read from the file alone (nothing of
+    it is stored): ``duplicates`` received and ``applied`` events since the
+    :class:`~reliable_flow.Consumer` object was opened, ``seconds_open``, and
+    ``applied_per_second`` = applied / seconds_open (the rate since opened;
+    for a rate over a window, take ``applied`` twice, or let Prometheus'
+    ``rate()`` do it on ``reliable_flow_applied_total``).
+    """
+
+    at: float
+    consumer: str
+    inbox: dict[str, int]
+    blocked: dict[str, int]
+    gaps: int
+    effects: dict[str, int]
+    duplicates: int | None = None
+    applied: int | None = None
+    seconds_open: float | None = None
+    applied_per_second: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as plain dicts (JSON-able)."""
+        return asdict(self)
+
+
+def producer_metrics(reads: OutboxReads, now: float) -> ProducerMetrics:
+    """Count a producer store (inside ``store.read()`` for one snapshot)."""
+    counts = reads.outbox_counts(now)
+    per: dict[str, dict[str, Any]] = {name: {} for name in counts.consumers}
+    for group in counts.deliveries:
+        into = per.setdefault(group.consumer, {})
+        into[group.state] = group.count
+        into["retries"] = into.get("retries", 0) + group.retries
+        if group.state == DeliveryState.PENDING:  # failing, leased, untried: pending events only
+            into.update(failing=group.failing, leased=group.leased, untried=group.untried)
+            if group.oldest_touch is not None:
+                into["oldest_pending_age"] = max(0.0, now - group.oldest_touch)
+    return ProducerMetrics(
+        now, counts.events, counts.flows, 0 if counts.consumers else counts.events,
+        {name: DeliveryMetrics(**values) for name, values in sorted(per.items())},
+    )
+
+
+def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = None) -> ConsumerMetrics:
+    """Count a consumer store (inside ``store.read()`` for one snapshot); with
+    the ``observer`` of a live object, its in-process counts too."""
+    counts = reads.inbox_counts()
+    stored = reads.effect_counts()
+    name = reads.meta().get("name", "")
+    live: dict[str, Any] = {}
+    if observer is not None:
+        seconds = observer.seconds_open()
+        live = {"duplicates": observer.duplicates, "applied": observer.applied, "seconds_open": seconds,
+                "applied_per_second": observer.applied / seconds if seconds > 0 else 0.0}
+    return ConsumerMetrics(
+        now, name,
+        {s.value: counts.by_state.get(s.value, 0) for s in InboxState},
+        dict(sorted(counts.blocked.items())),
+        counts.gaps,
+        {s.value: stored.get(s.value, 0) for s in EffectState},
+        **live,
+    )
+
+
+# -- Prometheus text exposition format ----------------------------------------------------
+
+_Sample = tuple[str, str, str, dict[str, str], float]  # name, type, help, labels, value
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) < 2**53):
+        return str(int(value))
+    return repr(float(value))
+
+
+def _producer_samples(m: ProducerMetrics) -> Iterator[_Sample]:
+    yield "reliable_flow_outbox_events", "gauge", "Events in the producer's outbox.", {}, m.events
+    yield "reliable_flow_producer_flows", "gauge", "Flows in the producer file.", {}, m.flows
+    yield ("reliable_flow_unbound_events", "gauge", "Events committed before any consumer was bound.", {},
+           m.unbound_events)
+    for consumer, d in m.consumers.items():
+        for state in DeliveryState:
+            yield ("reliable_flow_deliveries", "gauge", "Outbox events per consumer and delivery state.",
+                   {"consumer": consumer, "state": state.value}, getattr(d, state.value))
+        yield ("reliable_flow_delivery_retries_total", "counter", "Sends beyond each event's first, per consumer.",
+               {"consumer": consumer}, d.retries)
+        yield ("reliable_flow_deliveries_failing", "gauge", "Pending deliveries whose last send failed.",
+               {"consumer": consumer}, d.failing)
+        yield ("reliable_flow_deliveries_leased", "gauge", "Pending deliveries claimed by a relay now.",
+               {"consumer": consumer}, d.leased)
+        yield ("reliable_flow_deliveries_untried", "gauge", "Pending deliveries never sent.",
+               {"consumer": consumer}, d.untried)
+        if d.oldest_pending_age is not None:
+            yield ("reliable_flow_oldest_pending_age_seconds", "gauge",
+                   "Seconds since the oldest pending delivery was last written (sent, failed, claimed).",
+                   {"consumer": consumer}, d.oldest_pending_age)
+
+
+def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
+    who = {"consumer": m.consumer}
+    for state, n in m.inbox.items():
+        yield "reliable_flow_inbox_rows", "gauge", "Inbox rows per state.", {**who, "state": state}, n
+    for reason, n in m.blocked.items():
+        yield "reliable_flow_inbox_blocked", "gauge", "Blocked inbox rows per reason.", {**who, "reason": reason}, n
+    yield "reliable_flow_flows_at_gap", "gauge", "Flows stopped at a missing seq.", who, m.gaps
+    for state, n in m.effects.items():
+        yield "reliable_flow_effects", "gauge", "Side effects per state.", {**who, "state": state}, n
+    if m.duplicates is not None:
+        yield ("reliable_flow_duplicates_received_total", "counter",
+               "Duplicate events received since this process opened the consumer.", who, m.duplicates)
+    if m.applied is not None:
+        yield ("reliable_flow_applied_total", "counter",
+               "Events applied since this process opened the consumer.", who, m.applied)
+    if m.applied_per_second is not None:
+        yield ("reliable_flow_applied_per_second", "gauge",
+               "Events applied per second since this process opened the consumer.", who, m.applied_per_second)
+
+
+def prometheus_text(snapshots: Iterable[ProducerMetrics | ConsumerMetrics]) -> str:
+    """The snapshots in the Prometheus text exposition format (version
+    0.0.4): ``# HELP`` and ``# TYPE`` once per metric, samples grouped
+    under it, labels ``consumer`` / ``state`` / ``reason``."""
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for snap in snapshots:
+        samples = _producer_samples(snap) if isinstance(snap, ProducerMetrics) else _consumer_samples(snap)
+        for name, kind, text, labels, value in samples:
+            family = families.setdefault(name, (kind, text, []))
+            shown = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            family[2].append(f"{name}{{{shown}}} {_number(value)}" if shown else f"{name} {_number(value)}")
+    lines: list[str] = []
+    for name, (kind, text, rows) in families.items():
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,129 @@
+"""What an operator reads and records when something is stuck: why a flow
+waits, the inbox rows in full, the producer's consumer registry, and the
+recorded ways out (skipping or replacing an accepted event, registering or
+removing a consumer).
+
+Like :mod:`reliable_flow.statuses`, plain values: frozen dataclasses and a
+string enum.  Times are seconds since the epoch on the clock of the side
+that wrote them (the consumer's ``clock``, the producer's ``time.time``);
+None where the file does not know (rows stored before the upgrade that
+added the column).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .statuses import BlockReason, InboxState, _StrEnum
+
+__all__ = ["ConsumerEntry", "FlowWait", "InboxAction", "InboxRow", "RegistryAction", "StuckFlow"]
+
+
+class FlowWait(_StrEnum):
+    """What a consumer's flow waits for (see ``Consumer.stuck``).
+
+    ``idle``: nothing unapplied.  ``ready``: its next seq is in the inbox,
+    pending: the next apply takes it (waiting long means no apply runs).
+    ``gap``: its next seq has not arrived, later ones have.  ``blocked``:
+    its next seq is blocked, and stays so until fixed, upgraded, skipped or
+    replaced.
+    """
+
+    IDLE = "idle"
+    READY = "ready"
+    GAP = "gap"
+    BLOCKED = "blocked"
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """One inbox row in full: :class:`~reliable_flow.InboxEntry` plus its flow,
+    the block's ``detail``, when it was received and when it became blocked
+    (kept after it applied; None if never, or if stored before the upgrade)."""
+
+    event_id: str
+    flow_id: str
+    seq: int
+    state: InboxState
+    reason: BlockReason | None
+    detail: str | None
+    received_at: float | None
+    blocked_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StuckFlow:
+    """Why a consumer's flow waits (``Consumer.stuck``).
+
+    ``state`` / ``last_seq``: the projection (None / 0 before the first
+    apply); ``next_seq`` = ``last_seq + 1``.  ``since``: when the wait began
+    as far as the file knows (ready: the row arrived; blocked: it became
+    blocked; gap: the oldest row waiting behind the gap arrived); None when
+    idle or unknown.  ``reason`` / ``detail``: the block (for a gap,
+    ``detail`` names the missing seq).  ``rows``: the flow's rows from
+    ``next_seq`` on, every state (a replaced row just before its
+    replacement).
+    """
+
+    flow_id: str
+    state: str | None
+    last_seq: int
+    next_seq: int
+    wait: FlowWait
+    since: float | None
+    reason: BlockReason | None
+    detail: str | None
+    rows: tuple[InboxRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InboxAction:
+    """A recorded operator decision on an accepted event (``skip`` or
+    ``replace``): who, when, why, and what the row was before.
+
+    ``replacement_event_id``: the corrected event that took its place
+    (``replace`` only).
+    """
+
+    at: float
+    event_id: str
+    flow_id: str
+    seq: int
+    action: str
+    previous_state: InboxState
+    actor: str
+    reason: str
+    replacement_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerEntry:
+    """One consumer in a producer's registry (``Producer.consumers``).
+
+    ``uid``: the consumer file bound to the name (None until its first
+    relay: ``bound`` is False).  ``registered_at``: None if unknown
+    (registered before the upgrade).  ``from_now``: registered to get only
+    events committed afterwards.  ``backlog``: deliveries still pending;
+    ``set_aside``: deliveries set aside by a conflict.
+    """
+
+    name: str
+    uid: str | None
+    bound: bool
+    registered_at: float | None
+    from_now: bool
+    backlog: int
+    set_aside: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryAction:
+    """A recorded change to the consumer registry (``register`` or
+    ``remove``): who, when, why.  A consumer registered by a relay is
+    recorded too, with actor ``relay``."""
+
+    at: float
+    consumer: str
+    action: str
+    actor: str
+    reason: str
