@@ -22,6 +22,7 @@ from reliable_flow.store.sqlite import effects as sqlite_effects
 from reliable_flow.store.sqlite import inbox as sqlite_inbox
 from reliable_flow.store.sqlite import outbox as sqlite_outbox
 from reliable_flow.store.sqlite import registry as sqlite_registry
+from reliable_flow.store.sqlite import retention as sqlite_retention
 from reliable_flow.store.sqlite import schema as sqlite_schema
 
 PACKAGE = Path(reliable_flow.__file__).parent
@@ -124,6 +125,7 @@ def _table_of(sql: str) -> str:
         ("inbox queries", _sql_strings(sqlite_inbox)),
         ("effect queries", _sql_strings(sqlite_effects)),
         ("registry queries", _sql_strings(sqlite_registry)),
+        ("retention queries", _sql_strings(sqlite_retention)),
         ("producer schema", _all_migration_sql(sqlite_schema.PRODUCER)),
         ("consumer schema", _all_migration_sql(sqlite_schema.CONSUMER)),
     ],

@@ -130,7 +130,8 @@ def v1_content(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     return {
         "meta": sql_rows(path, "SELECT key, value FROM meta ORDER BY key"),
         "flow": sql_rows(path, "SELECT * FROM flow ORDER BY flow_id"),
-        "outbox": sql_rows(path, "SELECT * FROM outbox ORDER BY pos"),
+        # The v1 columns (v4 added committed_at, NULL for these rows).
+        "outbox": sql_rows(path, "SELECT pos, event_id, flow_id, seq, body FROM outbox ORDER BY pos"),
         "consumer": sql_rows(path, "SELECT name, uid FROM consumer ORDER BY name"),
         "delivery": sql_rows(
             path,

@@ -67,6 +67,7 @@ PUBLIC_NAMES = [
     "PermanentFailure",
     "Producer",
     "Protocol",
+    "PruneResult",
     "ReadOnlyStorage",
     "ReceiveResult",
     "ReceiveStatus",

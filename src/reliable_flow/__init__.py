@@ -29,7 +29,15 @@ from .effects import (
 from .errors import *  # every public error, as listed in errors.__all__
 from .executor import EffectExecutor, ExecutorStats
 from .handlers import ApplyContext, AppSchema, Event
-from .operations import ConsumerEntry, FlowWait, InboxAction, InboxRow, RegistryAction, StuckFlow
+from .operations import (
+    ConsumerEntry,
+    FlowWait,
+    InboxAction,
+    InboxRow,
+    PruneResult,
+    RegistryAction,
+    StuckFlow,
+)
 from .producer import Producer
 from .protocol import PayloadError, Protocol
 from .receiver import Receiver
@@ -49,7 +57,7 @@ __all__ = [
     "EffectState", "Effects", "Event", "ExecutorStats", "Feedback", "FlowWait", "Happened", "InboxAction", "InboxEntry",
     "InboxFull", "InboxRow", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
     "OperatorAction", "OutboxEntry", "OutcomeUnknown", "PayloadError", "PermanentFailure",
-    "Producer", "Protocol", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
+    "Producer", "Protocol", "PruneResult", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
     "Refused", "RegistryAction", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
     "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull", "StuckFlow",
     "UnknownConsumer", "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "WrongThread",

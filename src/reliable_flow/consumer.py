@@ -22,8 +22,10 @@ from .handlers import AppSchema, Handler
 from .inbox_admin import InboxAdmin
 from .metrics import ConsumerMetrics, consumer_metrics
 from .observe import CONSUMER, INFO, WARNING, Note, Observer
+from .operations import PruneResult
 from .protocol import Protocol
 from .receiver import Answer
+from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from .statuses import (
     ApplyResult,
     ApplyStatus,
@@ -289,6 +291,35 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
         limit = _check_limit("limit", limit)
         batch_size = _check_limit("batch_size", batch_size)
         return drain_flows(self._store.write, self._rules, flows, limit, batch_size, self._observed)
+
+    # -- retention ------------------------------------------------------------------
+
+    def prune(
+        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
+        limit: int | None = None, forget_after: float | None = None,
+    ) -> PruneResult:
+        """Remove inbox rows received more than ``older_than`` seconds before
+        ``now`` (default: ``clock()``) that are applied, skipped or replaced,
+        with their effect records, and finished effect-outbox rows
+        (succeeded, expired, superseded, cancelled; fed when feedback was
+        asked) last written before then.
+
+        Each removed row leaves a tombstone (id, flow, seq, SHA-256 of the
+        body), so re-sending the event still answers ``duplicate`` (same
+        body) or ``id_conflict``, and a new event for its slot
+        ``sequence_conflict``; a pruned event is never applied again.
+        ``forget_after`` (seconds, >= ``older_than``; default never) removes
+        tombstones pruned longer ago, so the file stops growing: a re-sent
+        event whose tombstone is forgotten is answered ``sequence_conflict``
+        (its slot is at or before the flow's last applied seq), never stored
+        or applied again.  Never removes a pending or blocked row, a projection, or an
+        effect not yet finished.  Works in transactions of at most
+        ``batch_size`` rows, up to ``limit`` rows in all (None: until
+        done); each transaction is recorded.
+        """
+        return prune_older_than(
+            self._store.write, older_than, self.clock() if now is None else now, batch_size, limit, forget_after
+        )
 
     # -- reads ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ same" only if their canonical bodies are equal as whole strings.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_INT",
     "MAX_SCHEMA",
     "Envelope",
+    "body_hash",
     "canonical",
     "check_expected_seq",
     "check_name",
@@ -176,6 +178,12 @@ _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=
 def canonical(obj: Mapping[str, Any]) -> str:
     """Sorted-key compact JSON, non-ASCII kept as UTF-8 text."""
     return _ENCODER.encode(obj)
+
+
+def body_hash(body: str) -> bytes:
+    """SHA-256 of a canonical body's UTF-8 bytes: what a tombstone keeps of a
+    pruned event, enough to tell the same body from another one."""
+    return hashlib.sha256(body.encode("utf-8")).digest()
 
 
 def make(

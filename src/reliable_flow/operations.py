@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .statuses import BlockReason, InboxState, _StrEnum
 
-__all__ = ["ConsumerEntry", "FlowWait", "InboxAction", "InboxRow", "RegistryAction", "StuckFlow"]
+__all__ = ["ConsumerEntry", "FlowWait", "InboxAction", "InboxRow", "PruneResult", "RegistryAction", "StuckFlow"]
 
 
 class FlowWait(_StrEnum):
@@ -127,3 +127,25 @@ class RegistryAction:
     action: str
     actor: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """What one ``Producer.prune`` or ``Consumer.prune`` call removed.
+
+    ``events``: outbox events (producer) or inbox rows (consumer) removed,
+    each leaving a tombstone; ``deliveries``: their delivery rows
+    (producer); ``effect_records`` / ``effect_rows``: effect records of the
+    pruned events and finished effect-outbox rows (consumer);
+    ``transactions``: how many commits it took; ``complete``: False when
+    ``limit`` stopped it with more left to prune (call again);
+    ``tombstones_forgotten``: tombstones removed by ``forget_after``.
+    """
+
+    events: int
+    deliveries: int
+    effect_records: int
+    effect_rows: int
+    transactions: int
+    complete: bool
+    tombstones_forgotten: int = 0

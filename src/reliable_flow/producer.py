@@ -18,8 +18,10 @@ from .envelope import Envelope
 from .errors import NotResolvable, StorageError, UnknownEvent
 from .metrics import ProducerMetrics, producer_metrics
 from .observe import INFO, PRODUCER, WARNING, advanced, operator_action
+from .operations import PruneResult
 from .protocol import Protocol
 from .registry import ConsumerRegistry
+from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from .statuses import AdvanceResult, AdvanceStatus, DeliveryState, OperatorAction, OutboxEntry
 from .store import OutboxStore, OutboxUnit
 from .store.owner import StoreOwner
@@ -91,7 +93,7 @@ class Batch(_Advancing):
         # A nested step per advance: if one fails and the caller catches the
         # error, none of its half-done writes stay in the batch.
         with unit.step():
-            result = advance_in(unit, self._producer.protocol, env, self._producer.max_backlog)
+            result = advance_in(unit, self._producer.protocol, env, self._producer.max_backlog, time.time())
         self.results.append(result)
         self._metas.append(env.meta)
         return result
@@ -151,7 +153,7 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
 
     def _advance(self, env: Envelope) -> AdvanceResult:
         with self._store.write() as unit:
-            result = advance_in(unit, self.protocol, env, self.max_backlog)
+            result = advance_in(unit, self.protocol, env, self.max_backlog, time.time())
         if result.status == AdvanceStatus.COMMITTED:
             crash_point("advance.after_commit")
         if result.status is AdvanceStatus.CONFLICT or PRODUCER.isEnabledFor(INFO):
@@ -225,6 +227,33 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
             unit.record_action(record)
         operator_action(PRODUCER, record, previous_state=str(state))
         return OperatorAction(now, consumer, event_id, action, actor, reason, previous_state=state)
+
+    def prune(
+        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
+        limit: int | None = None, forget_after: float | None = None,
+    ) -> PruneResult:
+        """Remove outbox events committed more than ``older_than`` seconds
+        before ``now`` (default: the time) that every registered consumer
+        accepted or was skipped past, with their delivery rows.
+
+        Each leaves a tombstone (id, flow, seq, SHA-256 of the body), so
+        re-sending it still answers ``existing`` (same body, with its seq) or
+        ``conflict``.  ``forget_after`` (seconds, >= ``older_than``; default
+        never) removes tombstones pruned longer ago than that, so the file
+        stops growing: an advance re-sent with a forgotten id is then
+        answered ``stale`` (the flow moved past its seq), never committed
+        twice.  Never removes an event still
+        pending or set aside for any consumer, nor a flow row; removes
+        nothing while no consumer is registered.  Works in transactions of
+        at most ``batch_size`` events, up to ``limit`` events in all (None:
+        until done); each transaction is recorded.  Events committed before
+        the upgrade that added commit times count as old.  A consumer
+        registered later "from the first event" gets only the events still
+        stored.
+        """
+        return prune_older_than(
+            self._store.write, older_than, time.time() if now is None else now, batch_size, limit, forget_after
+        )
 
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         """Every recorded operator action (for one event if given), oldest first."""

@@ -50,6 +50,8 @@ class _StrEnum(str, enum.Enum):
 
 
 class AdvanceStatus(_StrEnum):
+    """What ``Producer.advance`` answered (see ``AdvanceResult``)."""
+
     COMMITTED = "committed"
     EXISTING = "existing"
     CONFLICT = "conflict"
@@ -60,6 +62,8 @@ class AdvanceStatus(_StrEnum):
 
 
 class ReceiveStatus(_StrEnum):
+    """What ``Consumer.receive`` answered; only ``accepted`` stored a row."""
+
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     ID_CONFLICT = "id_conflict"
@@ -67,6 +71,8 @@ class ReceiveStatus(_StrEnum):
 
 
 class RelayStatus(_StrEnum):
+    """What one ``relay`` step did: the consumer's answer, or ``idle``."""
+
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     ID_CONFLICT = "id_conflict"
@@ -75,6 +81,8 @@ class RelayStatus(_StrEnum):
 
 
 class ApplyStatus(_StrEnum):
+    """What ``Consumer.apply_next`` did with the flow's next seq."""
+
     APPLIED = "applied"
     GAP = "gap"
     BLOCKED = "blocked"
@@ -82,12 +90,16 @@ class ApplyStatus(_StrEnum):
 
 
 class BlockReason(_StrEnum):
+    """Why an event is blocked: it cannot be applied as it is."""
+
     UNSUPPORTED_SCHEMA = "unsupported_schema"
     INVALID_PAYLOAD = "invalid_payload"
     INVALID_TRANSITION = "invalid_transition"
 
 
 class DrainStop(_StrEnum):
+    """Why ``drain`` / ``process_all`` stopped with a flow."""
+
     GAP = "gap"
     BLOCKED = "blocked"
     IDLE = "idle"

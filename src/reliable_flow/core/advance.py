@@ -40,10 +40,30 @@ def _differences(stored: str, new: str) -> str:
     return "differs from the stored event in: " + ", ".join(named)
 
 
+def _pruned(unit: OutboxUnit, env: envelope.Envelope) -> AdvanceResult | None:
+    """The answer for an event id whose event was pruned, from its tombstone
+    (looked at only after the outbox had no such event)."""
+    tomb = unit.tombstone(env.event_id)
+    if tomb is None:
+        return None
+    if tomb.body_hash == envelope.body_hash(env.body):
+        return AdvanceResult(
+            AdvanceStatus.EXISTING, env.event_id, env.flow_id, tomb.seq,
+            f"already committed at seq {tomb.seq} with the same body (since pruned); nothing written",
+        )
+    return AdvanceResult(
+        AdvanceStatus.CONFLICT, env.event_id, env.flow_id, tomb.seq,
+        f"differs from the pruned event (flow {tomb.flow_id!r}, seq {tomb.seq}); only its body's hash "
+        "is kept, so the differing fields cannot be named",
+    )
+
+
 def advance_in(
-    unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, max_backlog: int | None
+    unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, max_backlog: int | None,
+    now: float | None = None,
 ) -> AdvanceResult:
-    """Decide and write one advance inside ``unit``'s transaction."""
+    """Decide and write one advance inside ``unit``'s transaction; a new event
+    is stamped as committed at ``now``."""
     stored = unit.find_event(env.event_id)
     if stored is not None:
         if stored.body == env.body:
@@ -54,6 +74,9 @@ def advance_in(
         return AdvanceResult(
             AdvanceStatus.CONFLICT, env.event_id, env.flow_id, stored.seq, _differences(stored.body, env.body)
         )
+    pruned = _pruned(unit, env)
+    if pruned is not None:
+        return pruned
     flow = unit.flow_state(env.flow_id)
     current_seq, state, data = (0, protocol.initial, {}) if flow is None else (flow.seq, flow.state, flow.data)
     expected = env.seq - 1
@@ -78,6 +101,6 @@ def advance_in(
         )
     unit.put_flow(env.flow_id, env.seq, env.kind, envelope.canonical(new_data))
     crash_point("advance.after_flow_write")
-    unit.append_event(env)
+    unit.append_event(env, now)
     crash_point("advance.after_outbox_insert")
     return AdvanceResult(AdvanceStatus.COMMITTED, env.event_id, env.flow_id, env.seq)

@@ -4,7 +4,7 @@ unit of work."""
 from __future__ import annotations
 
 from ..crash import crash_point
-from ..envelope import Envelope
+from ..envelope import Envelope, body_hash
 from ..errors import InboxFull
 from ..statuses import ReceiveResult, ReceiveStatus
 from ..store import InboxUnit
@@ -34,11 +34,26 @@ def receive_in(
             ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
             "an event with this id and a different body is already in the inbox",
         )
+    tomb = unit.tombstone(env.event_id)
+    if tomb is not None:
+        if tomb.body_hash == body_hash(env.body):
+            return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
+        return ReceiveResult(
+            ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,
+            f"an event with this id and a different body was received (flow {tomb.flow_id!r}, "
+            f"seq {tomb.seq}) and since pruned",
+        )
     other = unit.holder(env.flow_id, env.seq)
     if other is not None:
         return ReceiveResult(
             ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
             f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other!r}",
+        )
+    if env.seq <= unit.last_seq(env.flow_id):
+        # Every seq up to last_seq was held by a row; none is left, so it was pruned.
+        return ReceiveResult(
+            ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
+            f"seq {env.seq} of flow {env.flow_id!r} was already applied, and its event since pruned",
         )
     if max_inbox is not None:
         _check_room(unit, env, max_inbox, location)

@@ -14,7 +14,7 @@ from ..operations import InboxAction, InboxRow
 from ..statuses import BlockReason, EffectRecord, InboxEntry
 from .base import Store
 from .effects import EffectReads, EffectUnit
-from .records import FlowState, InboxCounts, NextRow
+from .records import FlowState, InboxCounts, NextRow, PruneStep, Tombstone
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
@@ -43,6 +43,10 @@ class InboxReads(EffectReads, Protocol):
     def body_of(self, event_id: str) -> str | None:
         """The stored body of ``event_id`` (in any state), or None."""
 
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        """What stays of ``event_id`` if its row was pruned (flow, seq, body
+        hash), else None.  Tombstones are never removed."""
+
     def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[InboxRow]:
         """The flow's rows at or after ``from_seq`` in full, ordered as :meth:`inbox`."""
 
@@ -63,7 +67,9 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event as pending, received at ``received_at``, unless its
-        id or (flow, seq) is taken (by a row not replaced); True if stored."""
+        id or (flow, seq) is taken (by a row not replaced), its id has a
+        tombstone, or its seq is at or before the flow's last applied seq;
+        True if stored."""
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
         """Store the event as pending, received at ``received_at``; a taken id
@@ -102,6 +108,20 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
         """Create or replace the flow's projection."""
+
+    def forget_tombstones(self, before: float, limit: int) -> int:
+        """Remove up to ``limit`` tombstones stamped before ``before``; how many."""
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        """Remove up to ``limit`` of the oldest inbox rows received before the
+        first row received after ``horizon`` (rows without a time count as
+        old) that are applied, skipped or replaced and at or before their
+        flow's last applied seq, each leaving a tombstone stamped ``now``,
+        with their effect records; and up to ``limit`` effect-outbox rows in
+        a final state (succeeded, expired, superseded, cancelled; fed if
+        feedback was asked) last written at or before ``horizon``.  Never a
+        pending or blocked row, a projection, or an unfinished effect.  The
+        step is recorded."""
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
         """The event's one effect record and its row marked applied (reason and

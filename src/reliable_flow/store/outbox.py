@@ -17,7 +17,7 @@ from ..envelope import Envelope
 from ..operations import ConsumerEntry, RegistryAction
 from ..statuses import DeliveryState, OperatorAction, OutboxEntry
 from .base import Store
-from .records import FlowState, OutboxCounts, StoredEvent
+from .records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
 
@@ -39,6 +39,10 @@ class OutboxReads(Protocol):
 
     def find_event(self, event_id: str) -> StoredEvent | None:
         """Position, seq and body of ``event_id``, or None."""
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        """What stays of ``event_id`` if it was pruned (flow, seq, body hash),
+        else None.  Tombstones are never removed."""
 
     def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
         """Events in commit order with their delivery state per consumer."""
@@ -94,9 +98,22 @@ class OutboxUnit(OutboxReads, Protocol):
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
         """Create or replace the flow row."""
 
-    def append_event(self, env: Envelope) -> None:
-        """Store the event, pending for every bound consumer.  A taken
-        event id or (flow, seq) raises the engine's integrity error."""
+    def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
+        """Store the event, committed at ``committed_at`` (its age for
+        pruning), pending for every bound consumer.  A taken event id or
+        (flow, seq) raises the engine's integrity error."""
+
+    def forget_tombstones(self, before: float, limit: int) -> int:
+        """Remove up to ``limit`` tombstones stamped before ``before``; how many."""
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        """Remove up to ``limit`` of the oldest events committed before the
+        first event committed after ``horizon`` (events without a commit
+        time count as old) that no registered consumer still waits for
+        (every delivery accepted or skipped), with their deliveries; each
+        leaves a tombstone stamped ``now``, and the step is recorded.
+        Never a pending or set-aside event, never a flow row; nothing at
+        all while no consumer is registered."""
 
     def step(self) -> AbstractContextManager[None]:
         """A nested step: its writes vanish if it raises; the rest stays."""

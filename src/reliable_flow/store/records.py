@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeliveryCounts", "FlowState", "InboxCounts", "NextRow", "OutboxCounts", "StoredEvent"]
+__all__ = [
+    "DeliveryCounts", "FlowState", "InboxCounts", "NextRow", "OutboxCounts", "PruneStep", "StoredEvent", "Tombstone",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,27 @@ class StoredEvent:
     pos: int
     seq: int
     body: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """What stays of a pruned event: its flow, its seq and the SHA-256 of its
+    canonical body (:func:`reliable_flow.envelope.body_hash`)."""
+
+    flow_id: str
+    seq: int
+    body_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PruneStep:
+    """What one pruning transaction removed: events (or inbox rows), each
+    leaving a tombstone, and the rows that went with them."""
+
+    events: int
+    deliveries: int = 0
+    effect_records: int = 0
+    effect_rows: int = 0
 
 
 #: The first inbox row of a flow at or after a seq: ``(seq, event_id, body)``.

@@ -40,6 +40,11 @@ name below is importable from `reliable_flow`. Guides: [concepts](concepts.md),
 
 
 def _doc(obj: Any) -> str:
+    if isinstance(obj, type):
+        # A class's own docstring only: what is inherited differs between
+        # Python versions (enums say "An enumeration." on 3.10).
+        own = obj.__dict__.get("__doc__")
+        return inspect.cleandoc(own) if isinstance(own, str) else ""
     text = inspect.getdoc(obj) or ""
     return text.strip()
 

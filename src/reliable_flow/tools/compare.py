@@ -7,18 +7,20 @@ the producer's flow (state, seq) against the consumer's projection (state,
 last_seq), and the event each side holds at that seq.  A difference that a
 recorded operator action explains (a skip or a replacement on the consumer,
 a skipped delivery on the producer) is listed with the action and does not
-count as a difference for the exit code.
+count as a difference for the exit code.  An event the producer pruned is
+matched through its tombstone (same id in the same slot).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from ..operations import InboxAction
 from ..statuses import DeliveryState, InboxState, OperatorAction, OutboxEntry
+from ..store.records import Tombstone
 from ..store.sqlite import SqliteInboxStore, SqliteOutboxStore
 from ..store.sqlite.connection import PathLike
 
@@ -28,16 +30,12 @@ __all__ = ["KINDS", "compare_files", "dumps", "format_comparison"]
 KINDS = ("missing_on_consumer", "missing_on_producer", "ahead", "behind", "event_differs", "state_differs")
 
 
-def _producer_side(path: PathLike) -> dict[str, Any]:
-    store = SqliteOutboxStore(path, None, readonly=True)
-    try:
-        with store.read() as reads:
-            flows = {f: reads.flow(f) for f in reads.flows()}
-            entries = reads.outbox()
-            registered = {c.name for c in reads.consumers()}
-            actions = reads.operator_actions()
-    finally:
-        store.close()
+def _producer_side(store: SqliteOutboxStore) -> dict[str, Any]:
+    with store.read() as reads:
+        flows = {f: reads.flow(f) for f in reads.flows()}
+        entries = reads.outbox()
+        registered = {c.name for c in reads.consumers()}
+        actions = reads.operator_actions()
     events: dict[str, dict[int, OutboxEntry]] = {}
     for e in entries:
         events.setdefault(e.flow_id, {})[e.seq] = e
@@ -95,7 +93,14 @@ def _skipped_delivery(entry: OutboxEntry | None, name: str, producer: list[Opera
     return [{k: v for k, v in asdict(a).items() if k != "previous_state"} for a in found]
 
 
-def _compare_one(prod: dict[str, Any], cons: dict[str, Any]) -> list[dict[str, Any]]:
+def _pruned_there(tombstone: Callable[[str], Tombstone | None], event_id: str, flow: str, seq: int) -> bool:
+    """The producer pruned ``event_id`` from that very slot (its tombstone says so)."""
+    found = tombstone(event_id)
+    return found is not None and (found.flow_id, found.seq) == (flow, seq)
+
+
+def _compare_one(prod: dict[str, Any], cons: dict[str, Any],
+                 tombstone: Callable[[str], Tombstone | None]) -> list[dict[str, Any]]:
     name = cons["name"]
     registered = name in prod["registered"]
     out = []
@@ -115,7 +120,10 @@ def _compare_one(prod: dict[str, Any], cons: dict[str, Any]) -> list[dict[str, A
             kind = "ahead"
         elif c_seq < p_seq:
             kind = "behind"
-        elif c_event is not None and (c_seq not in flow_events or flow_events[c_seq].event_id != c_event):
+        elif c_event is not None and (
+            flow_events[c_seq].event_id != c_event if c_seq in flow_events
+            else not _pruned_there(tombstone, c_event, flow, c_seq)
+        ):
             kind = "event_differs"
         elif p_flow["state"] != c_proj["state"]:
             kind = "state_differs"
@@ -142,15 +150,19 @@ def compare_files(producer_path: PathLike, consumer_paths: Sequence[PathLike]) -
     flow by flow, see :data:`KINDS`); ``differences``: how many no recorded
     operator action explains (what makes ``compare`` exit 1).
     """
-    prod = _producer_side(producer_path)
-    report: dict[str, Any] = {"producer": str(producer_path), "consumers": [], "differences": 0}
-    for path in consumer_paths:
-        cons = _consumer_side(path)
-        found = _compare_one(prod, cons)
-        report["consumers"].append({"name": cons["name"], "path": str(path),
-                                    "registered": cons["name"] in prod["registered"], "differences": found})
-        report["differences"] += sum(1 for d in found if not d["explained_by"]) + (
-            0 if cons["name"] in prod["registered"] else 1)
+    store = SqliteOutboxStore(producer_path, None, readonly=True)
+    try:
+        prod = _producer_side(store)
+        report: dict[str, Any] = {"producer": str(producer_path), "consumers": [], "differences": 0}
+        for path in consumer_paths:
+            cons = _consumer_side(path)
+            found = _compare_one(prod, cons, store.latest.tombstone)
+            report["consumers"].append({"name": cons["name"], "path": str(path),
+                                        "registered": cons["name"] in prod["registered"], "differences": found})
+            report["differences"] += sum(1 for d in found if not d["explained_by"]) + (
+                0 if cons["name"] in prod["registered"] else 1)
+    finally:
+        store.close()
     return report
 
 

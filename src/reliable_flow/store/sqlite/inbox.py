@@ -19,9 +19,10 @@ from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .effects import SqliteEffects
 from .inbox_admin import SqliteInboxAdmin
+from .retention import SqliteInboxRetention
 from .schema import CONSUMER
 
-__all__ = ["NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
+__all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
 
 _BLOCKED = InboxState.BLOCKED.value
 _APPLIED = InboxState.APPLIED.value
@@ -33,6 +34,15 @@ _APPLIED = InboxState.APPLIED.value
 NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 ORDER BY seq LIMIT 1"
 OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
 _INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (?, ?, ?, ?, ?)"
+# The common receive in one statement: stored unless the id or the slot is
+# taken, the id is tombstoned (a pruned event), or the seq is at or before
+# the flow's last applied one (a slot a pruned row held).  Two key probes
+# beyond the insert; every refusal is then explained by receive's slow path.
+INSERT_NEW = (
+    "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT ?1, ?2, ?3, ?4, ?5 "
+    "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone WHERE event_id = ?1) "
+    "AND ?3 > coalesce((SELECT last_seq FROM projection WHERE flow_id = ?2), 0) ON CONFLICT DO NOTHING"
+)
 _UPSERT_PROJECTION = (
     "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
@@ -56,7 +66,7 @@ _BLOCK = (
 )
 
 
-class SqliteInbox(SqliteEffects, SqliteInboxAdmin):
+class SqliteInbox(SqliteEffects, SqliteInboxAdmin, SqliteInboxRetention):
     """The consumer file's tables, seen through one connection."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -65,8 +75,8 @@ class SqliteInbox(SqliteEffects, SqliteInboxAdmin):
     # -- receive --------------------------------------------------------------------
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
-        """Store the event unless its id or its (flow, seq) is taken; True if stored."""
-        return bool(self._conn.execute(_INSERT + " ON CONFLICT DO NOTHING",
+        """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
+        return bool(self._conn.execute(INSERT_NEW,
                                        (env.event_id, env.flow_id, env.seq, env.body, received_at)).rowcount)
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:

@@ -25,6 +25,7 @@ from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
 from .registry import SqliteRegistry
+from .retention import SqliteOutboxRetention
 from .schema import PRODUCER
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "SqliteOutbox", "SqliteOutboxStore"]
@@ -87,7 +88,7 @@ def _summary(chosen: dict[str, DeliveryRecord]) -> DeliveryState:
     return DeliveryState.PENDING
 
 
-class SqliteOutbox(SqliteRegistry):
+class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
     """The producer file's tables, seen through one connection."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -115,11 +116,11 @@ class SqliteOutbox(SqliteRegistry):
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
         self._conn.execute(_UPSERT_FLOW, (flow_id, seq, state, data))
 
-    def append_event(self, env: Envelope) -> None:
+    def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
         """The event, pending for every consumer already bound."""
         cur = self._conn.execute(
-            "INSERT INTO outbox(event_id, flow_id, seq, body) VALUES (?, ?, ?, ?)",
-            (env.event_id, env.flow_id, env.seq, env.body),
+            "INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (?, ?, ?, ?, ?)",
+            (env.event_id, env.flow_id, env.seq, env.body, committed_at),
         )
         self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT name, ? FROM consumer", (cur.lastrowid,))
 

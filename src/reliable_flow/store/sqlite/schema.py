@@ -26,6 +26,16 @@ class FileKind:
         return len(self.migrations)
 
 
+# The tombstone table of both file kinds (v4).  Frozen like every migration:
+# a later change must be a new migration, never an edit of this text.
+_TOMBSTONE_TABLE = """CREATE TABLE {name}(
+                event_id TEXT PRIMARY KEY,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                body_hash BLOB NOT NULL,
+                pruned_at REAL NOT NULL
+            ) WITHOUT ROWID"""
+
 PRODUCER = FileKind(
     name="producer",
     application_id=0x52460001,  # "RF" 1
@@ -123,6 +133,24 @@ PRODUCER = FileKind(
                 action TEXT NOT NULL CHECK (action IN ('register','remove')),
                 actor TEXT NOT NULL,
                 reason TEXT NOT NULL
+            )""",
+        ),
+        (
+            # v4: retention.  ``committed_at`` (the producer's clock, written
+            # by advance; NULL for events committed before v4, which count as
+            # old enough to prune) tells an event's age.  A pruned event
+            # leaves a tombstone: its id, flow, seq and the SHA-256 of its
+            # canonical body, so a re-sent advance is still ``existing`` or
+            # ``conflict``.  Tombstones are never pruned.  Each pruning
+            # transaction is recorded with what it removed.
+            "ALTER TABLE outbox ADD COLUMN committed_at REAL",
+            _TOMBSTONE_TABLE.format(name="outbox_tombstone"),
+            """CREATE TABLE prune_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                horizon REAL NOT NULL,
+                events INTEGER NOT NULL,
+                deliveries INTEGER NOT NULL
             )""",
         ),
     ),
@@ -256,6 +284,24 @@ CONSUMER = FileKind(
                 actor TEXT NOT NULL,
                 reason TEXT NOT NULL,
                 replacement_event_id TEXT
+            )""",
+        ),
+        (
+            # v4: retention.  A pruned inbox row (applied, skipped or
+            # replaced, and at or before its flow's last applied seq) leaves
+            # a tombstone: its id, flow, seq and the SHA-256 of its canonical
+            # body, so a re-sent event is still ``duplicate`` or
+            # ``id_conflict``.  Its age is ``received_at`` (NULL for rows
+            # stored before v3: old enough).  Tombstones are never pruned.
+            # Each pruning transaction is recorded with what it removed.
+            _TOMBSTONE_TABLE.format(name="inbox_tombstone"),
+            """CREATE TABLE prune_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                horizon REAL NOT NULL,
+                events INTEGER NOT NULL,
+                effect_records INTEGER NOT NULL,
+                effect_rows INTEGER NOT NULL
             )""",
         ),
     ),

@@ -1,0 +1,379 @@
+"""Retention: pruning old finished events keeps deduplication exact.
+
+A pruned event leaves a tombstone (id, flow, seq, SHA-256 of its canonical
+body), so after pruning a re-sent event is still ``duplicate`` /
+``id_conflict`` (consumer) or ``existing`` / ``conflict`` (producer), and a
+new event for a pruned slot is ``sequence_conflict``.  Nothing still
+pending, set aside, blocked or unapplied is ever pruned; a big backlog is
+pruned in bounded steps; v3 files of both kinds upgrade and can be pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from reliable_flow import Consumer, Producer, PruneResult, envelope, relay
+from reliable_flow.reservation import RESERVATION
+from reliable_flow.store.sqlite.connection import Database
+from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
+from support import KINDS, Clock, commit, relay_log, sql_count, sql_pragma, sql_rows
+from support import envelope as env
+
+LATER = 10_000.0  # seconds after the events were written: every one is old
+
+
+def later() -> float:
+    return time.time() + LATER
+
+
+def body(event_id: str, flow_id: str, seq: int, amount: int = 3) -> str:
+    return envelope.make(event_id=event_id, flow_id=flow_id, seq=seq, kind=KINDS[seq - 1], schema=1,
+                         payload={"amount": amount}).body
+
+
+@pytest.fixture
+def pair(tmp_path: Path):  # type: ignore[no-untyped-def]
+    clock = Clock(1000.0)
+    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION, clock=clock) as c:
+        yield p, c, clock
+
+
+def run_through(p: Producer, c: Consumer, *flows: str) -> None:
+    for flow in flows:
+        commit(p, flow)
+    relay_log(p, c)
+    c.process_all()
+
+
+# -- the answers after pruning --------------------------------------------------------------------
+
+
+def test_consumer_answers_duplicate_id_conflict_and_sequence_conflict_after_pruning(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, clock = pair
+    run_through(p, c, "A")
+    result = c.prune(10, now=clock.t + 100)
+    assert (result.events, result.effect_records, result.complete) == (3, 3, True)
+    assert c.inbox("A") == [] and c.effects("A") == []
+    assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
+    assert sql_count(c.path, "inbox_tombstone") == 3
+
+    same = c.receive(body("A2", "A", 2))
+    assert same.status == "duplicate"
+    other = c.receive(body("A2", "A", 2, amount=9))
+    assert other.status == "id_conflict" and "pruned" in (other.reason or "")
+    moved = c.receive(body("A2", "B", 1))  # the pruned id at another flow: still the same id
+    assert moved.status == "id_conflict"
+    slot = c.receive(body("X2", "A", 2))
+    assert slot.status == "sequence_conflict" and "pruned" in (slot.reason or "")
+    # Nothing of it was stored, and nothing is applied twice.
+    assert c.inbox("A") == [] and c.open_flows() == [] and c.apply_next("A").status == "idle"
+    # receive_many and a capped inbox (the max_inbox path) answer the same.
+    assert [r.status for r in c.receive_many([body("A1", "A", 1), body("Y1", "A", 1)])] == [  # type: ignore[union-attr]
+        "duplicate", "sequence_conflict"]
+
+
+def test_capped_consumer_answers_from_tombstones_too(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    with Consumer(tmp_path / "c.db", RESERVATION, clock=clock, max_inbox=2) as c:
+        for seq in (1, 2, 3):
+            assert c.receive(body(f"A{seq}", "A", seq)).status == "accepted"
+            assert c.apply_next("A").status == "applied"
+        assert c.prune(0, now=clock.t + 1).events == 3
+        assert c.receive(body("A1", "A", 1)).status == "duplicate"
+        assert c.receive(body("A1", "A", 1, amount=5)).status == "id_conflict"
+        assert c.receive(body("Z3", "A", 3)).status == "sequence_conflict"
+
+
+def test_producer_answers_existing_and_conflict_after_pruning(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, _ = pair
+    run_through(p, c, "A", "B")
+    result = p.prune(10, now=later())
+    assert (result.events, result.deliveries, result.complete) == (6, 6, True)
+    assert p.outbox() == [] and p.event("A2") is None
+    assert p.flow("A") == {"state": "released", "seq": 3, "amount": 3}
+
+    again = p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3})
+    assert (again.status, again.seq) == ("existing", 2) and "pruned" in (again.reason or "")
+    other = p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 4})
+    assert (other.status, other.seq) == ("conflict", 2) and "pruned" in (other.reason or "")
+    # A pruned id cannot be reused for a new step of a live flow either.
+    reused = p.advance("A2", "C", expected_seq=0, kind="reserved", payload={"amount": 3})
+    assert reused.status == "conflict"
+    assert p.outbox() == [] and p.flows() == ["A", "B"]
+    # The flow goes on past its pruned events.
+    assert p.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
+    assert relay_log(p, c) == ["C1 accepted"]
+
+
+def test_in_a_batch_a_pruned_id_is_existing(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, _ = pair
+    run_through(p, c, "A")
+    p.prune(0, now=later())
+    with p.batch() as b:
+        r = b.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+    assert (r.status, r.seq) == ("existing", 1)
+
+
+# -- what is never pruned --------------------------------------------------------------------------
+
+
+def test_the_producer_never_prunes_what_a_consumer_still_waits_for(tmp_path: Path) -> None:
+    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c, \
+            Consumer(tmp_path / "d.db", RESERVATION, name="d") as d:
+        commit(p, "A")
+        assert p.prune(0, now=later()).events == 0  # no consumer registered yet: all owed to the first
+        relay_log(p, c)
+        p.register_consumer("d", actor="ops", reason="second reader")
+        assert p.prune(0, now=later()).events == 0  # still pending for d
+        d.receive(body("A1", "A", 1, amount=7))  # d holds another A1: the relay sets A1 aside for d
+        relay_log(p, d)
+        assert [e.state for e in p.outbox(consumer="d")] == ["set_aside", "accepted", "accepted"]
+        assert p.prune(0, now=later()).events == 2
+        assert [e.event_id for e in p.outbox()] == ["A1"]
+        p.skip("A1", consumer="d", actor="ops", reason="d is wrong")
+        assert p.prune(0, now=later()).events == 1
+        assert p.outbox() == [] and sql_count(p.path, "outbox_tombstone") == 3
+
+
+def test_the_producer_keeps_events_younger_than_the_horizon(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, _ = pair
+    run_through(p, c, "A")
+    assert p.prune(3600).events == 0  # committed just now
+    assert len(p.outbox()) == 3
+
+
+def test_the_consumer_never_prunes_pending_blocked_or_young_rows(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, clock = pair
+    c.receive(env("A1", "A", 1))
+    c.receive(env("A2", "A", 2, amount=9))  # blocked: the amount must stay 3
+    c.receive(env("B2", "B", 2))  # pending behind a gap
+    clock.t = 2000.0
+    c.receive(env("C1", "C", 1))
+    for flow in ("A", "B", "C"):
+        c.drain(flow)
+    assert c.stuck("A").wait == "blocked"
+    assert c.prune(500, now=2100.0).events == 1  # A1 only: C1 is applied but young
+    assert [(e.event_id, e.state) for e in c.inbox("A")] == [("A2", "blocked")]
+    assert [e.event_id for e in c.inbox("B")] == ["B2"] and [e.event_id for e in c.inbox("C")] == ["C1"]
+    assert c.prune(0, now=2100.0).events == 1  # now C1
+    assert sorted(c.open_flows()) == ["A", "B"]
+
+
+def test_a_skipped_and_a_replaced_row_are_pruned_once_their_flow_is_past_them(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, clock = pair
+    c.receive(env("A1", "A", 1))
+    c.receive(env("A2", "A", 2, amount=9))
+    c.drain("A")
+    c.replace_event("A2", env("A2-fix", "A", 2), actor="ops", reason="fix")
+    assert c.prune(0, now=clock.t + 1).events == 1  # A2 replaced, but its slot is not applied yet
+    c.drain("A")
+    c.receive(env("A3", "A", 3, amount=8))
+    c.drain("A")
+    c.skip_event("A3", actor="ops", reason="skip")
+    assert c.prune(0, now=clock.t + 1).events == 3
+    assert c.inbox("A") == []
+    assert c.receive(body("A2", "A", 2, amount=9)).status == "duplicate"  # the replaced one
+    assert c.receive(body("A2-fix", "A", 2)).status == "duplicate"
+    assert c.receive(body("A3", "A", 3, amount=8)).status == "duplicate"
+
+
+def test_pruned_effect_outbox_rows_are_only_finished_ones(tmp_path: Path) -> None:
+    from reliable_flow import EffectExecutor, Effects, PermanentFailure
+
+    effects = Effects()
+    effects.register("ok", lambda call: "done")
+
+    def bad(call):  # type: ignore[no-untyped-def]
+        raise PermanentFailure("no")
+    effects.register("bad", bad)
+
+    def handler(ctx):  # type: ignore[no-untyped-def]
+        ctx.schedule("ok", {})
+        ctx.schedule("bad", {})
+    clock = Clock(1000.0)
+    with Consumer(tmp_path / "c.db", RESERVATION, handlers=[handler], effects=effects, clock=clock) as c:
+        c.receive(env("A1", "A", 1))
+        c.drain("A")
+        EffectExecutor(c).run_once()
+        states = sorted(e.state for e in c.effect_outbox())
+        assert states == ["dead", "succeeded"]
+        result = c.prune(0, now=later())  # the executor stamps effects with its own clock (time.time)
+        assert (result.events, result.effect_records, result.effect_rows) == (1, 1, 1)
+        assert [e.state for e in c.effect_outbox()] == ["dead"]  # waits for an operator
+
+
+# -- bounded steps ---------------------------------------------------------------------------------
+
+
+def test_a_big_backlog_is_pruned_in_bounded_steps_and_recorded(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, clock = pair
+    run_through(p, c, *(f"F{i}" for i in range(10)))  # 30 events
+    first = p.prune(0, now=later(), batch_size=7, limit=10)
+    assert (first.events, first.transactions, first.complete) == (10, 2, False)
+    rest = p.prune(0, now=later(), batch_size=7)
+    assert (rest.events, rest.transactions, rest.complete) == (20, 3, True)
+    assert sql_rows(p.path, "SELECT sum(events), count(*) FROM prune_action") == [(30, 5)]
+    done = c.prune(0, now=clock.t + 1, batch_size=8)
+    assert (done.events, done.transactions, done.complete) == (30, 4, True)
+    assert sql_rows(c.path, "SELECT sum(events), sum(effect_records) FROM prune_action") == [(30, 30)]
+    assert isinstance(done, PruneResult)
+    nothing = c.prune(0, now=clock.t + 1)
+    assert (nothing.events, nothing.transactions, nothing.complete) == (0, 1, True)
+
+
+@pytest.mark.parametrize("bad", [{"older_than": -1}, {"older_than": True}, {"older_than": float("nan")},
+                                 {"older_than": 1, "batch_size": 0}, {"older_than": 1, "limit": 0},
+                                 {"older_than": "1"}])
+def test_prune_refuses_bad_arguments(pair, bad) -> None:  # type: ignore[no-untyped-def]
+    p, c, _ = pair
+    for side in (p, c):
+        with pytest.raises(ValueError):
+            side.prune(**bad)
+
+
+# -- upgrades of v3 files ----------------------------------------------------------------------------
+
+
+def _v3(path: Path, kind: FileKind, meta: list[tuple[str, str]]) -> Database:
+    old = FileKind(kind.name, kind.application_id, kind.migrations[:3])
+    return Database(path, old, on_create=lambda conn: conn.executemany(
+        "INSERT INTO meta(key, value) VALUES (?, ?)", meta))
+
+
+def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: Path) -> None:
+    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
+    with Consumer(c_path, RESERVATION) as c:
+        uid = c.uid
+    db = _v3(p_path, PRODUCER, [("protocol", "reservation")])
+    with db.write() as conn:
+        conn.execute("INSERT INTO flow VALUES ('A', 2, 'confirmed', '{\"amount\":3}')")
+        conn.executemany("INSERT INTO outbox(event_id, flow_id, seq, body) VALUES (?, 'A', ?, ?)",
+                         [("A1", 1, body("A1", "A", 1)), ("A2", 2, body("A2", "A", 2))])
+        conn.execute("INSERT INTO consumer(name, uid) VALUES ('default', ?)", (uid,))
+        conn.execute("INSERT INTO delivery(consumer, pos, state, last_status, attempts) VALUES "
+                     "('default', 1, 'accepted', 'accepted', 1), ('default', 2, 'pending', NULL, 0)")
+    db.close()
+    assert sql_pragma(p_path, "user_version") == 3
+    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
+        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 4
+        assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
+            ("A1", None), ("A2", None)]
+        assert p.prune(3600).events == 1  # A1: no commit time counts as old; A2 is still pending
+        assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
+        relay_log(p, c)
+        assert p.prune(3600).events == 1
+        r = p.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3})
+        assert r.status == "committed"
+        assert p.prune(3600).events == 0  # A3 has a commit time: young
+
+
+def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    db = _v3(path, CONSUMER, [("protocol", "reservation"), ("name", "default"), ("uid", "u-old")])
+    with db.write() as conn:
+        conn.executemany(
+            "INSERT INTO inbox(event_id, flow_id, seq, body, state, received_at) VALUES (?, ?, ?, ?, ?, ?)", [
+                ("A1", "A", 1, body("A1", "A", 1), "applied", None),
+                ("A2", "A", 2, body("A2", "A", 2), "applied", 500.0),
+                ("A3", "A", 3, body("A3", "A", 3), "pending", 500.0)])
+        conn.execute("INSERT INTO projection VALUES ('A', 'confirmed', 2, '{\"amount\":3}', '{\"held\":3}')")
+        conn.executemany("INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, 'A', ?, ?)",
+                         [("A1", 1, "reserved"), ("A2", 2, "confirmed")])
+    db.close()
+    with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
+        assert sql_pragma(path, "user_version") == CONSUMER.version == 4
+        assert c.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
+        assert c.receive(body("A1", "A", 1)).status == "duplicate"
+        assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"
+        assert c.apply_next("A").status == "applied"
+        assert [e.event_id for e in c.effects("A")] == ["A3"]
+
+
+# -- the tombstone itself ------------------------------------------------------------------------------
+
+
+def test_a_tombstone_keeps_the_sha256_of_the_canonical_body(pair) -> None:  # type: ignore[no-untyped-def]
+    import hashlib
+
+    p, c, clock = pair
+    run_through(p, c, "A")
+    p.prune(0, now=later())
+    c.prune(0, now=clock.t + 1)
+    for path, table in ((p.path, "outbox_tombstone"), (c.path, "inbox_tombstone")):
+        rows = sql_rows(path, f"SELECT event_id, flow_id, seq, body_hash FROM {table} ORDER BY seq")
+        assert [(r[0], r[1], r[2]) for r in rows] == [("A1", "A", 1), ("A2", "A", 2), ("A3", "A", 3)]
+        assert rows[0][3] == hashlib.sha256(body("A1", "A", 1).encode()).digest()
+    assert json.loads(body("A1", "A", 1))["event_id"] == "A1"
+    assert relay(p, c).status == "idle"
+
+
+def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_path: Path) -> None:
+    from reliable_flow.store.sqlite import inbox, retention
+
+    Producer(tmp_path / "p.db", RESERVATION).close()
+    Consumer(tmp_path / "c.db", RESERVATION).close()
+
+    def plan(path: Path, sql: str, params: tuple[object, ...]) -> str:
+        return " | ".join(str(r[3]) for r in sql_rows(path, "EXPLAIN QUERY PLAN " + sql, params))
+
+    insert = plan(tmp_path / "c.db", inbox.INSERT_NEW, ("e", "f", 1, "b", 1.0))
+    assert "SEARCH inbox_tombstone USING PRIMARY KEY" in insert and "SEARCH projection" in insert
+    outbox = plan(tmp_path / "p.db", retention.OUTBOX_PRUNABLE, (1.0, "pending", "set_aside", 10))
+    assert "SEARCH o USING INTEGER PRIMARY KEY" in outbox and "SEARCH d USING PRIMARY KEY" in outbox
+    assert "SEARCH i USING INTEGER PRIMARY KEY" in plan(tmp_path / "c.db", retention.INBOX_PRUNABLE, (1.0, 10))
+    assert "USING INDEX effect_by_state" in plan(tmp_path / "c.db", retention.EFFECTS_PRUNABLE, (1.0, 10))
+
+
+def test_compare_matches_an_event_the_producer_pruned_through_its_tombstone(pair) -> None:  # type: ignore[no-untyped-def]
+    from reliable_flow.tools.compare import compare_files
+
+    p, c, clock = pair
+    run_through(p, c, "A", "B")
+    p.prune(0, now=later())  # the consumer keeps its rows, the producer only tombstones
+    assert compare_files(p.path, [c.path])["differences"] == 0
+    c.prune(0, now=clock.t + 1)
+    assert compare_files(p.path, [c.path])["differences"] == 0
+
+
+# -- forgetting tombstones -----------------------------------------------------------------------
+
+
+def test_forgotten_tombstones_stop_the_growth_and_a_resent_event_is_still_refused(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, clock = pair
+    run_through(p, c, "A")
+    first = c.prune(10, now=clock.t + 100)
+    assert (first.events, first.tombstones_forgotten) == (3, 0)
+    producer_first = p.prune(10, now=later())
+    assert producer_first.events == 3 and sql_count(p.path, "outbox_tombstone") == 3
+    # Much later, a second prune forgets what was pruned more than forget_after ago.
+    result = c.prune(10, now=clock.t + 100_000, forget_after=1_000)
+    assert result.tombstones_forgotten == 3 and sql_count(c.path, "inbox_tombstone") == 0
+    assert p.prune(10, now=later() + 100_000, forget_after=1_000).tombstones_forgotten == 3
+    assert sql_count(p.path, "outbox_tombstone") == 0
+    # A re-sent old event is no longer "duplicate", but it is never stored or applied again.
+    again = c.receive(body("A2", "A", 2))
+    assert again.status == "sequence_conflict"
+    assert c.inbox("A") == [] and c.apply_next("A").status == "idle"
+    assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
+    # And the producer never commits it twice: the flow has moved past its seq.
+    assert p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3}).status == "stale"
+    assert [e.event_id for e in p.outbox("A")] == []
+
+
+def test_recent_tombstones_are_kept_when_forgetting(pair) -> None:  # type: ignore[no-untyped-def]
+    p, c, clock = pair
+    run_through(p, c, "A")
+    c.prune(10, now=clock.t + 100)
+    assert c.prune(10, now=clock.t + 500, forget_after=1_000).tombstones_forgotten == 0
+    assert c.receive(body("A2", "A", 2)).status == "duplicate"
+
+
+@pytest.mark.parametrize("forget_after", [5, -1, float("inf"), True])
+def test_forget_after_must_be_a_finite_number_not_below_older_than(pair, forget_after) -> None:  # type: ignore[no-untyped-def]
+    _, c, clock = pair
+    with pytest.raises(ValueError, match="forget_after"):
+        c.prune(10, now=clock.t, forget_after=forget_after)
