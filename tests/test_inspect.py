@@ -71,3 +71,31 @@ def test_wrong_or_missing_files_are_a_clear_error(tmp_path: Path) -> None:
     missing = run_cli("inspect", str(p_path), str(tmp_path / "absent.db"))
     assert missing.returncode == 2 and "absent.db" in missing.stderr
     assert not (tmp_path / "absent.db").exists()
+
+
+class _Killed(BaseException):
+    """Stands for the relay process dying while it sends (no except clause catches it)."""
+
+
+class _DiesWhileSending(Consumer):
+    def accept(self, body: str):  # type: ignore[no-untyped-def, override]
+        raise _Killed
+
+
+def test_a_lease_held_by_a_dead_relay_is_shown_with_its_holder_and_end(tmp_path: Path) -> None:
+    from reliable_flow import DeliveryPolicy
+
+    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    with Producer(p_path, RESERVATION) as producer, _DiesWhileSending(c_path, RESERVATION) as consumer:
+        producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        policy = DeliveryPolicy(lease_seconds=600, owner="relay-host:4242:dead")
+        try:
+            relay(producer, consumer, policy=policy)
+        except _Killed:
+            pass
+    done = run_cli("inspect", str(p_path), str(c_path), cwd=tmp_path)
+    line = next(row for row in done.stdout.splitlines() if "event_id=A1" in row)
+    assert "lease=held by relay-host:4242:dead until " in line, done.stdout
+    report = json.loads(run_cli("inspect", str(p_path), str(c_path), "--json", cwd=tmp_path).stdout)
+    [pending] = report["producer"]["consumers"]["default"]["pending"]
+    assert pending["lease_owner"] == "relay-host:4242:dead" and pending["due_at"] > 0

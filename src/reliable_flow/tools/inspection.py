@@ -54,7 +54,8 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike, *,
             elif d["state"] == "skipped":
                 skipped.append(ref)
             else:
-                pending.append({**ref, "attempts": d["attempts"], "last_error": d["last_error"]})
+                pending.append({**ref, "attempts": d["attempts"], "last_error": d["last_error"],
+                                "lease_owner": d["lease_owner"], "due_at": d["due_at"]})
         per_consumer[name] = {
             "accepted": accepted, "pending": pending, "set_aside": set_aside, "skipped": skipped,
         }
@@ -150,6 +151,15 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
 
 
+def _lease(entry: dict[str, Any]) -> str:
+    """Who holds a delivery's lease and until when, or why it waits."""
+    if entry.get("lease_owner"):
+        return f"held by {entry['lease_owner']} until {_when(entry['due_at'])}"
+    if entry.get("due_at"):
+        return f"backing off until {_when(entry['due_at'])}"
+    return "-"
+
+
 def _rows(items: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return ["    " + "  ".join(f"{k}={item[k]}" for k in keys) for item in items]
 
@@ -172,7 +182,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"  to consumer {name!r}: {d['accepted']} accepted, {len(d['pending'])} undelivered, "
             f"{len(d['set_aside'])} set aside" + (f", {len(d['skipped'])} skipped" if d["skipped"] else "")
         )
-        lines += _rows(d["pending"][:20], ["event_id", "flow_id", "seq", "attempts", "last_error"])
+        lines += _rows([{**e, "lease": _lease(e)} for e in d["pending"][:20]],
+                       ["event_id", "flow_id", "seq", "attempts", "last_error", "lease"])
         if len(d["pending"]) > 20:
             lines.append(f"    ... {len(d['pending']) - 20} more undelivered")
         if d["set_aside"]:
