@@ -442,3 +442,53 @@ def in_forked_child(work: Callable[[], str]) -> tuple[int, str]:
     os.close(write_fd)
     code = wait_child(pid)
     return code, read_pipe(read_fd)
+
+
+# -- effects -------------------------------------------------------------------------------
+
+
+class EffectWorld:
+    """A producer and consumers on files in one directory, sharing one
+    :class:`Clock`, for the handler and effect tests: ``push`` advances a
+    reservation flow (event ids ``<flow><seq>``), ``deliver`` relays until
+    idle, ``executor`` makes an ``EffectExecutor`` on the same clock with a
+    fixed random source (0.5), so every backoff is exact."""
+
+    def __init__(self, where: Path, protocol: Any = None) -> None:
+        from reliable_flow.reservation import RESERVATION
+
+        self.dir = where
+        self.protocol = RESERVATION if protocol is None else protocol
+        self.clock = Clock()
+        self.consumer_path = where / "consumer.db"
+        self.producer = Producer(where / "producer.db", self.protocol)
+        self._open: list[Any] = [self.producer]
+
+    def consumer(self, handlers: tuple[Callable[..., None], ...] = (), effects: Any = None, **kw: Any) -> Consumer:
+        c = Consumer(self.consumer_path, self.protocol, handlers=handlers, effects=effects, clock=self.clock, **kw)
+        self._open.append(c)
+        return c
+
+    def push(self, flow: str, upto: int = 1, *, amount: int = 3, meta: dict[str, str] | None = None,
+             start: int = 1) -> None:
+        """Advance ``flow`` through steps start..upto."""
+        for seq in range(start, upto + 1):
+            r = self.producer.advance(f"{flow}{seq}", flow, expected_seq=seq - 1, kind=KINDS[seq - 1],
+                                      payload={"amount": amount}, meta=meta)
+            assert r.status == "committed", r
+
+    def deliver(self, consumer: Consumer) -> None:
+        for _ in range(1000):
+            if relay(self.producer, consumer).status == "idle":
+                return
+        raise AssertionError("relay never went idle")
+
+    def executor(self, consumer: Consumer, *, owner: str = "exec-1", **kw: Any) -> Any:
+        from reliable_flow import DeliveryPolicy, EffectExecutor
+
+        return EffectExecutor(consumer, policy=DeliveryPolicy(
+            lease_seconds=30, clock=self.clock, random=lambda: 0.5, owner=owner), **kw)
+
+    def close(self) -> None:
+        for thing in reversed(self._open):
+            thing.close()

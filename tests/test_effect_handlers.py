@@ -21,35 +21,21 @@ from reliable_flow import (
     ApplyContext,
     AppSchema,
     Consumer,
-    DeliveryPolicy,
-    EffectExecutor,
     EffectKeyConflict,
     Effects,
     Event,
     InvalidEnvelope,
     NotResolvable,
     PayloadError,
-    Producer,
     UnknownEffect,
-    relay,
 )
 from reliable_flow.envelope import make
 from reliable_flow.reservation import RESERVATION
-
-KINDS = ("reserved", "confirmed", "released")
-
+from support import EffectWorld
 
 # -- local helpers ----------------------------------------------------------------------------
 
 
-class Clock:
-    """A clock that only moves when told to."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def rows(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -58,43 +44,7 @@ def rows(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, 
         return conn.execute(sql, params).fetchall()
 
 
-class World:
-    """A producer and consumers on files in one directory, sharing one clock."""
-
-    def __init__(self, where: Path) -> None:
-        self.dir = where
-        self.clock = Clock()
-        self.consumer_path = where / "consumer.db"
-        self.producer = Producer(where / "producer.db", RESERVATION)
-        self._open: list[Any] = [self.producer]
-
-    def consumer(self, handlers: tuple[Callable[[ApplyContext], None], ...] = (), effects: Effects | None = None,
-                 **kw: Any) -> Consumer:
-        c = Consumer(self.consumer_path, RESERVATION, handlers=handlers, effects=effects, clock=self.clock, **kw)
-        self._open.append(c)
-        return c
-
-    def push(self, flow: str, upto: int = 1, *, amount: int = 3, meta: dict[str, str] | None = None,
-             start: int = 1) -> None:
-        """Advance ``flow`` through steps start..upto (event ids ``<flow><seq>``)."""
-        for seq in range(start, upto + 1):
-            r = self.producer.advance(f"{flow}{seq}", flow, expected_seq=seq - 1, kind=KINDS[seq - 1],
-                                      payload={"amount": amount}, meta=meta)
-            assert r.status == "committed", r
-
-    def deliver(self, consumer: Consumer) -> None:
-        for _ in range(100):
-            if relay(self.producer, consumer).status == "idle":
-                return
-        raise AssertionError("relay never went idle")
-
-    def executor(self, consumer: Consumer, **kw: Any) -> EffectExecutor:
-        return EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=30, clock=self.clock,
-                                                              random=lambda: 0.5), **kw)
-
-    def close(self) -> None:
-        for thing in reversed(self._open):
-            thing.close()
+World = EffectWorld
 
 
 @pytest.fixture

@@ -42,29 +42,19 @@ from reliable_flow import (
     UnknownEffect,
     Worker,
     envelope,
-    relay,
 )
 from reliable_flow.errors import CommitOutcomeUnknown
 from reliable_flow.protocol import Protocol, by_kind, exact, text
-from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.schema import CONSUMER, FileKind
+from support import KINDS, EffectWorld
 
-KINDS = ("reserved", "confirmed", "released")
 T0 = 1000.0
 
 
 # -- local helpers ----------------------------------------------------------------------------
 
 
-class Clock:
-    """A clock that only moves when told to."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Died(BaseException):
@@ -95,43 +85,7 @@ class Script:
         return [c.attempt for c in self.calls]
 
 
-class World:
-    """A producer and consumers on files in one directory, sharing one clock."""
-
-    def __init__(self, where: Path, protocol: Protocol = RESERVATION) -> None:
-        self.dir = where
-        self.protocol = protocol
-        self.clock = Clock()
-        self.consumer_path = where / "consumer.db"
-        self.producer = Producer(where / "producer.db", protocol)
-        self._open: list[Any] = [self.producer]
-
-    def consumer(self, handlers: tuple[Callable[[ApplyContext], None], ...] = (), effects: Effects | None = None,
-                 **kw: Any) -> Consumer:
-        c = Consumer(self.consumer_path, self.protocol, handlers=handlers, effects=effects, clock=self.clock, **kw)
-        self._open.append(c)
-        return c
-
-    def push(self, flow: str, upto: int = 1, *, start: int = 1, meta: dict[str, str] | None = None) -> None:
-        """Advance a reservation flow through steps start..upto (event ids ``<flow><seq>``)."""
-        for seq in range(start, upto + 1):
-            r = self.producer.advance(f"{flow}{seq}", flow, expected_seq=seq - 1, kind=KINDS[seq - 1],
-                                      payload={"amount": 3}, meta=meta)
-            assert r.status == "committed", r
-
-    def deliver(self, consumer: Consumer) -> None:
-        for _ in range(1000):
-            if relay(self.producer, consumer).status == "idle":
-                return
-        raise AssertionError("relay never went idle")
-
-    def executor(self, consumer: Consumer, *, owner: str = "exec-1", **kw: Any) -> EffectExecutor:
-        return EffectExecutor(consumer, policy=DeliveryPolicy(
-            lease_seconds=30, clock=self.clock, random=lambda: 0.5, owner=owner), **kw)
-
-    def close(self) -> None:
-        for thing in reversed(self._open):
-            thing.close()
+World = EffectWorld
 
 
 @pytest.fixture

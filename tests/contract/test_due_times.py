@@ -7,30 +7,16 @@ Checked through the store interface only (units, snapshots, ``latest``).
 
 from __future__ import annotations
 
+from contract_support import append, bind, env
+
 from reliable_flow.delivery import Retry
-from reliable_flow.envelope import Envelope, make
 from reliable_flow.statuses import DeliveryState, EffectState
 from reliable_flow.store.effects import NewEffect
 
 S = EffectState
 
 
-def env(event_id: str, flow_id: str = "F", seq: int = 1) -> Envelope:
-    return make(event_id=event_id, flow_id=flow_id, seq=seq, kind="created", schema=1,
-                payload={"n": seq}, meta=None)
 
-
-def append(store, *envs: Envelope) -> list[int]:
-    with store.write() as unit:
-        for e in envs:
-            unit.append_event(e)
-        return [unit.find_event(e.event_id).pos for e in envs]
-
-
-def bind(store, *names: str) -> None:
-    with store.write() as unit:
-        for name in names:
-            unit.add_consumer(name, "uid-" + name)
 
 
 def new_effect(key: str, *, flow: str = "F", seq: int = 1, name: str = "notify", ordered: bool = False,

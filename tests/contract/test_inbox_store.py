@@ -11,8 +11,9 @@ import threading
 import time
 
 import pytest
+from contract_support import env, protocol_members
 
-from reliable_flow.envelope import Envelope, make
+from reliable_flow.envelope import Envelope
 from reliable_flow.statuses import BlockReason, EffectRecord, InboxEntry, InboxState
 from reliable_flow.store import FlowState, InboxReads, InboxUnit
 
@@ -24,10 +25,6 @@ APPLIED = InboxState.APPLIED
 class Boom(Exception):
     """Raised by a test to abandon a unit of work."""
 
-
-def env(event_id: str, flow_id: str = "F", seq: int = 1, kind: str = "created") -> Envelope:
-    return make(event_id=event_id, flow_id=flow_id, seq=seq, kind=kind, schema=1,
-                payload={"id": event_id, "n": seq}, meta=None)
 
 
 def insert(store, *envs: Envelope) -> None:
@@ -46,14 +43,6 @@ def apply(store, e: Envelope, view: str = "{}") -> None:
 def rows(store, flow_id: str) -> list[tuple[str, int, InboxState, BlockReason | None]]:
     return [(r.event_id, r.seq, r.state, r.reason) for r in store.latest.inbox(flow_id)]
 
-
-def protocol_members(*protocols: type) -> set[str]:
-    names: set[str] = set()
-    for proto in protocols:
-        for cls in proto.__mro__:
-            if cls.__module__.startswith("reliable_flow.store"):
-                names |= {n for n in vars(cls) if not n.startswith("_")}
-    return names
 
 
 # -- the store object -------------------------------------------------------------------

@@ -8,22 +8,12 @@ store interface.
 
 from __future__ import annotations
 
+from contract_support import append, env
+
 from reliable_flow.delivery import Retry
-from reliable_flow.envelope import Envelope, make
+from reliable_flow.envelope import Envelope
 from reliable_flow.statuses import BlockReason, DeliveryState
 from reliable_flow.store.records import DeliveryCounts, InboxCounts, OutboxCounts
-
-
-def env(event_id: str, flow_id: str = "F", seq: int = 1) -> Envelope:
-    return make(event_id=event_id, flow_id=flow_id, seq=seq, kind="created", schema=1,
-                payload={"id": event_id}, meta=None)
-
-
-def append(store, *envs: Envelope) -> list[int]:
-    with store.write() as unit:
-        for e in envs:
-            unit.append_event(e)
-        return [unit.find_event(e.event_id).pos for e in envs]
 
 
 def groups(counts: OutboxCounts) -> dict[tuple[str, str], DeliveryCounts]:

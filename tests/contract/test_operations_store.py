@@ -10,8 +10,8 @@ through the store interface.
 from __future__ import annotations
 
 import pytest
+from contract_support import append, env
 
-from reliable_flow.envelope import Envelope, make
 from reliable_flow.operations import InboxAction, InboxRow, RegistryAction
 from reliable_flow.statuses import BlockReason, DeliveryState, InboxState
 
@@ -23,15 +23,6 @@ class Boom(Exception):
     """Raised by a test to abandon a unit of work."""
 
 
-def env(event_id: str, flow_id: str = "F", seq: int = 1, kind: str = "created", n: int = 0) -> Envelope:
-    return make(event_id=event_id, flow_id=flow_id, seq=seq, kind=kind, schema=1,
-                payload={"id": event_id, "n": n}, meta=None)
-
-
-def append(store, *envs: Envelope) -> None:
-    with store.write() as unit:
-        for e in envs:
-            unit.append_event(e)
 
 
 def register(store, name: str, now: float = 100.0, from_now: bool = False) -> None:

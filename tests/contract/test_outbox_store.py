@@ -12,9 +12,10 @@ import threading
 import time
 
 import pytest
+from contract_support import append, bind, env, protocol_members
 
 from reliable_flow.delivery import Retry
-from reliable_flow.envelope import Envelope, make
+from reliable_flow.envelope import make
 from reliable_flow.statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
 from reliable_flow.store import FlowState, OutboxReads, OutboxUnit, StoredEvent
 
@@ -28,23 +29,7 @@ class Boom(Exception):
     """Raised by a test to abandon a unit of work."""
 
 
-def env(event_id: str, flow_id: str = "F", seq: int = 1, kind: str = "created") -> Envelope:
-    return make(event_id=event_id, flow_id=flow_id, seq=seq, kind=kind, schema=1,
-                payload={"id": event_id, "n": seq}, meta=None)
 
-
-def append(store, *envs: Envelope) -> list[int]:
-    """Commit the events in one unit; their positions."""
-    with store.write() as unit:
-        for e in envs:
-            unit.append_event(e)
-        return [unit.find_event(e.event_id).pos for e in envs]
-
-
-def bind(store, *names: str) -> None:
-    with store.write() as unit:
-        for name in names:
-            unit.add_consumer(name, "uid-" + name)
 
 
 def record(store, event_id: str, consumer: str) -> DeliveryRecord:
@@ -63,14 +48,6 @@ def state(store, event_id: str, consumer: str) -> DeliveryState | None:
         found = unit.delivery_state(event_id, consumer)
     return None if found is None else found[1]
 
-
-def protocol_members(*protocols: type) -> set[str]:
-    names: set[str] = set()
-    for proto in protocols:
-        for cls in proto.__mro__:
-            if cls.__module__.startswith("reliable_flow.store"):
-                names |= {n for n in vars(cls) if not n.startswith("_")}
-    return names
 
 
 # -- the store object -------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""Helpers the contract test files share: envelopes, and the few unit-of-work
+steps every file needs.  Only the store interface is used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reliable_flow.envelope import Envelope, make
+
+__all__ = ["append", "bind", "env", "protocol_members"]
+
+
+def env(event_id: str, flow_id: str = "F", seq: int = 1, kind: str = "created", n: int | None = None) -> Envelope:
+    """A valid envelope; the payload carries the id and ``n`` (default: the seq)."""
+    return make(event_id=event_id, flow_id=flow_id, seq=seq, kind=kind, schema=1,
+                payload={"id": event_id, "n": seq if n is None else n}, meta=None)
+
+
+def append(store: Any, *envs: Envelope) -> list[int]:
+    """Commit the events in one unit of work; their positions."""
+    with store.write() as unit:
+        for e in envs:
+            unit.append_event(e)
+        return [unit.find_event(e.event_id).pos for e in envs]
+
+
+def bind(store: Any, *names: str) -> None:
+    """Bind each consumer name to the uid ``uid-<name>``."""
+    with store.write() as unit:
+        for name in names:
+            unit.add_consumer(name, "uid-" + name)
+
+
+def protocol_members(*protocols: type) -> set[str]:
+    """The public members the store contract declares on these protocols."""
+    names: set[str] = set()
+    for proto in protocols:
+        for cls in proto.__mro__:
+            if cls.__module__.startswith("reliable_flow.store"):
+                names |= {n for n in vars(cls) if not n.startswith("_")}
+    return names
