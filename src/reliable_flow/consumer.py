@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from . import envelope
+from .checks import check_count, check_optional_count
 from .core.apply import ApplyRules, apply_in, drain_flows
 from .core.receive import receive_in
 from .crash import crash_point
@@ -52,11 +53,6 @@ def _check_flow_id(flow_id: object) -> str:
     # rather than a silent "idle".
     return envelope.check_name("flow_id", flow_id)
 
-
-def _check_limit(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
@@ -100,8 +96,7 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
-        if max_inbox is not None and (isinstance(max_inbox, bool) or not isinstance(max_inbox, int) or max_inbox < 1):
-            raise ValueError(f"max_inbox must be None or an int >= 1, got {max_inbox!r}")
+        check_optional_count("max_inbox", max_inbox)
         self.protocol = protocol
         self.max_inbox = max_inbox
         if schemas is None:
@@ -288,8 +283,8 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
         return self._drain_flows(self._store.latest.open_flows(), limit, batch_size)
 
     def _drain_flows(self, flows: list[str], limit: int, batch_size: int) -> dict[str, DrainResult]:
-        limit = _check_limit("limit", limit)
-        batch_size = _check_limit("batch_size", batch_size)
+        limit = check_count("limit", limit)
+        batch_size = check_count("batch_size", batch_size)
         return drain_flows(self._store.write, self._rules, flows, limit, batch_size, self._observed)
 
     # -- retention ------------------------------------------------------------------

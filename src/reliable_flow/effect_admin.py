@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .checks import check_text
 from .effects import check_json_value
 from .errors import NotResolvable, UnknownEffect
 from .observe import CONSUMER, operator_action
@@ -24,11 +25,6 @@ _FROM = {
     "cancel": (_S.PENDING, _S.DEAD, _S.UNKNOWN, _S.IN_DOUBT),
 }
 
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
 
 
 class EffectAdmin:
@@ -86,9 +82,9 @@ class EffectAdmin:
                                                           "reason": reason})
 
     def _act(self, action: str, key: str, actor: str, reason: str, changes: dict[str, Any]) -> EffectAction:
-        _text("key", key)
-        _text("actor", actor)
-        _text("reason", reason)
+        check_text("key", key)
+        check_text("actor", actor)
+        check_text("reason", reason)
         now = self.clock()
         with self.store.write() as unit:
             effect = unit.effect(key)

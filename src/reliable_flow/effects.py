@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import envelope
+from .checks import check_count
 from .errors import InvalidEnvelope
 
 __all__ = [
@@ -132,8 +133,7 @@ class Effects:
             raise TypeError(f"reconcile must be callable or None, got {type(reconcile).__name__}")
         if not isinstance(idempotent, bool):
             raise TypeError(f"idempotent must be a bool, got {idempotent!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        check_count("max_attempts", max_attempts)
         if feedback is not None and not isinstance(feedback, Feedback):
             raise TypeError(f"feedback must be a Feedback or None, got {type(feedback).__name__}")
         spec = EffectSpec(name, run, reconcile, idempotent, max_attempts, feedback)

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_count
 from .consumer import Consumer
 from .core.effects import (
     Outcome,
@@ -96,8 +97,7 @@ class EffectExecutor:
     def run_once(self, limit: int = 100) -> int:
         """Feed back results still owed, then take up to ``limit`` due effects
         one by one; returns how many were taken up (0: nothing due)."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        check_count("limit", limit)
         self._feed_owed(limit)
         done = 0
         while done < limit:

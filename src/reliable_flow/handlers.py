@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import envelope
+from .checks import check_finite, check_optional_count, check_text
 from .core.effects import default_key, schedule_in
 from .effects import Effects, check_json_object
 from .errors import NotResolvable, UnknownEffect
@@ -120,8 +121,7 @@ class ApplyContext:
             deadline = _epoch("meta.expires_at", self.event.meta["expires_at"])
         if deadline is not None:
             deadline = _finite("deadline", deadline)
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
-            raise ValueError(f"version must be None or an int >= 1, got {version!r}")
+        check_optional_count("version", version)
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered must be a bool, got {ordered!r}")
         schedule_in(self._unit, NewEffect(
@@ -134,8 +134,7 @@ class ApplyContext:
     def cancel(self, key: str, reason: str) -> None:
         """Cancel a pending effect (e.g. one this flow scheduled earlier and no
         longer needs), with a reason; it will never run."""
-        if not isinstance(reason, str) or not reason.strip():
-            raise ValueError(f"reason must be a non-empty string, got {reason!r}")
+        check_text("reason", reason)
         effect = self._unit.effect(key)
         if effect is None:
             raise UnknownEffect(f"no effect with key {key!r}")
@@ -148,11 +147,7 @@ Handler = Callable[[ApplyContext], None]
 
 
 def _finite(name: str, value: object) -> float:
-    import math
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds since the epoch, got {value!r}")
-    return float(value)
+    return check_finite(name, value, "seconds since the epoch")
 
 
 class _BadMeta(PayloadError):

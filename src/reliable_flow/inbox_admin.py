@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import envelope
+from .checks import check_text
 from .core.operate import replace_in, skip_in, why_waiting
 from .operations import InboxAction, StuckFlow
 from .protocol import Protocol
@@ -17,11 +18,6 @@ from .store import InboxStore
 
 __all__ = ["InboxAdmin"]
 
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
 
 
 class InboxAdmin:
@@ -48,7 +44,7 @@ class InboxAdmin:
         """The stored envelope of one inbox event (in any state), or None.
 
         A dict, because it is the envelope exactly as it arrived."""
-        body = self.store.latest.body_of(_text("event_id", event_id))
+        body = self.store.latest.body_of(check_text("event_id", event_id))
         return None if body is None else dict(json.loads(body))
 
     def skip_event(self, event_id: str, *, actor: str, reason: str) -> InboxAction:
@@ -62,7 +58,7 @@ class InboxAdmin:
         :class:`UnknownEvent` if the event is not in the inbox and
         :class:`NotResolvable` if it is not a waiting next step.
         """
-        event_id, actor, reason = _text("event_id", event_id), _text("actor", actor), _text("reason", reason)
+        event_id, actor, reason = check_text("event_id", event_id), check_text("actor", actor), check_text("reason", reason)
         with self.store.write() as unit:
             return skip_in(unit, self.protocol, event_id, actor, reason, self.clock(), self.store.location)
 
@@ -79,7 +75,7 @@ class InboxAdmin:
         :class:`InvalidEnvelope` for a malformed or mismatched replacement,
         :class:`UnknownEvent` / :class:`NotResolvable` as :meth:`skip_event`.
         """
-        event_id, actor, reason = _text("event_id", event_id), _text("actor", actor), _text("reason", reason)
+        event_id, actor, reason = check_text("event_id", event_id), check_text("actor", actor), check_text("reason", reason)
         corrected = envelope.parse(corrected_envelope)
         with self.store.write() as unit:
             return replace_in(unit, event_id, corrected, actor, reason, self.clock(), self.store.location)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from .checks import check_optional_count, check_text
 from .core.advance import advance_in, build
 from .crash import crash_point
 from .envelope import Envelope
@@ -138,10 +139,7 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
-        if max_backlog is not None and (
-            isinstance(max_backlog, bool) or not isinstance(max_backlog, int) or max_backlog < 1
-        ):
-            raise ValueError(f"max_backlog must be None or an int >= 1, got {max_backlog!r}")
+        check_optional_count("max_backlog", max_backlog)
         self.protocol = protocol
         self.max_backlog = max_backlog
         self._store = SqliteOutboxStore(path, protocol.name, busy_timeout=busy_timeout)
@@ -212,8 +210,7 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
 
     def _operator_action(self, action: str, event_id: str, consumer: str, actor: str, reason: str) -> OperatorAction:
         for name, value in (("event_id", event_id), ("consumer", consumer), ("actor", actor), ("reason", reason)):
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+            check_text(name, value)
         now = time.time()
         with self._store.write() as unit:
             found = unit.delivery_state(event_id, consumer)

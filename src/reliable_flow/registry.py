@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from . import envelope
+from .checks import check_text
 from .core.operate import register_in, remove_in
 from .errors import InvalidEnvelope
 from .operations import ConsumerEntry, RegistryAction
@@ -14,11 +15,6 @@ from .store import OutboxStore
 
 __all__ = ["ConsumerRegistry"]
 
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-    return value
 
 
 def _name(value: object) -> str:
@@ -54,7 +50,7 @@ class ConsumerRegistry:
         registered raises :class:`NotResolvable`.
         """
         name = _name(name)
-        record = RegistryAction(time.time(), name, "register", _text("actor", actor), _text("reason", reason))
+        record = RegistryAction(time.time(), name, "register", check_text("actor", actor), check_text("reason", reason))
         with self.store.write() as unit:
             register_in(unit, name, bool(from_now), record, self.store.location)
         return record
@@ -69,7 +65,7 @@ class ConsumerRegistry:
         binding until reopened: stop the relays to the name first.
         """
         name = _name(name)
-        record = RegistryAction(time.time(), name, "remove", _text("actor", actor), _text("reason", reason))
+        record = RegistryAction(time.time(), name, "remove", check_text("actor", actor), check_text("reason", reason))
         with self.store.write() as unit:
             remove_in(unit, name, record, self.store.location)
         self.store.forget_binding(name)

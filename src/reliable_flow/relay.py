@@ -7,6 +7,7 @@ public face: it checks the arguments and hands the producer's store and the
 
 from __future__ import annotations
 
+from .checks import check_count
 from .consumer import Consumer
 from .core.relay import relay_batch_to, relay_to
 from .delivery import DeliveryPolicy
@@ -90,7 +91,6 @@ def relay_batch(
     propagates.  An unregistered consumer name: as for :func:`relay`
     (``register=True`` registers it).
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    check_count("limit", limit)
     _check_pair(producer, consumer)
     return relay_batch_to(producer.store, consumer, limit, policy, bool(register))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from .checks import check_count
 from .consumer import Consumer
 from .core.operate import refused_names, unknown_consumer
 from .delivery import check_seconds
@@ -103,8 +104,7 @@ class Worker:
         if len(set(names)) != len(names):
             raise ValueError(f"consumer names must be distinct, got {names}")
         for name, value in (("relay_batch", relay_batch), ("apply_limit", apply_limit)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_count(name, value)
         check_seconds("idle_sleep", idle_sleep, allow_zero=True)
         if not register:  # refuse a typo'd name now, not on every pass
             refused = refused_names(producer.store.latest, names)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import socket
@@ -11,18 +10,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..checks import check_seconds
+
 __all__ = ["DeliveryPolicy", "backoff_delay", "check_seconds"]
-
-
-def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
-    """A duration in seconds: a finite int or float (never a bool), > 0 or >= 0."""
-    if (
-        isinstance(value, bool) or not isinstance(value, (int, float))
-        or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)
-    ):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
 
 
 def backoff_delay(failures: int, base: float, cap: float, rand: Callable[[], float]) -> float:
