@@ -57,7 +57,7 @@ def test_every_component_has_its_named_logger_and_the_library_prints_nothing_by_
     assert [lg.name for lg in (observe.PRODUCER, observe.RELAY, observe.CONSUMER, observe.EXECUTOR,
                                observe.WORKER)] == [f"reliable_flow.{c}" for c in LOGGERS]
     handlers = logging.getLogger("reliable_flow").handlers
-    assert any(isinstance(h, logging.NullHandler) for h in handlers)
+    assert [type(h) for h in handlers] == [logging.NullHandler]
 
 
 def test_records_carry_the_ids_and_the_meta_as_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -292,7 +292,7 @@ def test_inbox_rows_carry_their_meta_to_readers_snapshot_and_inspect(tmp_path: P
     assert snap["consumer"]["inbox"]["B"] == [
         {"event_id": "B2", "seq": 2, "state": "pending", "reason": None, "meta": {"correlation_id": "order-43"}}]
     done = run_cli("inspect", str(p_path), str(c_path), "--json")
-    assert done.returncode in (0, 1), done.stderr  # 1: something needs attention (here: a block, a gap)
+    assert done.returncode == 1, done.stderr  # something needs attention: a block and a gap
     report = json.loads(done.stdout)["consumer"]
     assert [(b["event_id"], b["meta"]) for b in report["blocked"]] == [("A2", {"correlation_id": "order-42"})]
     assert [(g["flow_id"], g["waiting"], g["meta"]) for g in report["gaps"]] == [
@@ -442,7 +442,7 @@ def test_metrics_command_text_json_and_prometheus_read_only(tmp_path: Path) -> N
     assert value(samples, "reliable_flow_outbox_events") == 7
     assert value(samples, "reliable_flow_deliveries", consumer="default", state="pending") == 2
     assert value(samples, "reliable_flow_deliveries", consumer="default", state="set_aside") == 1
-    assert value(samples, "reliable_flow_delivery_retries_total", consumer="default") == 1
+    assert value(samples, "reliable_flow_delivery_retries", consumer="default") == 1
     assert value(samples, "reliable_flow_inbox_blocked", consumer="default", reason="unsupported_schema") == 1
     assert value(samples, "reliable_flow_flows_at_gap", consumer="default") == 1
     assert value(samples, "reliable_flow_effects", consumer="default", state="unknown") == 1

@@ -688,3 +688,35 @@ def test_the_docs_give_30_s_as_the_lease_of_the_command_line_only(pair: tuple[Pr
     assert not re.search(r"Worker[^.]*default[^.]*30|30[^.]*default[^.]*`Worker", doc.replace(
         "A 30 s lease is the default of the command line only (`reliable-flow run --lease SECONDS`). "
         "`Worker(...)` has no lease by default", ""))
+
+
+# -- flags and names that must not quietly mean something else ----------------------------------
+
+
+@pytest.mark.parametrize("value", ["no", 1, 0, None])
+def test_register_and_from_now_must_be_real_bools(tmp_path: Path, value: object) -> None:
+    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c:
+        with pytest.raises(TypeError, match="register"):
+            relay(p, c, register=value)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="register"):
+            relay_batch(p, c, register=value)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="from_now"):
+            p.register_consumer("audit", from_now=value, actor="ops", reason="new")  # type: ignore[arg-type]
+        assert p.consumers() == []  # nothing registered by any of them
+
+
+@pytest.mark.parametrize("name", ["", "   "])
+def test_a_blank_consumer_name_is_refused(tmp_path: Path, name: str) -> None:
+    with Producer(tmp_path / "p.db", RESERVATION) as p:
+        with pytest.raises(ValueError, match="name"):
+            p.register_consumer(name, actor="ops", reason="new")
+        assert p.consumers() == []
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("owner", "", ValueError), ("owner", "  ", ValueError), ("owner", 5, ValueError),
+    ("wait_for_due", "no", TypeError), ("wait_for_due", 1, TypeError),
+])
+def test_delivery_policy_owner_and_wait_for_due_are_checked(field: str, value: object, error: type) -> None:
+    with pytest.raises(error, match=field):
+        reliable_flow.DeliveryPolicy(**{field: value})

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_count", "check_finite", "check_optional_count", "check_seconds", "check_text"]
+__all__ = ["check_count", "check_finite", "check_flag", "check_optional_count", "check_seconds", "check_text"]
 
 
 def check_text(name: str, value: object) -> str:
     """A string with something other than blanks in it (an actor, a reason, a key)."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A real bool: ``"no"`` or ``1`` must not quietly mean True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 

@@ -168,7 +168,10 @@ def _producer_samples(m: ProducerMetrics) -> Iterator[_Sample]:
         for state in DeliveryState:
             yield ("reliable_flow_deliveries", "gauge", "Outbox events per consumer and delivery state.",
                    {"consumer": consumer, "state": state.value}, getattr(d, state.value))
-        yield ("reliable_flow_delivery_retries_total", "counter", "Sends beyond each event's first, per consumer.",
+        # A gauge, not a counter: it is summed over the deliveries still stored,
+        # so pruning lowers it (a counter must never go down).
+        yield ("reliable_flow_delivery_retries", "gauge",
+               "Sends beyond each event's first, over the deliveries still stored, per consumer.",
                {"consumer": consumer}, d.retries)
         yield ("reliable_flow_deliveries_failing", "gauge", "Pending deliveries whose last send failed.",
                {"consumer": consumer}, d.failing)

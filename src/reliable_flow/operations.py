@@ -138,7 +138,7 @@ class PruneResult:
     (producer); ``effect_records`` / ``effect_rows``: effect records of the
     pruned events and finished effect-outbox rows (consumer);
     ``transactions``: how many commits it took; ``complete``: False when
-    ``limit`` stopped it with more left to prune (call again);
+    ``limit`` was reached (there may be more to prune: call again);
     ``tombstones_forgotten``: tombstones removed by ``forget_after``.
     """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from . import envelope
-from .checks import check_text
+from .checks import check_flag, check_text
 from .core.operate import register_in, remove_in
 from .errors import InvalidEnvelope
 from .operations import ConsumerEntry, RegistryAction
@@ -18,6 +18,7 @@ __all__ = ["ConsumerRegistry"]
 
 
 def _name(value: object) -> str:
+    check_text("name", value)
     try:
         return envelope.check_name("name", value)
     except InvalidEnvelope as exc:
@@ -52,7 +53,7 @@ class ConsumerRegistry:
         name = _name(name)
         record = RegistryAction(time.time(), name, "register", check_text("actor", actor), check_text("reason", reason))
         with self.store.write() as unit:
-            register_in(unit, name, bool(from_now), record, self.store.location)
+            register_in(unit, name, check_flag("from_now", from_now), record, self.store.location)
         return record
 
     def remove_consumer(self, name: str, *, actor: str, reason: str) -> RegistryAction:

@@ -7,7 +7,7 @@ public face: it checks the arguments and hands the producer's store and the
 
 from __future__ import annotations
 
-from .checks import check_count
+from .checks import check_count, check_flag
 from .consumer import Consumer
 from .core.relay import relay_batch_to, relay_to
 from .delivery import DeliveryPolicy
@@ -67,7 +67,7 @@ def relay(
     if event_id is not None and (not isinstance(event_id, str) or not event_id):
         raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")
     _check_pair(producer, consumer)
-    return relay_to(producer.store, consumer, event_id, policy, bool(register))
+    return relay_to(producer.store, consumer, event_id, policy, check_flag("register", register))
 
 
 @traced("reliable_flow.relay_batch", lambda producer, consumer, *a, **k: {
@@ -93,4 +93,4 @@ def relay_batch(
     """
     check_count("limit", limit)
     _check_pair(producer, consumer)
-    return relay_batch_to(producer.store, consumer, limit, policy, bool(register))
+    return relay_batch_to(producer.store, consumer, limit, policy, check_flag("register", register))

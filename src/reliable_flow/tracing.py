@@ -90,10 +90,12 @@ def traced(name: str, before: Callable[..., Mapping[str, Any]] | None = None) ->
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with _get_tracer().start_as_current_span(name) as span:
-                if before is not None:
+                # Without an SDK the span records nothing: build no attributes.
+                recording = span.is_recording()
+                if recording and before is not None:
                     span.set_attributes(dict(before(*args, **kwargs)))
                 result = fn(*args, **kwargs)
-                if result is not None:
+                if recording and result is not None:
                     span.set_attributes(attributes_of(result))
                 return result
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from .checks import check_count
+from .checks import check_count, check_flag
 from .consumer import Consumer
 from .core.operate import refused_names, unknown_consumer
 from .delivery import check_seconds
@@ -62,7 +62,9 @@ class Worker:
     """Relays a producer's events to its consumers and applies them, until stopped.
 
     One pass: for each consumer, relay up to ``relay_batch`` due events
-    (stopping early at ``idle``), then ``process_all(limit=apply_limit)``;
+    (stopping early at ``idle``), then drain each open flow on its own (up
+    to ``apply_limit`` applies; a flow whose apply raises is recorded and
+    skipped, the others go on);
     then each of ``executors`` runs up to ``apply_limit`` due effects.
     When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
     early by :meth:`stop`).  A consumer that raises is recorded by the relay
@@ -110,7 +112,7 @@ class Worker:
             refused = refused_names(producer.store.latest, names)
             if refused:
                 raise unknown_consumer(producer.path, refused[0], producer.consumers())
-        self.register = bool(register)
+        self.register = check_flag("register", register)
         self.producer = producer
         self.consumers = list(consumers)
         self.policy = policy or DeliveryPolicy()

@@ -109,9 +109,9 @@ def replace_in(unit: InboxUnit, event_id: str, corrected: Envelope, actor: str, 
             "envelope", f"a replacement must have the flow and seq of the event it replaces "
             f"({row.flow_id!r}, {row.seq}), got ({corrected.flow_id!r}, {corrected.seq})"
         )
-    if unit.body_of(corrected.event_id) is not None:
-        raise InvalidEnvelope("event_id", f"{corrected.event_id!r} is already in the inbox; a replacement "
-                                          f"needs a new event id")
+    if unit.body_of(corrected.event_id) is not None or unit.tombstone(corrected.event_id) is not None:
+        raise InvalidEnvelope("event_id", f"{corrected.event_id!r} is already in the inbox (or was, and was "
+                                          f"pruned); a replacement needs a new event id")
     unit.set_replaced(event_id)
     unit.insert(corrected, now)
     action = InboxAction(now, event_id, row.flow_id, row.seq, "replace", row.state, actor, reason,

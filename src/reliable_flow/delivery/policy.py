@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..checks import check_seconds
+from ..checks import check_flag, check_seconds, check_text
 
 __all__ = ["DeliveryPolicy", "backoff_delay", "check_seconds"]
 
@@ -56,6 +56,8 @@ class DeliveryPolicy:
     owner: str = field(default_factory=_owner)
 
     def __post_init__(self) -> None:
+        check_text("owner", self.owner)
+        check_flag("wait_for_due", self.wait_for_due)
         # Finite only: NaN or infinity would make every due time NaN or never.
         if self.lease_seconds is not None:
             try:

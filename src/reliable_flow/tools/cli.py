@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..checks import check_seconds
 
 __all__ = ["main"]
 
@@ -20,14 +20,11 @@ def _seconds(allow_zero: bool) -> Callable[[str], float]:
     """An argparse type: a finite number of seconds, > 0 (or >= 0 with ``allow_zero``)."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            return check_seconds("value", float(text), allow_zero=allow_zero)
         except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
             raise argparse.ArgumentTypeError(
                 f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {text!r}"
-            )
-        return value
+            ) from None
 
     return parse
 

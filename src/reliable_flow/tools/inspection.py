@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from typing import Any
 
 from ..core.operate import why_waiting
@@ -17,6 +16,7 @@ from .drilldown import (
     consumer_attention,
     opened,
     set_aside_attention,
+    when,
 )
 from .snapshot import snapshot
 
@@ -144,19 +144,12 @@ def _add_operations(report: dict[str, Any], producer_path: PathLike, consumer_pa
     report["attention"], report["stuck_after"], report["checked_at"] = attention, stuck_after, now
 
 
-def _when(seconds: float) -> str:
-    """An epoch time as UTC ISO 8601 ("-" for 0: due at once)."""
-    if not seconds:
-        return "-"
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
-
-
 def _lease(entry: dict[str, Any]) -> str:
     """Who holds a delivery's lease and until when, or why it waits."""
     if entry.get("lease_owner"):
-        return f"held by {entry['lease_owner']} until {_when(entry['due_at'])}"
+        return f"held by {entry['lease_owner']} until {when(entry['due_at'])}"
     if entry.get("due_at"):
-        return f"backing off until {_when(entry['due_at'])}"
+        return f"backing off until {when(entry['due_at'])}"
     return "-"
 
 
@@ -202,11 +195,11 @@ def format_report(report: dict[str, Any]) -> str:
     if c["blocked"]:
         lines.append("  blocked (the flow stops here until fixed or upgraded):")
         lines += _rows(c["blocked"], ["flow_id", "seq", "event_id", "reason"] + _with_meta(c["blocked"]))
-        lines += [f"      {b['detail']} (blocked since {_when(b['blocked_at'] or 0)})" for b in c["blocked"]
+        lines += [f"      {b['detail']} (blocked since {when(b['blocked_at'] or 0)})" for b in c["blocked"]
                   if b.get("detail")]
     if c["gaps"]:
         lines.append("  gaps (waiting for a missing seq):")
-        shown_gaps = [{**g, "since": _when(g.get("since") or 0)} for g in c["gaps"]]
+        shown_gaps = [{**g, "since": when(g.get("since") or 0)} for g in c["gaps"]]
         lines += _rows(shown_gaps, ["flow_id", "missing_seq", "waiting", "since"] + _with_meta(c["gaps"]))
     if not c["blocked"] and not c["gaps"]:
         lines.append("  no blocked events, no gaps")
@@ -216,7 +209,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  effects: {shown}")
         if effects["attention"]:
             lines.append("  effects needing attention (running, retrying, in doubt, unknown, dead):")
-            shown_rows = [{**e, "due": _when(e["due_at"])} for e in effects["attention"]]
+            shown_rows = [{**e, "due": when(e["due_at"])} for e in effects["attention"]]
             lines += _rows(shown_rows, ["key", "state", "attempts", "due", "lease_owner", "last_error", "reason"])
         if effects["actions"]:
             lines.append("  operator actions on effects:")

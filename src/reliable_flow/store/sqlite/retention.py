@@ -92,13 +92,13 @@ class SqliteOutboxRetention(_Tombstones):
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         conn = self._conn
-        if conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is None:
+        names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
+        if not names:
             return PruneStep(0)  # no consumer yet: every event is still owed to the first one
         rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *_WAITING, limit)).fetchall()
         if not rows:
             return PruneStep(0)
         self._bury(rows, now)
-        names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
         deliveries = conn.executemany(
             "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in rows for n in names]
         ).rowcount

@@ -141,7 +141,7 @@ PRODUCER = FileKind(
             # old enough to prune) tells an event's age.  A pruned event
             # leaves a tombstone: its id, flow, seq and the SHA-256 of its
             # canonical body, so a re-sent advance is still ``existing`` or
-            # ``conflict``.  Tombstones are never pruned.  Each pruning
+            # ``conflict``.  Tombstones stay until a prune with ``forget_after``.  Each pruning
             # transaction is recorded with what it removed.
             "ALTER TABLE outbox ADD COLUMN committed_at REAL",
             _TOMBSTONE_TABLE.format(name="outbox_tombstone"),
@@ -292,7 +292,7 @@ CONSUMER = FileKind(
             # a tombstone: its id, flow, seq and the SHA-256 of its canonical
             # body, so a re-sent event is still ``duplicate`` or
             # ``id_conflict``.  Its age is ``received_at`` (NULL for rows
-            # stored before v3: old enough).  Tombstones are never pruned.
+            # stored before v3: old enough).  Tombstones stay until a prune with ``forget_after``.
             # Each pruning transaction is recorded with what it removed.
             _TOMBSTONE_TABLE.format(name="inbox_tombstone"),
             """CREATE TABLE prune_action(
