@@ -924,10 +924,16 @@ def fault_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build / "fault_shim.so"
 
 
-def run_faulty_child(tmp_path: Path, shim: Path, op: str, mode: str, kind: str = "fsync") -> tuple[dict[str, Any], list[str]]:
+def run_faulty_child(tmp_path: Path, shim: Path, op: str, mode: str, kind: str = "fsync",
+                     side: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Run the child with the shim failing fsync (or write) on one file: by
+    default the file whose commit makes ``op`` durable (for relay, the
+    consumer's: the producer's mark waits for no fsync)."""
     producer_path = os.path.realpath(tmp_path / "producer.db")
     consumer_path = os.path.realpath(tmp_path / "consumer.db")
-    target = consumer_path if op in ("receive", "apply_next") else producer_path
+    if side is None:
+        side = "producer" if op == "advance" else "consumer"
+    target = consumer_path if side == "consumer" else producer_path
     log = tmp_path / "shim.log"
     env = {  # deliberately minimal: nothing but what the child and the shim need
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -961,9 +967,11 @@ def _reopened_state(tmp_path: Path, op: str) -> tuple[bool, Producer, Consumer]:
         present = c.projection("A") is not None
         assert effect_ids(c, "A") == (["A1"] if present else [])
         assert c.inbox("A")[0].state == ("applied" if present else "pending")
-    else:  # relay: the consumer's commit was sound, the producer's mark may be lost
-        assert inbox_ids(c, "A") == ["A1"]
-        present = delivery_states(p) == {"A1": "accepted"}
+    else:  # relay: the consumer's commit failed; the producer marks only what the consumer answered
+        present = inbox_ids(c, "A") == ["A1"]
+        assert inbox_ids(c, "A") in ([], ["A1"])
+        if present:
+            assert c.inbox("A")[0].state == "pending"
         assert delivery_states(p) in ({"A1": "accepted"}, {"A1": "pending"})
     return present, p, c
 
@@ -972,7 +980,7 @@ RETRY_ANSWER = {  # (write present after the crash, write absent)
     "advance": ("existing", "committed"),
     "receive": ("duplicate", "accepted"),
     "apply_next": ("idle", "applied"),
-    "relay": ("duplicate", "duplicate"),
+    "relay": ("duplicate", "accepted"),
 }
 
 
@@ -1000,7 +1008,7 @@ def test_fsync_eio_at_commit_is_outcome_unknown_and_after_a_crash_each_event_is_
     if mode == "retry_then_crash":
         # Same process, same objects, fsync working again: never a second copy, never a conflict.
         allowed = {"advance": {"committed", "existing"}, "receive": {"accepted", "duplicate"},
-                   "apply_next": {"applied", "idle"}, "relay": {"duplicate"}}[op]
+                   "apply_next": {"applied", "idle"}, "relay": {"accepted", "duplicate"}}[op]
         assert report["retry"] in allowed, report
     present, p, c = _reopened_state(tmp_path, op)
     try:
@@ -1014,6 +1022,26 @@ def test_fsync_eio_at_commit_is_outcome_unknown_and_after_a_crash_each_event_is_
         assert present_now
         if op == "relay":
             assert relay(p, c).status == "idle"
+    finally:
+        p.close()
+        c.close()
+
+
+def test_the_relay_mark_waits_for_no_fsync(tmp_path: Path, fault_shim: Path) -> None:
+    """With every fsync of the producer file failing, relay still succeeds:
+    its only producer-side commit (the accepted mark) never asks for one.
+    The durable commit of a relay is the consumer's (the test above)."""
+    report, injected = run_faulty_child(tmp_path, fault_shim, "relay", "crash", side="producer")
+    assert injected == [], injected
+    assert report["first"] == "accepted", report
+    assert report["in_transaction"] == [False, False]
+    present, p, c = _reopened_state(tmp_path, "relay")
+    try:
+        assert present
+        # The child left through os._exit: the mark survived the process
+        # crash (it was in the WAL), as it does unless the OS itself goes down.
+        assert delivery_states(p) == {"A1": "accepted"}
+        assert relay(p, c).status == "idle"
     finally:
         p.close()
         c.close()

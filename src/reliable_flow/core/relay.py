@@ -132,14 +132,22 @@ def _record_failure(
 
 
 def _mark(store: OutboxStore, consumer: str, marks: Sequence[tuple[int, ReceiveResult]], now: float) -> None:
-    """Record the consumer's answers on the producer side, in one transaction."""
+    """Record the consumer's answers on the producer side, in one transaction.
+
+    Committed without waiting for the disk: the consumer already owns the
+    event durably, and a mark lost with the page cache (power loss, OS
+    crash) only leaves the event pending, so it is sent again and the inbox
+    answers ``duplicate`` (or the same conflict) without writing anything.
+    In WAL mode the next durable commit of this file makes the mark durable
+    too, and recovery never keeps a later commit without an earlier one.
+    See docs/guarantees.md, "The durability budget"."""
     delivered, conflicts = [], []
     for pos, answer in marks:
         if answer.status in (ReceiveStatus.ACCEPTED, ReceiveStatus.DUPLICATE):
             delivered.append((pos, answer.status.value))
         else:
             conflicts.append((pos, answer.status.value))
-    with store.write() as unit:
+    with store.write(durable=False) as unit:
         unit.mark(consumer, delivered, conflicts, now)
         crash_point("relay.after_mark")
     crash_point("relay.after_commit")
