@@ -147,18 +147,25 @@ class CommitCounter:
     """Counts transactions on connections via ``set_trace_callback``.
 
     ``durable``: COMMITs of a write transaction that changed rows (each one
-    is a WAL append plus an fsync under synchronous=FULL); ``empty``:
-    COMMITs of a transaction that changed nothing (no WAL write, no fsync).
-    Used in an untimed audit run, never while timing.
+    is a WAL append plus an fsync under synchronous=FULL); ``lazy``: COMMITs
+    that changed rows while the connection was at ``synchronous=NORMAL`` or
+    ``OFF`` (a WAL append, no fsync: made durable by the next durable
+    commit); ``empty``: COMMITs of a transaction that changed nothing (no
+    WAL write, no fsync).  The connection's level is followed from the
+    ``PRAGMA synchronous`` statements it runs after ``attach`` (every
+    connection here starts at FULL).  Used in an untimed audit run, never
+    while timing.
     """
 
     durable: int = 0
     empty: int = 0
+    lazy: int = 0
     statements: int = 0
     _conns: list[sqlite3.Connection] = field(default_factory=list)
 
     def attach(self, conn: sqlite3.Connection) -> None:
         start = [conn.total_changes]
+        full = [True]
 
         def trace(sql: str) -> None:
             self.statements += 1
@@ -166,10 +173,17 @@ class CommitCounter:
             if word == "BEGIN":
                 start[0] = conn.total_changes
             elif word in ("COMMIT", "END"):
-                if conn.total_changes != start[0]:
+                if conn.total_changes == start[0]:
+                    self.empty += 1
+                elif full[0]:
                     self.durable += 1
                 else:
-                    self.empty += 1
+                    self.lazy += 1
+            elif word == "PRAGMA":
+                text = sql.replace(" ", "").lower()
+                if "synchronous=" in text:
+                    level = text.split("synchronous=", 1)[1].strip(";'\"")
+                    full[0] = level not in ("normal", "off", "0", "1")
 
         conn.set_trace_callback(trace)
         self._conns.append(conn)
@@ -183,7 +197,7 @@ class CommitCounter:
         self._conns.clear()
 
     def reset(self) -> None:
-        self.durable = self.empty = self.statements = 0
+        self.durable = self.empty = self.lazy = self.statements = 0
 
 
 @contextmanager

@@ -7,7 +7,8 @@ DDL from ``reliable_flow.store.sqlite.schema``, executed with plain
 ``isolation_level=None``, explicit ``BEGIN IMMEDIATE``; see
 ``reliable_flow.store.sqlite.connection``), the same rows with the same
 bytes (canonical bodies, flow data, projection view), and the same number of
-durable commits.
+durable commits (the relay's accepted mark, like the library's, is committed
+at ``synchronous=NORMAL``: no fsync).
 
 What it leaves out is exactly the library's own work: validating and
 canonicalising envelopes, parsing JSON, the guarding reads (duplicate id,
@@ -126,16 +127,22 @@ class FloorProducer:
         self.conn.executemany(INSERT_DELIVERY, [(CONSUMER_NAME, p) for p in positions])
         self.conn.execute("COMMIT")
 
+    # The accepted mark is committed without fsync, as the library commits it
+    # (``durable=False``: synchronous=NORMAL for that commit, then FULL again).
     def mark(self, e: Event) -> None:
+        self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("BEGIN IMMEDIATE")
         self.conn.execute(MARK, (time.time(), CONSUMER_NAME, self.pos[e.event_id]))
         self.conn.execute("COMMIT")
+        self.conn.execute("PRAGMA synchronous=FULL")
 
     def mark_many(self, events: Sequence[Event]) -> None:
         now = time.time()
+        self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("BEGIN IMMEDIATE")
         self.conn.executemany(MARK, [(now, CONSUMER_NAME, self.pos[e.event_id]) for e in events])
         self.conn.execute("COMMIT")
+        self.conn.execute("PRAGMA synchronous=FULL")
 
     def close(self) -> None:
         self.conn.close()

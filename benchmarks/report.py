@@ -32,10 +32,20 @@ def _met(value: bool | None) -> str:
     return "—" if value is None else ("yes" if value else "**no**")
 
 
-def _commits(audit: dict[str, tuple[float, float]], side: str) -> str:
-    durable, empty = audit.get(side, (float("nan"), 0.0))
-    text = f"{durable:.2f}".rstrip("0").rstrip(".")
-    return text + (f" (+{empty:.2f} empty)" if empty else "")
+def _num(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _commits(audit: dict[str, tuple[float, ...]], side: str) -> str:
+    """Durable commits per event, then (+ commits without fsync, + empty commits)."""
+    counts = tuple(audit.get(side, (float("nan"),))) + (0.0, 0.0)
+    durable, empty, lazy = counts[0], counts[1], counts[2]
+    text = _num(durable)
+    if lazy:
+        text += f" (+{_num(lazy)} no fsync)"
+    if empty:
+        text += f" (+{empty:.2f} empty)"
+    return text
 
 
 def _ratio(r: Result) -> str:
@@ -44,21 +54,48 @@ def _ratio(r: Result) -> str:
     return f"{r.ratio:.2f}x time"
 
 
-def table(results: Sequence[Result], scaling: ScalingResult | None) -> str:
-    """The main table: one row per comparison with the raw floor, one per scaled op."""
+def _spread(r: Result) -> str:
+    low, high = r.spread
+    return f"{low:.2f}..{high:.2f}"
+
+
+def table(
+    results: Sequence[Result],
+    scaling: ScalingResult | None,
+    memory: dict[str, Any] | None = None,
+) -> str:
+    """The main table: one row per comparison (library vs the floor or a raw
+    pipeline), one per scaled op, and the memory run if one was saved."""
     header = [
         "benchmark",
-        "commits/event lib / floor",
+        "commits/event lib / ref",
         "library us/event",
-        "floor us/event",
+        "reference us/event",
         "ratio (median of rounds)",
+        "spread (min..max)",
         "library events/s",
-        "floor events/s",
+        "reference events/s",
         "target",
         "met?",
     ]
     rows = []
     for r in results:
+        if not r.available:
+            rows.append(
+                [
+                    r.title,
+                    "—",
+                    "—",
+                    "—",
+                    r.missing,
+                    "—",
+                    "—",
+                    "—",
+                    r.target.text if r.target else "(none)",
+                    "not measured",
+                ]
+            )
+            continue
         rows.append(
             [
                 r.title,
@@ -66,6 +103,7 @@ def table(results: Sequence[Result], scaling: ScalingResult | None) -> str:
                 _n(r.lib_us),
                 _n(r.floor_us),
                 _ratio(r),
+                _spread(r),
                 _n(1e6 / r.lib_us),
                 _n(1e6 / r.floor_us),
                 r.target.text if r.target else "(none)",
@@ -82,13 +120,61 @@ def table(results: Sequence[Result], scaling: ScalingResult | None) -> str:
                     f"{_n(scaling.us(op, 'library', big))} (vs {_n(scaling.us(op, 'library', small))})",
                     f"{_n(scaling.us(op, 'floor', big))} (vs {_n(scaling.us(op, 'floor', small))})",
                     f"{scaling.growth(op, 'library'):.2f}x time vs {small:,} rows",
+                    _scaling_spread(scaling, op),
                     _n(1e6 / scaling.us(op, "library", big)),
                     _n(1e6 / scaling.us(op, "floor", big)),
                     scaling.target.text,
                     _met(scaling.met(op)),
                 ]
             )
+    if memory is not None:
+        rows.append(memory_row(memory))
     return _md(header, rows)
+
+
+def _scaling_spread(s: ScalingResult, op: str) -> str:
+    big, small = s.samples[(op, "library", s.big_rows)], s.samples[(op, "library", s.small_rows)]
+    values = [b.us_per_event / a.us_per_event for b, a in zip(big, small)]
+    return f"{min(values):.2f}..{max(values):.2f}"
+
+
+# -- memory (benchmarks/memory.py saves memory.json; shown as it was measured) --------------
+
+
+def memory_row(m: dict[str, Any]) -> list[str]:
+    return [
+        f"worker resident size over {m['events']:,} events (memory.py, {m['date']})",
+        "—",
+        "—",
+        "—",
+        f"{m['min_ratio']:.2f}..{m['max_ratio']:.2f}x of the RSS after {m['base_events']:,} events",
+        "—",
+        _n(m["events_per_second"]),
+        "—",
+        f"flat within ±{m['tolerance']:.0%} after warm-up",
+        _met(m["met"]),
+    ]
+
+
+def memory_md(m: dict[str, Any]) -> str:
+    samples = m["samples"]
+    lines = [
+        (
+            f"Measured by `python benchmarks/memory.py` ({m['command']}) on {m['date']}, in a child "
+            f"process: {m['how']} Resident set size (`VmRSS` of `/proc/self/status`) was sampled every "
+            f"{m['every']:,} events; the base is the sample after {m['base_events']:,} events "
+            f"({m['base_kib']:,} KiB). Over the run the RSS stayed between {m['min_ratio']:.3f}x and "
+            f"{m['max_ratio']:.3f}x of the base (target: within ±{m['tolerance']:.0%}) — "
+            f"**{'met' if m['met'] else 'not met'}**. The run took {m['seconds']:.0f} s "
+            f"({_n(m['events_per_second'])} events/s end to end, Python {m['python']})."
+        ),
+        "",
+        _md(
+            ["events", "RSS KiB", "vs base"],
+            [[f"{n:,}", f"{kib:,}", f"{kib / m['base_kib']:.3f}x"] for n, kib in samples],
+        ),
+    ]
+    return "\n".join(lines)
 
 
 def scaling_table(s: ScalingResult) -> str:
@@ -125,19 +211,23 @@ def rounds_table(results: Sequence[Result]) -> str:
         "benchmark",
         "events/round",
         "rounds",
+        "reference",
         "per-round ratio min..max",
         "library us/event by round",
-        "floor us/event by round",
-        "CPU us/event library / floor (median)",
+        "reference us/event by round",
+        "CPU us/event library / reference (median)",
     ]
     rows = []
     for r in results:
+        if not r.available:
+            continue
         low, high = r.spread
         rows.append(
             [
                 r.name,
                 f"{r.events:,}",
                 str(len(r.lib)),
+                r.ref_label,
                 f"{low:.2f}..{high:.2f}",
                 " ".join(_n(s.us_per_event) for s in r.lib),
                 " ".join(_n(s.us_per_event) for s in r.floor),
@@ -245,6 +335,7 @@ def markdown(
     quick: bool,
     argv: Sequence[str],
     profiles: dict[str, dict[str, Any] | None],
+    memory: dict[str, Any] | None = None,
 ) -> str:
     cmd = "python benchmarks/run.py " + " ".join(argv)
     out = [
@@ -296,16 +387,22 @@ def markdown(
     out += [
         "## Summary",
         "",
-        table(results, scaling),
+        table(results, scaling, memory),
         "",
         (
-            "Ratios are medians over rounds of the per-round ratio (library vs floor measured back to back), "
-            "so they can differ slightly from the ratio of the two median columns. `commits/event` was counted "
-            "in a separate audit run (SQL trace of BEGIN/COMMIT with row changes); `empty` commits changed no "
-            "row and cost no fsync."
+            "Ratios are medians over rounds of the per-round ratio (library vs its reference measured back "
+            "to back in the same round), so they can differ slightly from the ratio of the two median "
+            "columns; the spread is the smallest and largest per-round ratio. The reference is the floor "
+            "(the library's own schema and commits, raw SQL) unless the row names a minimal raw pipeline "
+            "(`benchmarks/raw.py`). `commits/event` was counted in a separate audit run (SQL trace of "
+            "BEGIN/COMMIT with row changes and of `PRAGMA synchronous`): `no fsync` commits ran at "
+            "`synchronous=NORMAL` (a WAL append made durable by the next durable commit), `empty` "
+            "commits changed no row and cost no fsync."
         ),
         "",
     ]
+    if memory is not None:
+        out += ["## Memory", "", memory_md(memory), ""]
     if scaling is not None:
         out += [
             "## Scaling",
@@ -323,14 +420,42 @@ def markdown(
     if results:
         out += ["## Rounds", "", rounds_table(results), ""]
     missed = [r for r in results if r.met is False]
+    unmeasured = [r for r in results if not r.available and r.target is not None]
     missed_ops = [op for op in cases.Scaling.ops if scaling is not None and not scaling.met(op)]
     out += ["## Targets missed", ""]
-    if not missed and not missed_ops:
-        out += ["None: every target was met in this run.", ""]
+    memory_missed = memory is not None and not memory["met"]
+    if not missed and not missed_ops and not memory_missed:
+        out += [
+            "None: every target measured was met in this run."
+            + (
+                " Not measured: " + ", ".join(r.title for r in unmeasured) + "."
+                if unmeasured
+                else ""
+            ),
+            "",
+        ]
+    elif unmeasured:
+        out += [
+            "Not measured in this run: "
+            + "; ".join(f"{r.title} ({r.missing})" for r in unmeasured)
+            + ".",
+            "",
+        ]
+    if memory_missed:
+        assert memory is not None
+        out += [
+            (
+                f"### worker resident size: {memory['min_ratio']:.3f}..{memory['max_ratio']:.3f}x "
+                f"of the base (target within ±{memory['tolerance']:.0%})"
+            ),
+            "",
+            "See the Memory section above for the samples.",
+            "",
+        ]
     for r in missed:
         out += [f"### {r.title}: {_ratio(r)} (target {r.target.text if r.target else ''})", ""]
         out += [explain.why(r.name, r, profiles.get(r.name), {x.name: x for x in results}), ""]
-        if r.name == "e2e_batched":
+        if r.name.startswith("e2e_batched"):
             out += [explain.micro_md(explain.micro()), ""]
         if profiles.get(r.name):
             out += [profile_md(profiles[r.name]), ""]  # type: ignore[arg-type]

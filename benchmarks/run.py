@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import random
 import shutil
@@ -45,9 +46,22 @@ class Result:
     events: int
     target: cases.Target | None
     lib: list[Sample] = field(default_factory=list)
-    floor: list[Sample] = field(default_factory=list)
-    # side -> (durable commits, empty commits) per event, from the audit run
-    audit: dict[str, tuple[float, float]] = field(default_factory=dict)
+    floor: list[Sample] = field(default_factory=list)  # the reference side's samples
+    # "library" / "floor" (the row's library and reference side) ->
+    # (durable, empty, no-fsync commits) per event, from the audit run
+    audit: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    lib_side: str = cases.LIBRARY
+    ref_side: str = cases.FLOOR
+    bench: str = ""  # the benchmark that produced it (for --only and profiling)
+    missing: str = ""  # why the row could not be measured ("" when it was)
+
+    @property
+    def available(self) -> bool:
+        return not self.missing and bool(self.lib) and bool(self.floor)
+
+    @property
+    def ref_label(self) -> str:
+        return "floor" if self.ref_side == cases.FLOOR else cases.SIDE_LABELS[self.ref_side]
 
     @property
     def lib_us(self) -> float:
@@ -79,7 +93,9 @@ class Result:
 
     @property
     def met(self) -> bool | None:
-        return None if self.target is None else self.target.met(self.ratio)
+        if self.target is None or not self.available:
+            return None
+        return self.target.met(self.ratio)
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -100,7 +116,7 @@ class ScalingResult:
     events: int
     build_seconds: float = 0.0
     samples: dict[tuple[str, str, int], list[Sample]] = field(default_factory=dict)
-    audit: dict[str, tuple[float, float]] = field(default_factory=dict)
+    audit: dict[str, tuple[float, ...]] = field(default_factory=dict)
     target: cases.Target = cases.Scaling.target
 
     def us(self, op: str, side: str, rows: int) -> float:
@@ -264,24 +280,36 @@ def run_sessions(
 
 def _audit(
     openers: dict[Key, Callable[[str], cases.Session]], tmp: str, label: str
-) -> dict[str, tuple[float, float]]:
-    """Commits per event for each side, counted one side at a time."""
+) -> dict[str, tuple[float, ...]]:
+    """Commits per event for each side, counted one side at a time:
+    (durable, empty, committed without fsync)."""
     out = {}
     for key, opener in openers.items():
         counter = CommitCounter()
         samples = run_sessions({key: opener}, tmp, label, 10**9, counter=counter)
         events = sum(s.events for s in samples.values())
         side = key if isinstance(key, str) else key[1]
-        out[side] = (counter.durable / events, counter.empty / events)
+        out[side] = (counter.durable / events, counter.empty / events, counter.lazy / events)
     return out
 
 
-def _openers(bench: cases.Benchmark, seed: int) -> dict[Key, Callable[[str], cases.Session]]:
-    # Both sides get the same events (same seed) on their own files.
+def _openers(
+    bench: cases.Benchmark, seed: int, sides: tuple[str, ...] | None = None
+) -> dict[Key, Callable[[str], cases.Session]]:
+    # Every side gets the same events (same seed) on its own files.
     return {
         side: (lambda d, side=side: bench.open(side, d, random.Random(seed)))
-        for side in ("floor", "library")
+        for side in (sides if sides is not None else bench.sides)
     }
+
+
+def _sides(bench: cases.Benchmark) -> tuple[str, ...]:
+    return tuple(side for side in bench.sides if bench.available(side))
+
+
+NOT_AVAILABLE = {
+    cases.RNA: "not available: the installed Consumer has no apply_on_receive parameter",
+}
 
 
 def run_benchmark(
@@ -291,47 +319,85 @@ def run_benchmark(
     tmp: str,
     log: Callable[[str], None],
     load: Load,
-) -> Result:
-    result = Result(bench.name, bench.title, bench.commits, bench.events(), bench.target)
-    result.audit = _audit(_openers(audit_bench, 12345), tmp, f"audit-{bench.name}")
+) -> list[Result]:
+    """All sides of one benchmark, interleaved in every round; one Result per row."""
+    sides = _sides(bench)
+    audit = _audit(_openers(audit_bench, 12345, sides), tmp, f"audit-{bench.name}")
     audit_bench.close()
+    results = []
+    for row in bench.rows():
+        result = Result(
+            row.name,
+            row.title,
+            row.commits,
+            bench.events(),
+            row.target,
+            lib_side=row.lib,
+            ref_side=row.ref,
+            bench=bench.name,
+        )
+        missing = [side for side in (row.lib, row.ref) if side not in sides]
+        if missing:
+            result.missing = NOT_AVAILABLE.get(missing[0], f"not available ({missing[0]})")
+        else:
+            result.audit = {"library": audit[row.lib], "floor": audit[row.ref]}
+        results.append(result)
     if bench.heavy:
         rounds = min(rounds, bench.sizes.heavy_rounds)
     try:
         for r in range(rounds):
             samples = run_sessions(
-                _openers(bench, 1000 + r), tmp, f"{bench.name}-r{r}", bench.sizes.block, offset=r
+                _openers(bench, 1000 + r, sides),
+                tmp,
+                f"{bench.name}-r{r}",
+                bench.sizes.block,
+                offset=r,
             )
-            result.floor.append(samples[("floor", "main")])
-            result.lib.append(samples[("library", "main")])
+            for result in results:
+                if not result.missing:
+                    result.lib.append(samples[(result.lib_side, "main")])
+                    result.floor.append(samples[(result.ref_side, "main")])
             load.sample()
-            log(
-                f"  round {r + 1}/{rounds}: floor {result.floor[-1].us_per_event:8.1f} us/event, "
-                f"library {result.lib[-1].us_per_event:8.1f} us/event, "
-                f"ratio {result.lib[-1].us_per_event / result.floor[-1].us_per_event:.2f} "
-                f"(CPU us/event: floor {result.floor[-1].cpu_us_per_event:.0f}, "
-                f"library {result.lib[-1].cpu_us_per_event:.0f})"
-            )
+            if len(sides) == 2:
+                lib, flo = samples[(cases.LIBRARY, "main")], samples[(cases.FLOOR, "main")]
+                log(
+                    f"  round {r + 1}/{rounds}: floor {flo.us_per_event:8.1f} us/event, "
+                    f"library {lib.us_per_event:8.1f} us/event, "
+                    f"ratio {lib.us_per_event / flo.us_per_event:.2f} "
+                    f"(CPU us/event: floor {flo.cpu_us_per_event:.0f}, "
+                    f"library {lib.cpu_us_per_event:.0f})"
+                )
+            else:
+                log(
+                    f"  round {r + 1}/{rounds}: us/event (CPU) "
+                    + ", ".join(
+                        f"{side} {samples[(side, 'main')].us_per_event:.1f} "
+                        f"({samples[(side, 'main')].cpu_us_per_event:.0f})"
+                        for side in sides
+                    )
+                )
     finally:
         bench.close()
-    return result
+    return results
 
 
-def profile_benchmark(bench: cases.Benchmark, tmp: str) -> tuple[Any, Sample]:
-    """cProfile the library side's units of one round (the floor runs interleaved, unprofiled)."""
+def profile_benchmark(
+    bench: cases.Benchmark, tmp: str, lib: str = cases.LIBRARY, ref: str = cases.FLOOR
+) -> tuple[Any, Sample]:
+    """cProfile the ``lib`` side's units of one round (the ``ref`` side runs interleaved, unprofiled)."""
     profiler = cProfile.Profile()
     try:
         samples = run_sessions(
-            _openers(bench, 4242),
+            _openers(bench, 4242, (ref, lib)),
             tmp,
             f"profile-{bench.name}",
             bench.sizes.block,
             profiler=profiler,
-            profiled="library",
+            profiled=lib,
         )
     finally:
         bench.close()
-    return profiler, samples[("library", "main")]
+    return profiler, samples[(lib, "main")]
 
 
 def run_scaling(
@@ -385,6 +451,18 @@ def run_scaling(
         return out
     finally:
         scaling.close()
+
+
+MEMORY_JSON = os.path.join(HERE, "memory.json")
+
+
+def load_memory() -> dict[str, Any] | None:
+    """The last result saved by ``python benchmarks/memory.py`` (None if never run)."""
+    try:
+        with open(MEMORY_JSON, encoding="utf-8") as f:
+            return json.load(f)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             bench = kind(sizes)
             if bench.name not in selected:
                 continue
-            log(f"{bench.name}: {bench.title} [{bench.commits}]")
-            results.append(run_benchmark(bench, kind(audit_sizes), rounds, tmp, log, load))
+            log(f"{bench.name}: {bench.title} [{bench.commits}] sides: {', '.join(_sides(bench))}")
+            results.extend(run_benchmark(bench, kind(audit_sizes), rounds, tmp, log, load))
         if SCALING in selected:
             log(
                 f"{SCALING}: advance / receive / apply_next on new flows, "
@@ -453,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
             scaling = run_scaling(sizes, rounds, tmp, log, load)
         load.sample()
         elapsed = time.perf_counter() - started
-        text = report.table(results, scaling)
+        memory = load_memory()
+        text = report.table(results, scaling, memory)
         log("")
         log(text)
         others = load.others_cpus
@@ -468,11 +547,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_results:
             profiles: dict[str, Any] = {}
             if not args.no_profile:
+                done: dict[tuple[str, str], Any] = {}  # one profile per (benchmark, library side)
                 for r in results:
                     if r.met is False:
-                        log(f"profiling the library side of {r.name} (missed its target) ...")
-                        kind = next(k for k in cases.BENCHMARKS if k(sizes).name == r.name)
-                        profiles[r.name] = report.summarize(*profile_benchmark(kind(sizes), tmp))
+                        key = (r.bench, r.lib_side)
+                        if key not in done:
+                            log(
+                                f"profiling the {r.lib_side} side of {r.bench} (missed: {r.name}) ..."
+                            )
+                            kind = next(k for k in cases.BENCHMARKS if k(sizes).name == r.bench)
+                            done[key] = report.summarize(
+                                *profile_benchmark(kind(sizes), tmp, r.lib_side, r.ref_side)
+                            )
+                        profiles[r.name] = done[key]
             path = os.path.join(HERE, "RESULTS.md")
             with open(path, "w", encoding="utf-8") as out:
                 out.write(
@@ -486,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                         quick=args.quick,
                         argv=sys.argv[1:],
                         profiles=profiles,
+                        memory=memory,
                     )
                 )
             log(f"wrote {path}")
