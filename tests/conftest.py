@@ -24,3 +24,42 @@ def consumer(tmp_path: Path) -> Consumer:
     c = Consumer(tmp_path / "consumer.db", RESERVATION)
     yield c
     c.close()
+
+
+# -- PostgreSQL: one private server for the whole run, started on first use ------------
+# (the machinery is in pg_cluster.py, so the contract suite's conftest can use it too)
+
+import os  # noqa: E402 - the PostgreSQL part of this file stands on its own
+
+from pg_cluster import get_pg_cluster, pg_location, stop_session_cluster  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """The private PostgreSQL server (``tests/pg_cluster.PgCluster``) of this run,
+    started on first use; skipped (failed under CI) when it cannot start."""
+    return get_pg_cluster()
+
+
+@pytest.fixture
+def pg_schema_location(pg_cluster) -> str:
+    """A fresh, empty PostgreSQL store location (a new schema) for one test."""
+    return pg_location("loc")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    stop_session_cluster()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With RELIABLE_FLOW_REQUIRE_POSTGRES set, a skipped ``postgres`` test is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped and os.environ.get("RELIABLE_FLOW_REQUIRE_POSTGRES")
+        and item.get_closest_marker("postgres") is not None
+    ):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"a PostgreSQL test was skipped, and RELIABLE_FLOW_REQUIRE_POSTGRES is set: {reason}"

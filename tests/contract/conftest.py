@@ -38,10 +38,33 @@ class Engine:
     open_outbox: Callable[[str, str], OutboxStore]
     open_inbox: Callable[[str, str, str], InboxStore]
     integrity_error: type[Exception]
+    #: How the application's own SQL (``user_execute``) writes a placeholder.
+    placeholder: str = "?"
+    #: Marks the engine's tests carry (``postgres``: needs the private server).
+    marks: tuple[str, ...] = ()
 
 
 def _sqlite_location(tmp_path: Path, label: str) -> str:
     return str(tmp_path / f"{label}.db")
+
+
+def _pg() -> Any:
+    import pg_cluster  # tests/pg_cluster.py: the session's PostgreSQL server
+
+    return pg_cluster
+
+
+def _pg_stores() -> Any:
+    from reliable_flow.store import postgres
+
+    return postgres
+
+
+try:  # psycopg is an optional extra; without it the PostgreSQL tests skip (or fail under CI)
+    from psycopg.errors import UniqueViolation as _UniqueViolation
+except ImportError:  # pragma: no cover - only without the postgres extra
+    class _UniqueViolation(Exception):  # type: ignore[no-redef]
+        """Stands in when psycopg is not installed."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -50,6 +73,15 @@ ENGINES: dict[str, Engine] = {
         open_outbox=lambda location, protocol: SqliteOutboxStore(location, protocol),
         open_inbox=lambda location, protocol, name: SqliteInboxStore(location, protocol, name=name),
         integrity_error=sqlite3.IntegrityError,
+    ),
+    "postgres": Engine(
+        # A fresh schema in the session's private server (started on first use).
+        new_location=lambda tmp_path, label: _pg().pg_location(label),
+        open_outbox=lambda location, protocol: _pg_stores().PgOutboxStore(location, protocol),
+        open_inbox=lambda location, protocol, name: _pg_stores().PgInboxStore(location, protocol, name=name),
+        integrity_error=_UniqueViolation,
+        placeholder="%s",
+        marks=("postgres",),
     ),
 }
 
@@ -90,9 +122,19 @@ def _named(engine: Engine, tmp_path: Path, side: str, label: str) -> str:
     return engine.new_location(tmp_path, f"{side}-{label}")
 
 
-@pytest.fixture(params=sorted(ENGINES))
+@pytest.fixture(params=[
+    pytest.param(name, marks=[getattr(pytest.mark, m) for m in ENGINES[name].marks]) for name in sorted(ENGINES)
+])
 def engine(request: pytest.FixtureRequest) -> str:
+    if "postgres" in ENGINES[request.param].marks:
+        _pg().get_pg_cluster()  # skips (or fails under CI) when no server can start
     return str(request.param)
+
+
+@pytest.fixture
+def placeholder(engine_spec: Engine) -> str:
+    """How the engine's SQL writes a parameter (``?`` / ``%s``)."""
+    return engine_spec.placeholder
 
 
 @pytest.fixture

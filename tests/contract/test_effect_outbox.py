@@ -142,16 +142,16 @@ def test_effect_actions_are_recorded_in_order(inbox) -> None:
     assert inbox.latest.effect_actions("k1") == [EffectAction(1.0, "k1", "retry", "ops", "provider fixed")]
 
 
-def test_app_tables_live_in_the_unit_and_roll_back_with_it(inbox) -> None:
+def test_app_tables_live_in_the_unit_and_roll_back_with_it(inbox, placeholder) -> None:
     with inbox.write() as unit:
         assert unit.app_version("app") == 0
         unit.user_execute("CREATE TABLE note(text TEXT)")
         unit.set_app_version("app", 1)
     with pytest.raises(Boom), inbox.write() as unit:
-        unit.user_execute("INSERT INTO note(text) VALUES (?)", ("lost",))
+        unit.user_execute(f"INSERT INTO note(text) VALUES ({placeholder})", ("lost",))
         raise Boom
     with inbox.write() as unit:
-        unit.user_execute("INSERT INTO note(text) VALUES (?)", ("kept",))
+        unit.user_execute(f"INSERT INTO note(text) VALUES ({placeholder})", ("kept",))
         assert unit.user_execute("SELECT text FROM note") == [("kept",)]
         assert unit.app_version("app") == 1
         unit.set_app_version("app", 2)

@@ -1,0 +1,314 @@
+"""PostgreSQL connections and transactions: settings, identity and
+migrations of a store's schema, for both kinds.
+
+The connection runs in autocommit mode so the driver never opens or commits
+a transaction behind our back; every write is an explicit ``BEGIN`` (READ
+COMMITTED) ... ``COMMIT``.  READ COMMITTED holds nothing by itself: each
+guarding read of a decision locks what it reads (see the views), so a
+read-check-write never interleaves with another writer's.
+
+Durability, checked when a store opens: the server must run with
+``fsync=on`` (a server without it can lose committed transactions in a
+crash, so the store refuses to open there: :class:`StorageError`); the
+session runs with ``synchronous_commit`` at the server's setting unless that
+is ``off``, which the session raises to ``on``.  ``write(durable=False)``
+alone sets ``synchronous_commit = off`` for its own transaction (``SET
+LOCAL``): a crash may drop it, never tear it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from ...errors import CommitOutcomeUnknown, SchemaTooNew, StorageError, WrongFile, WrongProcess
+from .errors import connection_lost, reraise, storage_error
+from .guards import check_outside_transaction, check_thread, opener
+from .location import Location, lock_key, shown_from
+from .schema import CONSUMER, IDENTITY_TABLE, PRODUCER, PRODUCT, StoreKind
+
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "Conn", "Database"]
+
+Conn = psycopg.Connection[Any]
+View = TypeVar("View")
+DEFAULT_LOCK_TIMEOUT = 30.0
+_KINDS = {kind.name: kind for kind in (PRODUCER, CONSUMER)}
+
+
+class Database:
+    """One connection to one store's schema, owned by the opening process and thread.
+
+    ``on_create(conn)`` runs inside the transaction that creates the schema,
+    so a store is never seen half-initialised.  ``check_meta(meta)`` sees an
+    existing store's ``meta`` table before anything is written and returns
+    a problem to refuse it with.
+    """
+
+    def __init__(
+        self, location: Location, kind: StoreKind, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        on_create: Callable[[Conn], None] | None = None, create: bool = True, readonly: bool = False,
+        check_meta: Callable[[dict[str, str]], str | None] | None = None,
+    ) -> None:
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not (
+            0 <= lock_timeout <= 2**31 / 1000
+        ):
+            raise ValueError(f"busy_timeout (PostgreSQL's lock_timeout) must be a number of seconds, got {lock_timeout!r}")
+        self._where = location
+        self.schema = location.schema
+        self.location = location.shown
+        self.kind = kind
+        self._lock_timeout_ms = int(lock_timeout * 1000)
+        self._on_create = on_create
+        self._check_meta = check_meta
+        self._create = create and not readonly
+        self._readonly = readonly
+        self._conn: Conn | None = None
+        self._reopen_on_use = False
+        self._pid = os.getpid()
+        self._thread = opener()
+        self._conn = self._open()
+
+    # -- opening --------------------------------------------------------------
+
+    def _open(self) -> Conn:
+        try:
+            conn = self._where.connect()
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot connect to {self.location or 'the PostgreSQL server'}: {exc}") from exc
+        if not self.location:
+            self.location = shown_from(conn, self.schema)
+        try:
+            self._settings(conn)
+            version = self._identify(conn)
+            if self._check_meta is not None and version > 0:
+                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                problem = self._check_meta(meta)
+                if problem:
+                    raise WrongFile(f"{self.location} {problem}; nothing was changed")
+            if self._readonly:
+                if version != self.kind.version:
+                    raise WrongFile(
+                        f"{self.location} has {self.kind.name} schema version {version}, older than "
+                        f"{self.kind.version}; open it once as a {self.kind.name.capitalize()} to upgrade it"
+                    )
+                conn.execute("SET default_transaction_read_only = on")
+            elif version < self.kind.version:
+                self._migrate(conn)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, psycopg.Error):
+                reraise(exc, f"opening {self.location}", conn)
+            raise
+        return conn
+
+    def _settings(self, conn: Conn) -> None:
+        search_path = sql.Identifier(self.schema).as_string(conn)
+        fsync, synchronous = conn.execute(
+            "SELECT current_setting('fsync'), current_setting('synchronous_commit')"
+        ).fetchone() or ("on", "on")
+        if fsync != "on":
+            raise StorageError(
+                f"{self.location}: the server runs with fsync={fsync}, so a crash can lose committed "
+                f"transactions; reliable_flow promises durable commits and refuses such a server"
+            )
+        conn.execute(
+            "SELECT set_config('search_path', %s, false), set_config('lock_timeout', %s, false), "
+            "set_config('synchronous_commit', %s, false)",
+            (search_path, f"{self._lock_timeout_ms}ms", "on" if synchronous == "off" else synchronous),
+        )
+
+    def _identify(self, conn: Conn) -> int:
+        """The schema's version (0: absent or empty, ours to create); refuses
+        anything that is not ours or is too new, before writing a byte."""
+        want = self.kind
+        row = conn.execute(
+            "SELECT n.oid, (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid), "
+            "to_regclass(quote_ident(n.nspname) || '.' || %s) IS NOT NULL "
+            "FROM pg_namespace n WHERE n.nspname = %s", (IDENTITY_TABLE, self.schema),
+        ).fetchone()
+        if row is None:
+            if not self._create:
+                raise WrongFile(f"no {want.name} store at {self.location} (the schema does not exist)")
+            return 0
+        _, objects, has_identity = row
+        if not has_identity:
+            if objects == 0:
+                if not self._create:
+                    raise WrongFile(f"{self.location} is an empty schema, not a reliable_flow {want.name} store")
+                return 0
+            raise WrongFile(
+                f"{self.location} is a PostgreSQL schema but not a reliable_flow {want.name} store "
+                f"({objects} objects, no {IDENTITY_TABLE} table); refusing to modify it"
+            )
+        ident = conn.execute(
+            sql.SQL("SELECT product, kind, version FROM {}.{}").format(
+                sql.Identifier(self.schema), sql.Identifier(IDENTITY_TABLE))
+        ).fetchone()
+        if ident is None:
+            raise WrongFile(f"{self.location} has an empty {IDENTITY_TABLE} table; refusing to modify it")
+        product, kind, version = ident
+        if product != PRODUCT:
+            raise WrongFile(f"{self.location} belongs to {product!r}, not reliable_flow; refusing to modify it")
+        if kind != want.name:
+            other = _KINDS.get(kind)
+            if other is not None:
+                raise WrongFile(f"{self.location} is a reliable_flow {other.name} store, not a {want.name} store")
+            raise WrongFile(f"{self.location} is a reliable_flow store of unknown kind {kind!r}")
+        if version > want.version:
+            raise SchemaTooNew(
+                f"{self.location} has {want.name} schema version {version}; this reliable_flow "
+                f"understands up to {want.version}. Upgrade reliable_flow to open it."
+            )
+        return int(version)
+
+    def _migrate(self, conn: Conn) -> None:
+        """Create or upgrade the schema; two processes opening one fresh
+        location at once queue on an advisory lock, and the second finds it made."""
+        conn.execute("BEGIN")
+        try:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key("reliable_flow", self.schema, "create"),))
+            version = self._identify(conn)
+            if version < self.kind.version:
+                if version == 0:
+                    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+                for statements in self.kind.migrations[version:]:
+                    for statement in statements:
+                        conn.execute(statement)
+                if version == 0:
+                    conn.execute(
+                        "INSERT INTO rf_identity(product, kind, version) VALUES (%s, %s, %s)",
+                        (PRODUCT, self.kind.name, self.kind.version),
+                    )
+                    if self._on_create is not None:
+                        self._on_create(conn)
+                else:
+                    conn.execute("UPDATE rf_identity SET version = %s", (self.kind.version,))
+        except BaseException:
+            if not conn.closed:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- use --------------------------------------------------------------------
+
+    @property
+    def conn(self) -> Conn:
+        """The connection, after checking this is still the process and thread that opened it."""
+        if os.getpid() != self._pid:
+            raise WrongProcess(
+                f"this {self.kind.name} object for {self.location} was opened in process {self._pid} "
+                f"and is used in process {os.getpid()} (after fork?); call reopen() first"
+            )
+        check_thread(self._thread, self.kind.name, self.location)
+        if self._conn is None:
+            if not self._reopen_on_use:
+                raise StorageError(f"the {self.kind.name} store {self.location} is closed; call reopen()")
+            self._reopen_on_use = False
+            self._conn = self._open()
+        return self._conn
+
+    def _discard(self) -> None:
+        """Drop a connection that can no longer be trusted; the next use reopens."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._reopen_on_use = True
+
+    def write_view(self, view: Callable[[Conn, str, bool], View], *, durable: bool = True
+                   ) -> AbstractContextManager[View]:
+        """``with db.write_view(view) as unit:`` one READ COMMITTED transaction.
+
+        ``durable=False`` commits with ``synchronous_commit = off`` (this
+        transaction only): atomic, durable once the WAL writer flushes it
+        (well under a second), but a server crash may drop it.  Only for
+        hints whose loss is harmless (relay leases, backoff times, marks).
+        """
+        return self._write(view, durable)
+
+    @contextmanager
+    def _write(self, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
+        conn = self.conn
+        check_outside_transaction(conn, self.kind.name, self.location)
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            if not durable:
+                conn.execute("SET LOCAL synchronous_commit = off")
+        except BaseException as exc:
+            self._end_failed(conn, exc, "BEGIN")
+            raise
+        try:
+            yield view(conn, self.schema, True)
+        except BaseException as exc:
+            self._end_failed(conn, exc, "write transaction")
+            raise
+        if conn.info.transaction_status == TransactionStatus.INERROR:
+            conn.execute("ROLLBACK")
+            raise StorageError(
+                f"{self.location}: a statement of this transaction failed and its error was caught "
+                f"inside the unit of work; PostgreSQL dropped the whole transaction, nothing was written"
+            )
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            self._discard()
+            raise CommitOutcomeUnknown(
+                f"COMMIT failed ({type(exc).__name__}, SQLSTATE {exc.sqlstate or 'none'}: {exc}); the write "
+                f"may or may not be durable. Retrying the same call with the same event id is safe: "
+                f"it answers existing / duplicate / the applied state if it was."
+            ) from exc
+
+    def _end_failed(self, conn: Conn, exc: BaseException, during: str) -> None:
+        """Roll back after ``exc``; translate a storage fault (raising it), or
+        let ``exc`` itself propagate (the caller re-raises it)."""
+        if conn.closed or (isinstance(exc, psycopg.Error) and connection_lost(exc, conn)):
+            self._discard()
+        elif conn.info.transaction_status != TransactionStatus.IDLE:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                self._discard()
+        if isinstance(exc, psycopg.Error):
+            translated = storage_error(exc, during, conn)
+            if translated is not exc:
+                raise translated from exc
+
+    def read_view(self, view: Callable[[Conn, str, bool], View]) -> AbstractContextManager[View]:
+        """A read-only REPEATABLE READ transaction: every read inside sees one snapshot."""
+        return self._read(view)
+
+    @contextmanager
+    def _read(self, view: Callable[[Conn, str, bool], View]) -> Iterator[View]:
+        conn = self.conn
+        check_outside_transaction(conn, self.kind.name, self.location)
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield view(conn, self.schema, False)
+        except BaseException as exc:
+            self._end_failed(conn, exc, "read transaction")
+            raise
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        """Close the connection (only in the process that opened it)."""
+        if self._conn is not None and os.getpid() == self._pid:
+            check_thread(self._thread, self.kind.name, self.location)
+            self._conn.close()
+        self._conn = None
+
+    def reopen(self) -> None:
+        """Open a fresh connection in this process; use it in a child after fork()."""
+        if os.getpid() == self._pid and self._conn is not None:
+            check_thread(self._thread, self.kind.name, self.location)
+            self._conn.close()
+        self._conn = None  # never close a connection inherited across fork(): the parent's socket
+        self._reopen_on_use = False
+        self._pid = os.getpid()
+        self._thread = opener()
+        self._conn = self._open()
