@@ -25,9 +25,9 @@ from .registry import ConsumerRegistry
 from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from .statuses import AdvanceResult, AdvanceStatus, DeliveryState, OperatorAction, OutboxEntry
 from .store import OutboxStore, OutboxUnit
+from .store.open import Location, open_outbox
 from .store.owner import StoreOwner
-from .store.sqlite import SqliteOutboxStore
-from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
+from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from .tracing import traced
 
 __all__ = ["Batch", "Producer"]
@@ -110,7 +110,7 @@ class Batch(_Advancing):
         return unit
 
 
-class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
+class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
     """Owns a producer file: flows, and the outbox of events they committed.
 
     ``Producer(path, protocol)`` creates the file if it is absent, upgrades an
@@ -131,7 +131,7 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
 
     def __init__(
         self,
-        path: PathLike,
+        path: Location,
         protocol: Protocol,
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
@@ -142,7 +142,7 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[SqliteOutboxStore]):
         check_optional_count("max_backlog", max_backlog)
         self.protocol = protocol
         self.max_backlog = max_backlog
-        self._store = SqliteOutboxStore(path, protocol.name, busy_timeout=busy_timeout)
+        self._store = open_outbox(path, protocol.name, busy_timeout=busy_timeout)
 
     @property
     def store(self) -> OutboxStore:
