@@ -1,7 +1,10 @@
 """The layering stays visible: checked on the source, so a shortcut fails here.
 
 * ``core/`` (the decisions) has no SQL and no ``sqlite3``; SQL lives only in
-  ``store/sqlite/`` (and in the experiment's deliberately wrong ways);
+  the engines, ``store/sqlite/`` and ``store/postgres/`` (and in the
+  experiment's deliberately wrong ways);
+* psycopg is imported only by ``store/postgres/``, and only when a
+  PostgreSQL store is opened;
 * every status written into SQL text is a value of the enum it stands for;
 * the tree drawn in ``errors``' docstring is the real class hierarchy, and
   no public error depends on a storage engine's exception classes;
@@ -11,8 +14,12 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,11 +32,22 @@ from reliable_flow.store.sqlite import registry as sqlite_registry
 from reliable_flow.store.sqlite import retention as sqlite_retention
 from reliable_flow.store.sqlite import schema as sqlite_schema
 
+try:  # the PostgreSQL engine's queries, when the postgres extra is installed
+    from reliable_flow.store.postgres import effects as pg_effects
+    from reliable_flow.store.postgres import inbox as pg_inbox
+    from reliable_flow.store.postgres import inbox_admin as pg_inbox_admin
+    from reliable_flow.store.postgres import outbox as pg_outbox
+    from reliable_flow.store.postgres import registry as pg_registry
+    from reliable_flow.store.postgres import retention as pg_retention
+    from reliable_flow.store.postgres import schema as pg_schema
+except ImportError:  # pragma: no cover - only without the postgres extra
+    pg_schema = None
+
 PACKAGE = Path(reliable_flow.__file__).parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 # Raw SQL allowed outside the engine: the experiment's wrong ways and its
 # operator-style raw statements (they imitate a person at the sqlite3 prompt).
-SQL_ALLOWED = {PACKAGE / "store" / "sqlite", PACKAGE / "tools" / "experiment"}
+SQL_ALLOWED = {PACKAGE / "store" / "sqlite", PACKAGE / "store" / "postgres", PACKAGE / "tools" / "experiment"}
 SQL_TEXT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE TABLE|BEGIN IMMEDIATE)\b")
 MAX_LINES = 400
 
@@ -39,7 +57,7 @@ def _relative(path: Path) -> str:
 
 
 def test_the_package_has_the_layers() -> None:
-    for folder in ("core", "store", "store/sqlite", "delivery", "tools", "tools/experiment"):
+    for folder in ("core", "store", "store/sqlite", "store/postgres", "delivery", "tools", "tools/experiment"):
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
 
 
@@ -71,7 +89,40 @@ def test_sql_lives_in_the_engine(path: Path) -> None:
     if any(path.is_relative_to(allowed) for allowed in SQL_ALLOWED):
         return
     found = [text for text in _code_strings(path) if SQL_TEXT.search(text)]
-    assert found == [], f"{_relative(path)} holds SQL; SQL belongs in store/sqlite/"
+    assert found == [], f"{_relative(path)} holds SQL; SQL belongs in an engine (store/sqlite/, store/postgres/)"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_relative)
+def test_only_the_postgres_engine_imports_psycopg(path: Path) -> None:
+    if path.is_relative_to(PACKAGE / "store" / "postgres"):
+        return
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "psycopg" not in imported, f"{_relative(path)} imports psycopg; only store/postgres/ may"
+
+
+def test_the_package_and_sqlite_stores_never_import_psycopg(tmp_path: Path) -> None:
+    """``import reliable_flow`` and a producer and consumer on SQLite files
+    run without loading psycopg (the postgres extra stays optional)."""
+    script = (
+        "import sys\n"
+        "import reliable_flow\n"
+        "from reliable_flow import Consumer, Producer, relay\n"
+        "from reliable_flow.reservation import RESERVATION\n"
+        f"p = Producer({str(tmp_path / 'p.db')!r}, RESERVATION)\n"
+        f"c = Consumer({str(tmp_path / 'c.db')!r}, RESERVATION)\n"
+        "p.advance('A1', 'A', expected_seq=0, kind='reserved', payload={'amount': 1})\n"
+        "assert relay(p, c).status == 'accepted'\n"
+        "assert c.apply_next('A').status == 'applied'\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg' or m.endswith('store.postgres'))\n"
+        "print(loaded)\n"
+    )
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(PACKAGE.parent)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_sql_check_sees_code_but_not_docstrings(tmp_path: Path) -> None:
@@ -99,7 +150,7 @@ def _state_literals(sql: str) -> set[str]:
     return found
 
 
-def _all_migration_sql(kind: sqlite_schema.FileKind) -> list[str]:
+def _all_migration_sql(kind: Any) -> list[str]:
     return [statement for migration in kind.migrations for statement in migration]
 
 
@@ -128,6 +179,18 @@ def _table_of(sql: str) -> str:
         ("retention queries", _sql_strings(sqlite_retention)),
         ("producer schema", _all_migration_sql(sqlite_schema.PRODUCER)),
         ("consumer schema", _all_migration_sql(sqlite_schema.CONSUMER)),
+        *(
+            [
+                ("postgres outbox queries", _sql_strings(pg_outbox)),
+                ("postgres inbox queries", _sql_strings(pg_inbox) + _sql_strings(pg_inbox_admin)),
+                ("postgres effect queries", _sql_strings(pg_effects)),
+                ("postgres registry queries", _sql_strings(pg_registry)),
+                ("postgres retention queries", _sql_strings(pg_retention)),
+                ("postgres producer schema", _all_migration_sql(pg_schema.PRODUCER)),
+                ("postgres consumer schema", _all_migration_sql(pg_schema.CONSUMER)),
+            ]
+            if pg_schema is not None else []
+        ),
     ],
 )
 def test_every_status_literal_in_sql_is_an_enum_value(name: str, sql_texts: list[str]) -> None:
