@@ -357,3 +357,35 @@ def test_a_retry_racing_its_original_advance_answers_existing(pg_cluster) -> Non
             assert thread.is_alive(), f"the retry did not wait for the original's transaction: {answers}"
         thread.join(30)
     assert answers == ["existing"]
+
+
+# -- the application's own SQL ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    "COMMIT", "  /* a /* nested */ comment */ -- and a line\n commit", "ROLLBACK", "begin", "SAVEPOINT x",
+    "RELEASE x", "END", "ABORT", "PREPARE TRANSACTION 'x'", "SET synchronous_commit = off", "(COMMIT)",
+])
+def test_user_sql_may_not_control_the_transaction(pg_cluster, text: str) -> None:
+    store = PgInboxStore(pg_location("user_tx"), "p")
+    try:
+        with store.write() as unit:
+            with pytest.raises(ValueError, match="transaction control"):
+                unit.user_execute(text)
+            unit.insert_new(env("E1"))
+        assert store.latest.body_of("E1") is not None
+    finally:
+        store.close()
+
+
+def test_user_sql_is_one_statement(pg_cluster) -> None:
+    store = PgInboxStore(pg_location("user_one"), "p")
+    try:
+        with store.write() as unit:
+            unit.user_execute("CREATE TABLE note(text TEXT)")
+            with pytest.raises(psycopg.errors.SyntaxError), unit.step():
+                unit.user_execute("INSERT INTO note VALUES ('a'); COMMIT")
+            unit.user_execute("INSERT INTO note VALUES (%s)", ("b%",))
+            assert unit.user_execute("SELECT text FROM note") == [("b%",)]
+    finally:
+        store.close()

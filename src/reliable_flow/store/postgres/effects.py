@@ -174,7 +174,7 @@ class PgEffects(PgView):
 
     def user_execute(self, sql_text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """One statement of the application's SQL, with psycopg's ``%s``
-        placeholders, run in this unit.  It is sent as a prepared statement,
+        placeholders, run in this unit.  It is sent with the extended protocol,
         so a second statement hidden after a ``;`` is refused by the server;
         a statement that would end or reshape the library's transaction
         (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE TRANSACTION,
@@ -184,7 +184,9 @@ class PgEffects(PgView):
                 f"sql must not use transaction control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE, "
                 f"SET, ...): the library commits or rolls back the whole apply; got {sql_text!r}"
             )
-        cur = self._conn.execute(sql_text.encode(), tuple(params) or None, prepare=True)
+        # Binary results make psycopg use the extended protocol even without
+        # parameters: one statement only, nothing prepared and cached.
+        cur = self._conn.execute(sql_text.encode(), tuple(params) or None, prepare=False, binary=True)
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
 
     def app_version(self, name: str) -> int:
