@@ -85,8 +85,9 @@ def _cpu_sentence(r: Any) -> str:
     extra = r.lib_cpu - r.floor_cpu
     return (
         f"Process CPU time (which excludes waiting for fsync) was {_n(r.lib_cpu)} us/event for the library "
-        f"and {_n(r.floor_cpu)} us/event for the {_ref(r)}: the library spends {_n(extra)} us/event more CPU, "
-        f"while the medians of wall-clock time differ by {_n(r.lib_us - r.floor_us)} us/event."
+        f"and {_n(r.floor_cpu)} us/event for the {_ref(r)}: the library spends {_n(abs(extra))} us/event "
+        f"{'more' if extra >= 0 else 'less'} CPU, while the medians of wall-clock time differ by "
+        f"{_n(r.lib_us - r.floor_us)} us/event."
     )
 
 
