@@ -389,3 +389,32 @@ def test_user_sql_is_one_statement(pg_cluster) -> None:
             assert unit.user_execute("SELECT text FROM note") == [("b%",)]
     finally:
         store.close()
+
+
+# -- fork ----------------------------------------------------------------------------------
+
+
+def test_a_child_reopens_after_fork_and_leaves_the_parents_connection_alone(pg_cluster) -> None:
+    import os
+
+    store = PgOutboxStore(pg_location("fork"), "p")
+    try:
+        with store.write() as unit:
+            unit.append_event(env("E1"))
+        pid = os.fork()
+        if pid == 0:  # the child: reopen, write, exit without running the parent's cleanup
+            code = 1
+            try:
+                store.reopen()
+                with store.write() as unit:
+                    unit.append_event(env("E2", seq=2))
+                store.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent's connection still works after the child dropped its copy.
+        assert [e.event_id for e in store.latest.outbox()] == ["E1", "E2"]
+    finally:
+        store.close()

@@ -39,6 +39,10 @@ Conn = psycopg.Connection[Any]
 View = TypeVar("View")
 DEFAULT_LOCK_TIMEOUT = 30.0
 _KINDS = {kind.name: kind for kind in (PRODUCER, CONSUMER)}
+# Connections inherited across fork(): the parent's sockets.  Kept referenced
+# so the child never closes (or warns about) them; psycopg never sends a
+# Terminate for a connection opened by another process.
+_INHERITED: list[Conn] = []
 
 
 class Database:
@@ -300,6 +304,8 @@ class Database:
         if self._conn is not None and os.getpid() == self._pid:
             check_thread(self._thread, self.kind.name, self.location)
             self._conn.close()
+        elif self._conn is not None:
+            _INHERITED.append(self._conn)
         self._conn = None
 
     def reopen(self) -> None:
@@ -307,7 +313,9 @@ class Database:
         if os.getpid() == self._pid and self._conn is not None:
             check_thread(self._thread, self.kind.name, self.location)
             self._conn.close()
-        self._conn = None  # never close a connection inherited across fork(): the parent's socket
+        elif self._conn is not None:
+            _INHERITED.append(self._conn)  # never close a connection inherited across fork()
+        self._conn = None
         self._reopen_on_use = False
         self._pid = os.getpid()
         self._thread = opener()
