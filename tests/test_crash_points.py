@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from reliable_flow import Consumer, Producer, relay, snapshot
-from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR
+from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR, RECEIVE_APPLY_CRASH_POINTS
 from reliable_flow.reservation import RESERVATION
 from support import CHILDREN, child_env, run_script
 
@@ -119,3 +119,66 @@ def test_a_misspelt_point_is_refused_instead_of_never_firing(tmp_path: Path) -> 
     assert child.returncode not in (0, CRASH_EXIT_CODE)
     assert "is not a crash point" in child.stderr
     assert not (tmp_path / "producer.db").exists()
+
+
+# -- the receive-and-apply mode (Consumer(..., apply_on_receive=True)) ----------------------------
+# The child runs advance A1 -> relay into a consumer that applies A1 in its
+# receive transaction -> drain (nothing left).  Points on that path, with what
+# is on disk right after the exit and what recovery (in the same mode) answers.
+APPLY_MODE: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
+    "advance.after_commit": ((FLOW, False, [], None, []), ("existing", ["accepted", "idle"], 0)),
+    "receive.after_inbox_insert": ((FLOW, False, [], None, []), ("existing", ["accepted", "idle"], 0)),
+    "receive_apply.after_projection": ((FLOW, False, [], None, []), ("existing", ["accepted", "idle"], 0)),
+    "receive_apply.after_effect": ((FLOW, False, [], None, []), ("existing", ["accepted", "idle"], 0)),
+    "receive.after_commit": ((FLOW, False, APPLIED, PROJECTION, EFFECT), ("existing", ["duplicate", "idle"], 0)),
+    "receive_apply.after_commit": ((FLOW, False, APPLIED, PROJECTION, EFFECT),
+                                   ("existing", ["duplicate", "idle"], 0)),
+    "relay.after_mark": ((FLOW, False, APPLIED, PROJECTION, EFFECT), ("existing", ["duplicate", "idle"], 0)),
+    "relay.after_commit": ((FLOW, True, APPLIED, PROJECTION, EFFECT), ("existing", ["idle"], 0)),
+}
+
+
+def run_apply_child(tmp_path: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]:
+    env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
+    return run_script(WORKLOAD, "crash-run-apply", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db"),
+                      env=env, cwd=tmp_path)
+
+
+def recover_applying(tmp_path: Path) -> tuple[str, list[str], int]:
+    """A restarted process in the same mode: advance again, relay until idle, drain."""
+    with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
+            Consumer(tmp_path / "consumer.db", RESERVATION, apply_on_receive=True) as consumer:
+        again = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        answers: list[str] = []
+        while not answers or answers[-1] != "idle":
+            assert len(answers) < 10, answers
+            answers.append(str(relay(producer, consumer).status))
+        drained = consumer.drain("A")
+        assert drained.stop == "idle"
+        assert [asdict(e) for e in consumer.effects("A")] == EFFECT
+        assert consumer.projection("A") == PROJECTION
+        assert [asdict(r) for r in consumer.inbox("A")] == APPLIED
+        assert [(e.event_id, e.accepted) for e in producer.outbox("A")] == [("A1", True)]
+        return str(again.status), answers, drained.applied
+
+
+def test_the_mode_has_its_own_points_and_the_spec_table_is_unchanged() -> None:
+    assert set(RECEIVE_APPLY_CRASH_POINTS) <= set(APPLY_MODE)
+    assert not set(RECEIVE_APPLY_CRASH_POINTS) & set(CRASH_POINTS)
+
+
+@pytest.mark.parametrize("point", list(APPLY_MODE))
+def test_receive_and_apply_crash_point_leaves_one_commit_or_none(tmp_path: Path, point: str) -> None:
+    child = run_apply_child(tmp_path, point)
+    assert child.returncode == CRASH_EXIT_CODE, (child.returncode, child.stderr)
+    before, recovery = APPLY_MODE[point]
+    assert on_disk(tmp_path) == before
+    assert recover_applying(tmp_path) == recovery
+
+
+@pytest.mark.parametrize("point", ["apply.after_projection", "apply.after_effect", "apply.after_commit"])
+def test_in_the_mode_the_apply_points_are_never_reached(tmp_path: Path, point: str) -> None:
+    """A1 is applied on arrival: the two-step apply path does not run for it."""
+    child = run_apply_child(tmp_path, point)
+    assert child.returncode == 0, child.stderr
+    assert on_disk(tmp_path) == (FLOW, True, APPLIED, PROJECTION, EFFECT)

@@ -250,14 +250,16 @@ class Campaign:
     seconds: float = 0.0
 
 
-def start_workload(tmp_path: Path, seed: int, round_no: int, incarnation: int) -> subprocess.Popen[bytes]:
+def start_workload(tmp_path: Path, seed: int, round_no: int, incarnation: int,
+                   on_receive: bool = False) -> subprocess.Popen[bytes]:
     stderr = open(tmp_path / f"stderr-{incarnation}.txt", "wb")  # noqa: SIM115 - closed below
     try:
         return subprocess.Popen(
             [sys.executable, str(WORKLOAD), "kill-run", str(tmp_path / "producer.db"),
              str(tmp_path / "consumer.db"), str(tmp_path / "journal.txt"), str(seed), str(round_no),
              str(incarnation)],
-            env=child_env(), stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path,
+            env=child_env(RELIABLE_FLOW_TEST_APPLY_ON_RECEIVE="1" if on_receive else "0"),
+            stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path,
         )
     finally:
         stderr.close()
@@ -269,8 +271,9 @@ def wait_for_ready(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     return bool(ready) and proc.stdout.readline() == b"ready\n"
 
 
-def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
-    print(f"\nkill test: RELIABLE_FLOW_SEED={seed} RELIABLE_FLOW_KILLS={kills}", flush=True)
+def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False) -> Campaign:
+    print(f"\nkill test: RELIABLE_FLOW_SEED={seed} RELIABLE_FLOW_KILLS={kills} apply_on_receive={on_receive}",
+          flush=True)
     rng = random.Random(seed)
     producer_path, consumer_path = tmp_path / "producer.db", tmp_path / "consumer.db"
     journal_path = tmp_path / "journal.txt"
@@ -286,7 +289,7 @@ def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
         incarnation = stats.incarnations
         stats.incarnations += 1
         where = f"seed {seed}, round {plan.round_no}, after incarnation {incarnation}"
-        with start_workload(tmp_path, seed, plan.round_no, incarnation) as proc:
+        with start_workload(tmp_path, seed, plan.round_no, incarnation, on_receive) as proc:
             try:
                 early = False
                 if final:  # let it finish the round: the watchdog is the timeout
@@ -343,6 +346,16 @@ def run_campaign(tmp_path: Path, kills: int, seed: int) -> Campaign:
 def test_kill_restart_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     kills = kill_count(DEFAULT_KILLS)
     stats = run_campaign(tmp_path, kills, chosen_seed())
+    assert stats.kills >= kills
+
+
+def test_kill_restart_in_the_receive_and_apply_mode(tmp_path: Path) -> None:
+    """The same campaign with the consumer applying on arrival: a kill inside
+    the one receive-and-apply transaction leaves neither the row nor its
+    apply, and nothing is lost or applied twice (half the kills: the mode
+    shares every other step with the campaign above)."""
+    kills = max(1, kill_count(DEFAULT_KILLS) // 2)
+    stats = run_campaign(tmp_path, kills, chosen_seed(), on_receive=True)
     assert stats.kills >= kills
 
 

@@ -112,11 +112,32 @@ def test_small_batches_take_several_passes_and_count_every_step(two: tuple[Produ
     producer, a, b = two
     for flow in ("A", "B"):
         commit(producer, flow, sep="-")
-    worker = Worker(producer, [a, b], relay_batch=2, apply_limit=1, idle_sleep=0)
+    # The two-step path (relay, then an apply pass) is what this test counts.
+    worker = Worker(producer, [a, b], relay_batch=2, apply_limit=1, idle_sleep=0, apply_on_receive=False)
     assert worker.run_once() == 2 + 1 + 2 + 1  # 2 relays and 1 apply for each consumer
     stats = worker.run(max_passes=10, handle_signals=False)
     assert stats.relayed["accepted"] == 12 and stats.applied == 12
     assert all(c.projection(f) == RELEASED for c in (a, b) for f in "AB")
+
+
+def test_by_default_the_worker_applies_on_arrival_and_the_apply_pass_finds_the_rest(
+    two: tuple[Producer, Consumer, Consumer],
+) -> None:
+    producer, a, b = two
+    for flow in ("A", "B"):
+        commit(producer, flow, sep="-")
+    # G-2 waits at a gap in 'projection': applied by neither path until G-1 comes.
+    a.receive({"event_id": "G-2", "flow_id": "G", "seq": 2, "kind": "confirmed", "schema": 1,
+               "payload": {"amount": 3}})
+    worker = Worker(producer, [a, b], relay_batch=2, apply_limit=1, idle_sleep=0)
+    assert worker.run_once() == (2 + 2) * 2  # each relay applied its event: a relay step and an apply step
+    assert a.open_flows() == ["G"] and b.open_flows() == []
+    stats = worker.run(max_passes=10, handle_signals=False)
+    assert stats.relayed["accepted"] == 12 and stats.applied == 12
+    assert all(c.projection(f) == RELEASED for c in (a, b) for f in "AB")
+    assert stats.stops["gap"] > 0 and a.inbox("G")[0].state == "pending"
+    assert sql_rows(a.path, "SELECT count(*) FROM effect") == [(6,)]
+    assert a.metrics().applied == 6  # counted by the consumer too
 
 
 def test_a_consumer_that_raises_is_recorded_and_the_others_go_on(tmp_path: Path) -> None:
@@ -180,7 +201,9 @@ def test_the_worker_waits_out_a_full_inbox_and_drops_nothing(tmp_path: Path) -> 
         def tick(stats: WorkerStats) -> None:
             clock.t += 0.5
 
-        worker = Worker(producer, [c], policy=policy, relay_batch=4, apply_limit=1, idle_sleep=0, on_pass=tick)
+        # Two-step: applying on arrival would keep the inbox from ever filling up.
+        worker = Worker(producer, [c], policy=policy, relay_batch=4, apply_limit=1, idle_sleep=0, on_pass=tick,
+                        apply_on_receive=False)
         stats = worker.run(max_passes=200, handle_signals=False)
         assert stats.errors > 0 and "InboxFull" in (stats.last_error or "")
         assert all(c.projection(f) == {"state": "released", "last_seq": 3, "held": 0} for f in flows)

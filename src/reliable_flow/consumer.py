@@ -12,20 +12,19 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from . import envelope
-from .checks import check_count, check_optional_count
+from .checks import check_count, check_flag, check_optional_count
 from .core.apply import ApplyRules, apply_in, drain_flows
-from .core.receive import receive_in
 from .crash import crash_point
 from .effect_admin import EffectAdmin
 from .effects import Effects
-from .errors import InboxFull, InvalidEnvelope
+from .errors import InvalidEnvelope
 from .handlers import AppSchema, Handler
 from .inbox_admin import InboxAdmin
 from .metrics import ConsumerMetrics, consumer_metrics
-from .observe import CONSUMER, INFO, WARNING, Note, Observer
+from .observe import CONSUMER, WARNING, Note, Observer
 from .operations import PruneResult
 from .protocol import Protocol
-from .receiver import Answer
+from .receiving import Receiving
 from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from .statuses import (
     ApplyResult,
@@ -33,14 +32,11 @@ from .statuses import (
     DrainResult,
     EffectRecord,
     InboxEntry,
-    ReceiveResult,
-    ReceiveStatus,
-    Refused,
 )
 from .store import InboxStore
+from .store.open import Location, open_inbox
 from .store.owner import StoreOwner
-from .store.sqlite import SqliteInboxStore
-from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT, PathLike
+from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from .tracing import traced
 
 __all__ = ["Consumer"]
@@ -55,7 +51,7 @@ def _check_flow_id(flow_id: object) -> str:
 
 
 
-class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
+class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
     """Owns a consumer file: the inbox, the projection and the effect records.
 
     ``schemas`` are the payload versions this consumer can decode (default:
@@ -78,11 +74,20 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
     and migrates the application's own tables in this consumer's file.
     ``clock`` (seconds) stamps scheduled effects and tells their deadlines,
     and stamps when an inbox row arrived and became blocked (``stuck``).
+
+    ``apply_on_receive`` (the receive-and-apply mode, off by default): an
+    arriving event that is exactly its flow's next step and applies cleanly
+    is applied in the receive transaction itself (projection, effect record,
+    handlers), so one durable commit instead of two.  ``accepted`` then
+    also carries ``applied=True``.  Anything else (a gap, a block, a
+    duplicate, a conflict) takes the default path: the row is stored
+    pending and ``apply_next`` / ``process_all`` decide, as without the
+    mode.  See docs/guarantees.md, "Receive and apply in one commit".
     """
 
     def __init__(
         self,
-        path: PathLike,
+        path: Location,
         protocol: Protocol,
         *,
         schemas: Collection[int] | None = None,
@@ -93,10 +98,12 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
         effects: Effects | None = None,
         app_schema: AppSchema | None = None,
         clock: Callable[[], float] = time.time,
+        apply_on_receive: bool = False,
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
         check_optional_count("max_inbox", max_inbox)
+        check_flag("apply_on_receive", apply_on_receive)
         self.protocol = protocol
         self.max_inbox = max_inbox
         if schemas is None:
@@ -119,7 +126,7 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
                 _check_flow_id(name)
             except InvalidEnvelope as exc:
                 raise ValueError(f"name {exc.problem}") from None
-        self._store = SqliteInboxStore(
+        self._store = open_inbox(
             path, protocol.name, name=name, default_name=DEFAULT_NAME, busy_timeout=busy_timeout
         )
         info = self._store.latest.meta()
@@ -134,6 +141,8 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
         self.effect_registry = effects
         self.clock = clock
         self._rules = ApplyRules(protocol, chosen, tuple(handlers), effects, self._name, clock)
+        self.apply_on_receive = apply_on_receive
+        self._on_arrival = self._rules if apply_on_receive else None
         self._observed = Observer()  # in-process counts (metrics) and logs
         if app_schema is not None:
             self._migrate_app(app_schema)
@@ -171,68 +180,6 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
         return self._store.location
 
     # -- receive --------------------------------------------------------------------
-
-    @traced("reliable_flow.receive")
-    def receive(self, envelope_in: dict[str, Any] | str | bytes) -> ReceiveResult:
-        """Store an event durably, once; the consumer owns it after ``accepted``.
-
-        Guarantees: ``accepted`` is returned only after COMMIT, so the event
-        survives any later crash.  The same event id with the same canonical
-        body is ``duplicate`` (nothing written); with another body
-        ``id_conflict``; a new id in a (flow, seq) slot already taken is
-        ``sequence_conflict``.  A schema this consumer cannot decode is still
-        accepted, unchanged.  Malformed input raises ``InvalidEnvelope``; a
-        full inbox (``max_inbox``) raises ``InboxFull``.
-        """
-        env = envelope.parse(envelope_in)
-        with self._store.write() as unit:
-            result = receive_in(unit, env, self.max_inbox, self.path, self.clock())
-        if result.status == ReceiveStatus.ACCEPTED:
-            crash_point("receive.after_commit")
-        if result.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO):
-            self._observed.received(self._name, env.meta, result)
-        return result
-
-    def receive_many(
-        self, envelopes: Sequence[dict[str, Any] | str | bytes]
-    ) -> list[ReceiveResult | None]:
-        """Receive several events in one transaction; one entry per event, in order.
-
-        Same checks and statuses as :meth:`receive`.  Every envelope is
-        validated before anything is stored: one malformed envelope raises
-        ``InvalidEnvelope`` and stores none.  An event that a full inbox
-        (``max_inbox``) refuses gets ``None`` and is not stored; the others
-        are still examined, exactly as separate ``receive`` calls would be
-        (so a flow's next step still gets in).
-        """
-        parsed = [envelope.parse(e) for e in envelopes]
-        results: list[ReceiveResult | None] = []
-        with self._store.write() as unit:
-            now = self.clock()
-            for env in parsed:
-                try:
-                    results.append(receive_in(unit, env, self.max_inbox, self.path, now))
-                except InboxFull:
-                    results.append(None)
-        if any(r is not None and r.status == ReceiveStatus.ACCEPTED for r in results):
-            crash_point("receive.after_commit")
-        for env, r in zip(parsed, results):
-            if r is not None and (r.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO)):
-                self._observed.received(self._name, env.meta, r)
-        return results
-
-    # -- as a Receiver (what relay() calls) -------------------------------------------
-
-    def accept(self, body: str) -> Answer:
-        """:meth:`receive`, with a full inbox answered as :class:`Refused`."""
-        try:
-            return self.receive(body)
-        except InboxFull as exc:
-            return Refused(str(exc))
-
-    def accept_many(self, bodies: Sequence[str]) -> list[Answer]:
-        """:meth:`receive_many`, with each event a full inbox turned away answered as :class:`Refused`."""
-        return [Refused("inbox full (max_inbox)") if r is None else r for r in self.receive_many(bodies)]
 
     # -- apply ----------------------------------------------------------------------
 
@@ -352,4 +299,5 @@ class Consumer(EffectAdmin, InboxAdmin, StoreOwner[SqliteInboxStore]):
 
     def __repr__(self) -> str:
         return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"
+
 

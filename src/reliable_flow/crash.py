@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ALL_CRASH_POINTS", "CRASH_EXIT_CODE", "CRASH_POINTS", "ENV_VAR", "EXECUTOR_CRASH_POINTS", "crash_point"]
+__all__ = [
+    "ALL_CRASH_POINTS",
+    "CRASH_EXIT_CODE",
+    "CRASH_POINTS",
+    "ENV_VAR",
+    "EXECUTOR_CRASH_POINTS",
+    "RECEIVE_APPLY_CRASH_POINTS",
+    "crash_point",
+]
 
 ENV_VAR = "RELIABLE_FLOW_CRASH_AT"
 CRASH_EXIT_CODE = 73
@@ -37,7 +45,18 @@ EXECUTOR_CRASH_POINTS = (
     "executor.after_commit",
 )
 
-ALL_CRASH_POINTS = CRASH_POINTS + EXECUTOR_CRASH_POINTS
+# The receive-and-apply mode (``Consumer(..., apply_on_receive=True)``):
+# inside the receive transaction, after the projection and after the effect
+# record of an event applied on arrival, and after that transaction
+# committed.  ``receive.after_inbox_insert`` and ``receive.after_commit``
+# fire in this mode too; the ten points above keep their default meaning.
+RECEIVE_APPLY_CRASH_POINTS = (
+    "receive_apply.after_projection",
+    "receive_apply.after_effect",
+    "receive_apply.after_commit",
+)
+
+ALL_CRASH_POINTS = CRASH_POINTS + EXECUTOR_CRASH_POINTS + RECEIVE_APPLY_CRASH_POINTS
 
 _armed = os.environ.get(ENV_VAR) or None
 if _armed is not None and _armed not in ALL_CRASH_POINTS:

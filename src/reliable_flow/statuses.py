@@ -179,13 +179,18 @@ class AdvanceResult:
 
 @dataclass(frozen=True, slots=True)
 class ReceiveResult:
-    """Outcome of ``Consumer.receive``; only ``accepted`` stored a new row."""
+    """Outcome of ``Consumer.receive``; only ``accepted`` stored a new row.
+
+    ``applied``: the event was also applied in the same transaction (only
+    with ``Consumer(..., apply_on_receive=True)``, when it was its flow's
+    next step and applied cleanly)."""
 
     status: ReceiveStatus
     event_id: str
     flow_id: str
     seq: int
     reason: str | None = None
+    applied: bool = False
 
 
 @dataclass(frozen=True, slots=True)

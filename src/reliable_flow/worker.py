@@ -19,6 +19,7 @@ from .errors import ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, 
 from .executor import EffectExecutor
 from .observe import WARNING, WORKER, fields, log
 from .producer import Producer
+from .receiving import Applying
 from .relay import DeliveryPolicy, relay
 from .statuses import DrainStop, RelayStatus
 
@@ -58,6 +59,16 @@ class WorkerStats:
         }
 
 
+_RECEIVING = ("receive", "receive_many", "accept", "accept_many", "applying")
+
+
+def _own_receiving(consumer: Consumer) -> bool:
+    """True unless a subclass changed how the consumer takes events in (a
+    transport in between, a test double): that path must stay in charge, so
+    such a consumer is relayed to as itself."""
+    return all(getattr(type(consumer), name) is getattr(Consumer, name) for name in _RECEIVING)
+
+
 class Worker:
     """Relays a producer's events to its consumers and applies them, until stopped.
 
@@ -73,6 +84,17 @@ class Worker:
     one that retrying cannot heal (:data:`CANNOT_HEAL`: ``ConsumerMismatch``,
     ``UnknownConsumer``, ``WrongFile`` / ``SchemaTooNew``, ``WrongProcess``, ``WrongThread``),
     which :meth:`run_once` and :meth:`run` raise after recording it.
+
+    ``apply_on_receive`` (default True): relay to each consumer in the
+    receive-and-apply mode (:meth:`Consumer.applying`), so an event that is
+    its flow's next step is stored and applied in one durable commit; the
+    apply pass then only finds what that mode leaves pending (an event
+    after a gap, a blocked one).  This is safe here because the worker
+    applies every consumer it relays to anyway, with the same handlers and
+    effects; the end state is the same, with one commit fewer per event.
+    A consumer whose class overrides how it takes events in (``receive``,
+    ``receive_many``, ``accept``, ``accept_many`` or ``applying``: a
+    transport in between, a test double) is relayed to as itself.
 
     Consumers must be registered in the producer (see
     ``Producer.register_consumer``; the first consumer of a producer that has
@@ -99,6 +121,7 @@ class Worker:
         on_pass: Callable[[WorkerStats], None] | None = None,
         executors: Sequence[EffectExecutor] = (),
         register: bool = False,
+        apply_on_receive: bool = True,
     ) -> None:
         if not consumers:
             raise ValueError("consumers must name at least one Consumer")
@@ -113,8 +136,10 @@ class Worker:
             if refused:
                 raise unknown_consumer(producer.path, refused[0], producer.consumers())
         self.register = check_flag("register", register)
+        self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
         self.producer = producer
         self.consumers = list(consumers)
+        self._receivers = [c.applying() if apply_on_receive and _own_receiving(c) else c for c in self.consumers]
         self.policy = policy or DeliveryPolicy()
         self.relay_batch = relay_batch
         self.apply_limit = apply_limit
@@ -138,16 +163,20 @@ class Worker:
     def run_once(self) -> int:
         """One pass over all consumers; returns how many steps did work."""
         work = 0
-        for consumer in self.consumers:
+        for consumer, receiver in zip(self.consumers, self._receivers):
             for _ in range(self.relay_batch):
                 if self.stopping:
                     return work
                 try:
-                    result = relay(self.producer, consumer, policy=self.policy, register=self.register)
+                    result = relay(self.producer, receiver, policy=self.policy, register=self.register)
                 except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
                     self._failed(consumer.name, exc)
                     break
                 self.stats.relayed[result.status.value] += 1
+                if isinstance(receiver, Applying) and receiver.applied:  # applied on arrival: a step too
+                    self.stats.applied += receiver.applied
+                    work += receiver.applied
+                    receiver.applied = 0
                 if result.status == RelayStatus.IDLE:
                     break
                 work += 1

@@ -6,12 +6,15 @@ Not collected by pytest (no ``test_`` prefix).  Two ways in:
   environment and a timeout::
 
       python tests/children/workload.py crash-run PRODUCER CONSUMER
+      python tests/children/workload.py crash-run-apply PRODUCER CONSUMER
       python tests/children/workload.py kill-run PRODUCER CONSUMER JOURNAL SEED ROUND INCARNATION
 
 * imported: :func:`plan_round` lets the kill test compute what the workload
   was asked to do.
 
 Every child opens its own ``Producer`` / ``Consumer``; nothing is inherited.
+With ``RELIABLE_FLOW_TEST_APPLY_ON_RECEIVE=1`` the kill workload's consumer
+runs in the receive-and-apply mode.
 """
 
 from __future__ import annotations
@@ -47,6 +50,20 @@ def crash_run(producer_path: str, consumer_path: str) -> int:
         assert d.status == "accepted", d
         drained = consumer.drain("A")
         assert (drained.applied, drained.stop) == (1, "idle"), drained
+    return 0
+
+
+def crash_run_apply(producer_path: str, consumer_path: str) -> int:
+    """advance A1 -> relay to a consumer in the receive-and-apply mode, which
+    applies A1 in its receive transaction -> drain finds nothing left."""
+    with Producer(producer_path, RESERVATION) as producer, \
+            Consumer(consumer_path, RESERVATION, apply_on_receive=True) as consumer:
+        r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        assert r.status == "committed", r
+        d = relay(producer, consumer)
+        assert d.status == "accepted", d
+        drained = consumer.drain("A")
+        assert (drained.applied, drained.stop) == (0, "idle"), drained
     return 0
 
 
@@ -313,7 +330,9 @@ def kill_run(producer_path: str, consumer_path: str, journal: str, seed: int, ro
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             os.write(fd, b"\n")  # end a line the previous incarnation was killed in the middle of
-        with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
+        on_receive = os.environ.get("RELIABLE_FLOW_TEST_APPLY_ON_RECEIVE") == "1"
+        with Producer(producer_path, RESERVATION) as producer, \
+                Consumer(consumer_path, RESERVATION, apply_on_receive=on_receive) as consumer:
             print("ready", flush=True)
             try:
                 KillWorkload(producer, consumer, plan, rng, fd, incarnation).run()
@@ -331,6 +350,8 @@ def main(argv: list[str]) -> int:
     command, *args = argv
     if command == "crash-run":
         return crash_run(*args)
+    if command == "crash-run-apply":
+        return crash_run_apply(*args)
     if command == "kill-run":
         producer_path, consumer_path, journal, seed, round_no, incarnation = args
         return kill_run(producer_path, consumer_path, journal, int(seed), int(round_no), int(incarnation))

@@ -12,13 +12,14 @@ from typing import Any
 from .. import envelope, observe
 from ..crash import crash_point
 from ..effects import Effects
+from ..envelope import Envelope
 from ..handlers import ApplyContext, Event, Handler
 from ..observe import CONSUMER, INFO, WARNING, Note, Observer
 from ..protocol import PayloadError, Protocol, Rejected
 from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
 from ..store import FlowState, InboxUnit
 
-__all__ = ["ApplyRules", "apply_in", "drain_flows"]
+__all__ = ["ApplyRules", "apply_arrived", "apply_in", "drain_flows"]
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,54 @@ def _now(rules: ApplyRules) -> float | None:
     return None if rules.clock is None else rules.clock()
 
 
+_APPLY_POINTS = ("apply.after_projection", "apply.after_effect")
+_ARRIVAL_POINTS = ("receive_apply.after_projection", "receive_apply.after_effect")
+
+
 def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_state: str,
-                   new_data: dict[str, Any], view: dict[str, Any]) -> None:
+                   new_data: dict[str, Any], view: dict[str, Any],
+                   points: tuple[str, str] = _APPLY_POINTS) -> None:
     unit.put_projection(flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view))
-    crash_point("apply.after_projection")
+    crash_point(points[0])
     unit.record_applied(event_id, flow_id, seq, new_state)
-    crash_point("apply.after_effect")
+    crash_point(points[1])
+
+
+def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope, notes: list[Note] | None = None) -> bool:
+    """Apply the event that receive just stored, in the same transaction,
+    when it is exactly its flow's next step and applies cleanly: projection,
+    effect record and the row's ``applied`` mark, as ``apply_next`` would
+    write them.  Anything else (a gap before it, a block: unknown schema,
+    rejected step, payload error in a handler) writes nothing here and
+    returns False: the row stays pending and ``apply_next`` decides later,
+    exactly as without this mode."""
+    known = unit.flow_state(env.flow_id)
+    if env.seq != (0 if known is None else known.seq) + 1 or env.schema not in rules.schemas:
+        return False
+    protocol = rules.protocol
+    if known is None:
+        known = FlowState(protocol.initial, 0, {})
+    try:
+        new_data = protocol.next_data(known.state, known.data, env.kind, env.schema, env.payload)
+    except Rejected:
+        return False
+    new_state = env.kind
+    view = protocol.view(new_state, new_data)
+    if not rules.handlers:
+        _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
+    else:
+        event = {"kind": env.kind, "schema": env.schema, "payload": env.payload, "meta": env.meta}
+        try:
+            with unit.step():
+                _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
+                _handle(unit, rules, event, env.body, env.event_id, env.flow_id, env.seq, known.state,
+                        new_state, new_data)
+        except PayloadError:
+            return False
+    if notes is not None:
+        _note(notes, rules.consumer, ApplyResult(ApplyStatus.APPLIED, env.flow_id, env.seq, env.event_id),
+              {"meta": env.meta})
+    return True
 
 
 def drain_flows(

@@ -6,17 +6,23 @@ from __future__ import annotations
 from ..crash import crash_point
 from ..envelope import Envelope, body_hash
 from ..errors import InboxFull
+from ..observe import Note
 from ..statuses import ReceiveResult, ReceiveStatus
 from ..store import InboxUnit
+from .apply import ApplyRules, apply_arrived
 
 __all__ = ["receive_in"]
 
 
 def receive_in(
-    unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None = None
+    unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None = None,
+    apply: ApplyRules | None = None, notes: list[Note] | None = None,
 ) -> ReceiveResult:
     """Decide and write one receive inside ``unit``'s transaction; a stored
-    row is stamped as received at ``now``.
+    row is stamped as received at ``now``.  With ``apply`` (the
+    receive-and-apply mode), a stored event that is its flow's next step is
+    applied in the same transaction if it applies cleanly
+    (:func:`~reliable_flow.core.apply.apply_arrived`).
 
     Raises :class:`InboxFull` (having written nothing) when ``max_inbox``
     unapplied rows are held and the event is not its flow's next step.
@@ -24,8 +30,7 @@ def receive_in(
     # The common case first: a new event is stored by one statement; only
     # when a unique key refused it do we look at why.
     if max_inbox is None and unit.insert_new(env, now):
-        crash_point("receive.after_inbox_insert")
-        return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+        return _stored(unit, env, apply, notes)
     body = unit.body_of(env.event_id)
     if body is not None:
         if body == env.body:
@@ -58,8 +63,13 @@ def receive_in(
     if max_inbox is not None:
         _check_room(unit, env, max_inbox, location)
     unit.insert(env, now)
+    return _stored(unit, env, apply, notes)
+
+
+def _stored(unit: InboxUnit, env: Envelope, apply: ApplyRules | None, notes: list[Note] | None) -> ReceiveResult:
     crash_point("receive.after_inbox_insert")
-    return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq)
+    applied = apply is not None and apply_arrived(unit, apply, env, notes)
+    return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq, applied=applied)
 
 
 def _check_room(unit: InboxUnit, env: Envelope, cap: int, location: str) -> None:
