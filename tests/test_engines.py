@@ -193,7 +193,7 @@ def test_relay_and_relay_batch_deliver_each_event_once(p: Producer, c: Consumer)
     c.receive(envelope("C1-planted", "C", 1))
     commit(p, "C", 1)
     assert relay_log(p, c) == ["C1 sequence_conflict"]
-    entry = [e for e in p.outbox("C")][0]
+    (entry,) = p.outbox("C")
     assert (entry.accepted, entry.state) == (False, "set_aside")
     assert c.process_all()["A"].applied == 3
 
