@@ -611,3 +611,30 @@ def test_files_are_real(tmp_path: Path, consumer: Consumer) -> None:
     assert Path(consumer.path).parent == tmp_path
     consumer.receive(base())
     assert sql_count(consumer.path, "inbox") == 1
+
+
+def test_a_body_parsed_again_in_the_same_process_is_the_same_envelope_with_its_own_payload() -> None:
+    """parse() answers a text it validated lately without validating it again:
+    same fields, but payload and meta are copies, so a handler that changes
+    what it was given cannot change what the next reader of the text gets."""
+    from reliable_flow import envelope as module
+
+    made = module.make(event_id="R1", flow_id="R", seq=1, kind="reserved", schema=1,
+                       payload={"amount": 3}, meta={"trace_id": "t"})
+    first = module.parse("".join(made.body))  # a new str object, as read back from a file
+    assert first == made and first.payload is not made.payload and first.meta is not made.meta
+    first.payload["amount"] = 99
+    first.meta["trace_id"] = "changed"
+    again = module.parse(made.body)
+    assert again.payload == {"amount": 3} and again.meta == {"trace_id": "t"}
+    # A text that is not canonical is never taken for a remembered one.
+    spaced = made.body.replace(",", ", ")
+    assert module.parse(spaced) == made
+
+
+def test_the_memory_of_recent_bodies_is_bounded() -> None:
+    from reliable_flow import envelope as module
+
+    for i in range(module._RECENT_MAX + 50):
+        module.make(event_id=f"B{i}", flow_id="B", seq=1, kind="k", schema=1, payload={})
+    assert len(module._RECENT) == module._RECENT_MAX

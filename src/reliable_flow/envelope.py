@@ -216,7 +216,33 @@ def make(
     size = len(body.encode("utf-8"))
     if size > MAX_BODY_BYTES:
         raise InvalidEnvelope("envelope", f"canonical body is {size} bytes; at most {MAX_BODY_BYTES}")
-    return Envelope(body=body, meta=checked_meta, **{k: v for k, v in fields.items() if k != "meta"})
+    env = Envelope(body=body, meta=checked_meta, **{k: v for k, v in fields.items() if k != "meta"})
+    _remember(env)
+    return env
+
+
+# Bodies this process validated lately, by their canonical text.  A relay in
+# the same process as the advance hands the consumer the very text advance
+# built; parsing it again would only repeat the same checks and encoding.
+# A body equal to a remembered one is the same envelope (the canonical body
+# determines every field), so it is answered from here, with its own copies
+# of the payload and meta (a handler may change what it is given).
+_RECENT: dict[str, Envelope] = {}
+_RECENT_MAX = 1024
+
+
+def _remember(env: Envelope) -> None:
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.pop(next(iter(_RECENT)))  # the oldest: dicts keep insertion order
+    _RECENT[env.body] = env
+
+
+def _recalled(text: str) -> Envelope | None:
+    env = _RECENT.get(text)
+    if env is None:
+        return None
+    return Envelope(env.event_id, env.flow_id, env.seq, env.kind, env.schema, dict(env.payload), dict(env.meta),
+                    env.body)
 
 
 def _reject_constant(name: str) -> Any:
@@ -271,6 +297,9 @@ def parse(envelope: object) -> Envelope:
         if len(envelope) > 4 * MAX_BODY_BYTES:
             # Early cap so a huge text is refused before it is parsed.
             raise InvalidEnvelope("envelope", f"JSON text longer than {4 * MAX_BODY_BYTES} characters")
+        known = _recalled(envelope)
+        if known is not None:
+            return known
         fast = _canonical_text(envelope)
         if fast is not None:
             return fast
