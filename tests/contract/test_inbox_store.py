@@ -262,6 +262,28 @@ def test_next_row_finds_rows_whatever_their_state(inbox):
         assert unit.next_row("F", 2) == (2, "F2", f2.body)
 
 
+def test_next_row_sees_what_the_same_unit_wrote_since_the_last_next_row(inbox):
+    """An engine may read ahead (the row after the one it returned); writes of
+    the same unit that add, free or remove rows must still be seen."""
+    f1, f2, f3 = env("F1", "F", 1), env("F2", "F", 2), env("F3", "F", 3)
+    insert(inbox, f1)
+    with inbox.write() as unit:
+        assert unit.next_row("F", 1) == (1, "F1", f1.body)
+        unit.put_projection("F", "created", 1, "{}", "{}")
+        unit.record_applied("F1", "F", 1, "created")
+        assert unit.insert_new(f2)
+        assert unit.next_row("F", 2) == (2, "F2", f2.body)
+        unit.insert(f3)
+        assert unit.next_row("F", 2) == (2, "F2", f2.body)
+        assert unit.next_row("F", 3) == (3, "F3", f3.body)
+    with inbox.write() as unit:
+        assert unit.next_row("F", 2) == (2, "F2", f2.body)
+        unit.set_replaced("F3")
+        assert unit.next_row("F", 3) is None
+        assert unit.insert_new(env("F3b", "F", 3))
+        assert unit.next_row("F", 3) == (3, "F3b", env("F3b", "F", 3).body)
+
+
 def test_block_marks_the_row_blocked_with_its_reason(inbox):
     insert(inbox, env("F1", "F", 1), env("F2", "F", 2))
     with inbox.write() as unit:

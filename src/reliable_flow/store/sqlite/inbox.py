@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ...envelope import Envelope
 from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
-from ..records import FlowState, InboxCounts, NextRow
+from ..records import FlowState, InboxCounts, NextRow, PruneStep
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .effects import SqliteEffects
@@ -31,7 +32,10 @@ _APPLIED = InboxState.APPLIED.value
 # NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
 # of the flow at or after last_seq + 1 (later rows exist only past a gap)
 # that holds its slot (live = 1: not replaced).
-NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 ORDER BY seq LIMIT 1"
+# It reads two rows: after the first is applied, the flow's next question
+# (the row at or after its seq + 1) is already answered by the second, or by
+# its absence, as long as no row of the flow is added or freed meanwhile.
+NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 ORDER BY seq LIMIT 2"
 OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
 _INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (?, ?, ?, ?, ?)"
 # The common receive in one statement: stored unless the id or the slot is
@@ -71,15 +75,20 @@ class SqliteInbox(SqliteEffects, SqliteInboxAdmin, SqliteInboxRetention):
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        # (flow, seq, answer): what next_row(flow, seq) will answer, read
+        # ahead by the previous next_row of this unit (see NEXT_ROW).
+        self._ahead: tuple[str, int, NextRow | None] | None = None
 
     # -- receive --------------------------------------------------------------------
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
+        self._ahead = None
         return bool(self._conn.execute(INSERT_NEW,
                                        (env.event_id, env.flow_id, env.seq, env.body, received_at)).rowcount)
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
+        self._ahead = None
         self._conn.execute(_INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
 
     def holder(self, flow_id: str, seq: int) -> str | None:
@@ -108,8 +117,34 @@ class SqliteInbox(SqliteEffects, SqliteInboxAdmin, SqliteInboxRetention):
         return None if row is None else FlowState(row[0], row[1], json.loads(row[2]))
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
-        row: NextRow | None = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchone()
-        return row
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == flow_id and ahead[1] == seq:
+            return ahead[2]
+        rows: list[NextRow] = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchall()
+        if not rows:
+            return None
+        first = rows[0]
+        # Applying `first` (writes to its own row and the projection only)
+        # leaves the rows after it as they are: the next question's answer.
+        self._ahead = (flow_id, first[0] + 1, rows[1] if len(rows) > 1 else None)
+        return first
+
+    # Writes that can add, free or remove a flow's rows forget what was read ahead.
+    def set_skipped(self, event_id: str) -> None:
+        self._ahead = None
+        super().set_skipped(event_id)
+
+    def set_replaced(self, event_id: str) -> None:
+        self._ahead = None
+        super().set_replaced(event_id)
+
+    def user_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._ahead = None
+        return super().user_execute(sql, params)
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        self._ahead = None
+        return super().prune_step(horizon, now, limit)
 
     def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
               now: float | None = None) -> None:
