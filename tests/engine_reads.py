@@ -1,0 +1,95 @@
+"""Reading a store of either engine in the tests, for what the public API has
+no accessor for.
+
+Not collected by pytest (no ``test_`` prefix).  A location is a SQLite path
+or a ``postgresql://...#schema`` string (as ``tests/pg_cluster.pg_location``
+makes them):
+
+* :func:`is_pg`: which engine a location names;
+* :func:`rows`: the rows of one read-only query (``?`` placeholders on both
+  engines; on PostgreSQL in the location's schema, through a short-lived
+  connection of its own);
+* :func:`effect_counts`, :func:`bodies`: the per-event effect count and the
+  stored bodies;
+* :func:`snapshot_of`: :func:`reliable_flow.snapshot`'s picture for SQLite
+  files, and the same dict built from the PostgreSQL stores' reads (opened
+  read-only) for PostgreSQL locations (``snapshot`` itself takes SQLite paths
+  only).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+from reliable_flow import snapshot
+from support import sql_rows
+
+__all__ = ["bodies", "effect_counts", "is_pg", "rows", "snapshot_of"]
+
+
+def is_pg(location: Any) -> bool:
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+def rows(location: Any, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one query, read only, on the location's own engine."""
+    if not is_pg(location):
+        return sql_rows(location, query, params)
+    import psycopg
+
+    url, _, schema = location.partition("#")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        conn.execute("SET default_transaction_read_only = on")
+        return [tuple(r) for r in conn.execute(query.replace("?", "%s"), params).fetchall()]
+
+
+def effect_counts(consumer: Any) -> Counter[str]:
+    """Effect records per event id (the UNIQUE constraint keeps it at one; this proves it)."""
+    return Counter({str(e): int(n) for e, n in rows(consumer, "SELECT event_id, count(*) FROM effect GROUP BY event_id")})
+
+
+def bodies(location: Any, table: str) -> dict[str, str]:
+    """event_id -> stored body of ``outbox`` (producer) or ``inbox`` (consumer)."""
+    assert table in ("outbox", "inbox"), table
+    return {str(e): str(b) for e, b in rows(location, f"SELECT event_id, body FROM {table}")}
+
+
+def snapshot_of(producer: Any, consumer: Any) -> dict[str, Any]:
+    """The ``snapshot()`` dict of a producer store and a consumer store of either engine."""
+    if not is_pg(producer) and not is_pg(consumer):
+        return snapshot(os.fspath(producer), os.fspath(consumer))
+    from reliable_flow.store.open import open_inbox, open_outbox
+
+    out: dict[str, Any] = {}
+    outbox_store = open_outbox(producer, None, readonly=True)
+    try:
+        with outbox_store.read() as reads:
+            outbox: dict[str, list[dict[str, Any]]] = {}
+            for entry in reads.outbox():
+                outbox.setdefault(entry.flow_id, []).append(asdict(entry))
+            out["producer"] = {
+                "protocol": reads.protocol_name(),
+                "flows": {f: reads.flow(f) for f in reads.flows()},
+                "outbox": outbox,
+            }
+    finally:
+        outbox_store.close()
+    inbox_store = open_inbox(consumer, None, readonly=True)
+    try:
+        with inbox_store.read() as view:
+            meta = view.meta()
+            flows = view.flows()
+            out["consumer"] = {
+                "protocol": meta.get("protocol"),
+                "name": meta.get("name"),
+                "projections": {f: view.projection(f) for f in flows},
+                "inbox": {f: [asdict(row) for row in view.inbox(f)] for f in flows},
+                "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
+            }
+    finally:
+        inbox_store.close()
+    return out
