@@ -7,23 +7,50 @@ checks exactly what the SPEC table says is on disk, and only then recovers
 the way a restarted process would: advance the same A1 again, relay until
 idle, drain.  Every point must end with one effect for A1 and the
 projection reserved / last_seq 1 / held 3.
+
+Every point runs on both engines: SQLite files, and PostgreSQL schemas of
+the session's private server (the child connects to them; the parent reads
+what was committed through the stores' own read-only views,
+``engine_reads.snapshot_of``).  The expected table is the same.
 """
 
 from __future__ import annotations
 
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, Producer, relay, snapshot
+from engine_reads import snapshot_of
+from reliable_flow import Consumer, Producer, relay
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR, RECEIVE_APPLY_CRASH_POINTS
 from reliable_flow.reservation import RESERVATION
 from support import CHILDREN, child_env, run_script
 
 WORKLOAD = CHILDREN / "workload.py"
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@dataclass(frozen=True)
+class Stores:
+    """Where the child's producer and consumer stores live, and its working directory."""
+
+    producer: Any
+    consumer: Any
+    cwd: Path
+
+
+@pytest.fixture(params=ENGINES)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
+    if request.param == "sqlite":
+        return Stores(tmp_path / "producer.db", tmp_path / "consumer.db", tmp_path)
+    pytest.importorskip("psycopg")
+    request.getfixturevalue("pg_cluster")
+    from pg_cluster import pg_location
+
+    return Stores(pg_location("crash_p"), pg_location("crash_c"), tmp_path)
 
 PENDING = [{"event_id": "A1", "seq": 1, "state": "pending", "reason": None, "meta": {}}]
 APPLIED = [{"event_id": "A1", "seq": 1, "state": "applied", "reason": None, "meta": {}}]
@@ -48,15 +75,14 @@ EXPECTED: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
 }
 
 
-def run_child(tmp_path: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]:
+def run_child(stores: Stores, crash_at: str | None) -> subprocess.CompletedProcess[str]:
     env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
-    return run_script(WORKLOAD, "crash-run", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db"),
-                      env=env, cwd=tmp_path)
+    return run_script(WORKLOAD, "crash-run", str(stores.producer), str(stores.consumer), env=env, cwd=stores.cwd)
 
 
-def on_disk(tmp_path: Path) -> tuple[Any, ...]:
-    """What the files hold, read without writing (snapshot opens both read-only)."""
-    snap = snapshot(tmp_path / "producer.db", tmp_path / "consumer.db")
+def on_disk(stores: Stores) -> tuple[Any, ...]:
+    """What the stores hold, read without writing (both opened read-only)."""
+    snap = snapshot_of(stores.producer, stores.consumer)
     outbox = snap["producer"]["outbox"].get("A", [])
     assert [e["event_id"] for e in outbox] in ([], ["A1"])
     return (
@@ -68,10 +94,10 @@ def on_disk(tmp_path: Path) -> tuple[Any, ...]:
     )
 
 
-def recover(tmp_path: Path) -> tuple[str, list[str], int]:
+def recover(stores: Stores) -> tuple[str, list[str], int]:
     """What a restarted process does: same advance again, relay until idle, drain."""
-    with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
-            Consumer(tmp_path / "consumer.db", RESERVATION) as consumer:
+    with Producer(stores.producer, RESERVATION) as producer, \
+            Consumer(stores.consumer, RESERVATION) as consumer:
         again = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         answers: list[str] = []
         while not answers or answers[-1] != "idle":
@@ -97,25 +123,25 @@ def test_the_ten_points_are_the_spec_table() -> None:
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_crash_point_leaves_the_spec_state_and_recovers_to_one_effect(tmp_path: Path, point: str) -> None:
-    child = run_child(tmp_path, point)
+def test_crash_point_leaves_the_spec_state_and_recovers_to_one_effect(stores: Stores, point: str) -> None:
+    child = run_child(stores, point)
     assert child.returncode == CRASH_EXIT_CODE, (child.returncode, child.stderr)
     assert child.stdout == "" and child.stderr == ""
     before, recovery = EXPECTED[point]
-    assert on_disk(tmp_path) == before
-    assert recover(tmp_path) == recovery
+    assert on_disk(stores) == before
+    assert recover(stores) == recovery
 
 
-def test_without_the_variable_the_same_child_runs_to_the_end(tmp_path: Path) -> None:
+def test_without_the_variable_the_same_child_runs_to_the_end(stores: Stores) -> None:
     """The control: the child path really is advance -> relay -> drain."""
-    child = run_child(tmp_path, None)
+    child = run_child(stores, None)
     assert child.returncode == 0, child.stderr
-    assert on_disk(tmp_path) == (FLOW, True, APPLIED, PROJECTION, EFFECT)
-    assert recover(tmp_path) == ("existing", ["idle"], 0)
+    assert on_disk(stores) == (FLOW, True, APPLIED, PROJECTION, EFFECT)
+    assert recover(stores) == ("existing", ["idle"], 0)
 
 
 def test_a_misspelt_point_is_refused_instead_of_never_firing(tmp_path: Path) -> None:
-    child = run_child(tmp_path, "advance.after_comit")
+    child = run_child(Stores(tmp_path / "producer.db", tmp_path / "consumer.db", tmp_path), "advance.after_comit")
     assert child.returncode not in (0, CRASH_EXIT_CODE)
     assert "is not a crash point" in child.stderr
     assert not (tmp_path / "producer.db").exists()
@@ -138,16 +164,16 @@ APPLY_MODE: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
 }
 
 
-def run_apply_child(tmp_path: Path, crash_at: str | None) -> subprocess.CompletedProcess[str]:
+def run_apply_child(stores: Stores, crash_at: str | None) -> subprocess.CompletedProcess[str]:
     env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
-    return run_script(WORKLOAD, "crash-run-apply", str(tmp_path / "producer.db"), str(tmp_path / "consumer.db"),
-                      env=env, cwd=tmp_path)
+    return run_script(WORKLOAD, "crash-run-apply", str(stores.producer), str(stores.consumer), env=env,
+                      cwd=stores.cwd)
 
 
-def recover_applying(tmp_path: Path) -> tuple[str, list[str], int]:
+def recover_applying(stores: Stores) -> tuple[str, list[str], int]:
     """A restarted process in the same mode: advance again, relay until idle, drain."""
-    with Producer(tmp_path / "producer.db", RESERVATION) as producer, \
-            Consumer(tmp_path / "consumer.db", RESERVATION, apply_on_receive=True) as consumer:
+    with Producer(stores.producer, RESERVATION) as producer, \
+            Consumer(stores.consumer, RESERVATION, apply_on_receive=True) as consumer:
         again = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         answers: list[str] = []
         while not answers or answers[-1] != "idle":
@@ -168,17 +194,17 @@ def test_the_mode_has_its_own_points_and_the_spec_table_is_unchanged() -> None:
 
 
 @pytest.mark.parametrize("point", list(APPLY_MODE))
-def test_receive_and_apply_crash_point_leaves_one_commit_or_none(tmp_path: Path, point: str) -> None:
-    child = run_apply_child(tmp_path, point)
+def test_receive_and_apply_crash_point_leaves_one_commit_or_none(stores: Stores, point: str) -> None:
+    child = run_apply_child(stores, point)
     assert child.returncode == CRASH_EXIT_CODE, (child.returncode, child.stderr)
     before, recovery = APPLY_MODE[point]
-    assert on_disk(tmp_path) == before
-    assert recover_applying(tmp_path) == recovery
+    assert on_disk(stores) == before
+    assert recover_applying(stores) == recovery
 
 
 @pytest.mark.parametrize("point", ["apply.after_projection", "apply.after_effect", "apply.after_commit"])
-def test_in_the_mode_the_apply_points_are_never_reached(tmp_path: Path, point: str) -> None:
+def test_in_the_mode_the_apply_points_are_never_reached(stores: Stores, point: str) -> None:
     """A1 is applied on arrival: the two-step apply path does not run for it."""
-    child = run_apply_child(tmp_path, point)
+    child = run_apply_child(stores, point)
     assert child.returncode == 0, child.stderr
-    assert on_disk(tmp_path) == (FLOW, True, APPLIED, PROJECTION, EFFECT)
+    assert on_disk(stores) == (FLOW, True, APPLIED, PROJECTION, EFFECT)
