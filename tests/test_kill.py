@@ -26,6 +26,12 @@ the count of the default test; ``RELIABLE_FLOW_SOAK=1`` runs the opt-in soak
 test with 1000 kills.  The seed is printed; ``RELIABLE_FLOW_SEED=<seed>``
 replays the same plan and the same per-incarnation choices (the kill
 moments are timing-dependent and are not exactly reproducible).
+
+On PostgreSQL (schemas of the session's private server) the same campaign
+runs with fewer kills (``POSTGRES_KILLS``, 60 by default; scaled by
+``RELIABLE_FLOW_KILLS`` too): the child dies with its connections open, the
+server rolls back whatever it had not committed, and the checks read the
+schemas back through ``engine_reads`` (read-only stores and queries).
 """
 
 from __future__ import annotations
@@ -41,16 +47,20 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from children import workload
-from reliable_flow import Consumer, Producer, relay, snapshot
+from engine_reads import bodies, snapshot_of
+from engine_reads import effect_counts as stored_effect_counts
+from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
-from support import CHILDREN, child_env, chosen_seed, kill_count, sql_rows
+from support import CHILDREN, child_env, chosen_seed, kill_count
 
 WORKLOAD = CHILDREN / "workload.py"
 DEFAULT_KILLS = 100
+POSTGRES_KILLS = 60  # the PostgreSQL campaign's share of DEFAULT_KILLS
 SOAK_KILLS = 1000
 MAX_KILL_DELAY = 0.08  # seconds after "ready"; a round of work takes a few hundred ms
 EARLY_KILL_SHARE = 0.1  # kills that may land while the child starts and opens the files
@@ -117,14 +127,14 @@ class Observed:
     effects: dict[str, list[str]] = field(default_factory=dict)
 
 
-def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, workload.RoundPlan],
+def check_invariants(producer_path: Path | str, consumer_path: Path | str, plans: dict[str, workload.RoundPlan],
                      journal: Journal, seen: Observed, where: str) -> None:
     """Every invariant, on files no process is using.  ``plans`` maps flow id -> its round's plan."""
-    snap = snapshot(producer_path, consumer_path)
+    snap = snapshot_of(producer_path, consumer_path)
     flows, outbox = snap["producer"]["flows"], snap["producer"]["outbox"]
-    out_body = dict(sql_rows(producer_path, "SELECT event_id, body FROM outbox"))
-    in_body = dict(sql_rows(consumer_path, "SELECT event_id, body FROM inbox"))
-    effect_counts = dict(sql_rows(consumer_path, "SELECT event_id, count(*) FROM effect GROUP BY event_id"))
+    out_body = bodies(producer_path, "outbox")
+    in_body = bodies(consumer_path, "inbox")
+    effect_counts = dict(stored_effect_counts(consumer_path))
     rounds = {plan.round_no: plan for plan in plans.values()}.values()
     conflicting = {event_id for plan in rounds for event_id in plan.conflicting}
     planted = {env["event_id"]: workload.canonical(env) for plan in rounds for env in plan.planted}
@@ -214,7 +224,7 @@ def check_invariants(producer_path: Path, consumer_path: Path, plans: dict[str, 
     assert set(applied) <= set(effect_counts), f"{where}: an event answered applied has no effect"
 
 
-def check_round_finished(producer_path: Path, consumer_path: Path, plan: workload.RoundPlan) -> None:
+def check_round_finished(producer_path: Path | str, consumer_path: Path | str, plan: workload.RoundPlan) -> None:
     """An uninterrupted end of a round: everything through, except what must stay stuck."""
     with Producer(producer_path, RESERVATION) as producer, Consumer(consumer_path, RESERVATION) as consumer:
         for flow_id in plan.flows:
@@ -251,13 +261,14 @@ class Campaign:
 
 
 def start_workload(tmp_path: Path, seed: int, round_no: int, incarnation: int,
-                   on_receive: bool = False) -> subprocess.Popen[bytes]:
+                   on_receive: bool = False, stores: tuple[Any, Any] | None = None) -> subprocess.Popen[bytes]:
+    """The workload child on ``stores`` (producer, consumer locations; default the two files in ``tmp_path``)."""
+    producer, consumer = stores or (tmp_path / "producer.db", tmp_path / "consumer.db")
     stderr = open(tmp_path / f"stderr-{incarnation}.txt", "wb")  # noqa: SIM115 - closed below
     try:
         return subprocess.Popen(
-            [sys.executable, str(WORKLOAD), "kill-run", str(tmp_path / "producer.db"),
-             str(tmp_path / "consumer.db"), str(tmp_path / "journal.txt"), str(seed), str(round_no),
-             str(incarnation)],
+            [sys.executable, str(WORKLOAD), "kill-run", str(producer), str(consumer),
+             str(tmp_path / "journal.txt"), str(seed), str(round_no), str(incarnation)],
             env=child_env(RELIABLE_FLOW_TEST_APPLY_ON_RECEIVE="1" if on_receive else "0"),
             stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path,
         )
@@ -271,11 +282,13 @@ def wait_for_ready(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     return bool(ready) and proc.stdout.readline() == b"ready\n"
 
 
-def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False) -> Campaign:
+def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False,
+                 stores: tuple[Any, Any] | None = None) -> Campaign:
+    """``kills`` SIGKILLs of the workload on ``stores`` (default: two SQLite files in ``tmp_path``)."""
     print(f"\nkill test: RELIABLE_FLOW_SEED={seed} RELIABLE_FLOW_KILLS={kills} apply_on_receive={on_receive}",
           flush=True)
     rng = random.Random(seed)
-    producer_path, consumer_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    producer_path, consumer_path = stores or (tmp_path / "producer.db", tmp_path / "consumer.db")
     journal_path = tmp_path / "journal.txt"
     journal = Journal(journal_path)
     stats = Campaign()
@@ -289,7 +302,8 @@ def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False
         incarnation = stats.incarnations
         stats.incarnations += 1
         where = f"seed {seed}, round {plan.round_no}, after incarnation {incarnation}"
-        with start_workload(tmp_path, seed, plan.round_no, incarnation, on_receive) as proc:
+        with start_workload(tmp_path, seed, plan.round_no, incarnation, on_receive,
+                            (producer_path, consumer_path)) as proc:
             try:
                 early = False
                 if final:  # let it finish the round: the watchdog is the timeout
@@ -356,6 +370,22 @@ def test_kill_restart_in_the_receive_and_apply_mode(tmp_path: Path) -> None:
     shares every other step with the campaign above)."""
     kills = max(1, kill_count(DEFAULT_KILLS) // 2)
     stats = run_campaign(tmp_path, kills, chosen_seed(), on_receive=True)
+    assert stats.kills >= kills
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("on_receive", [False, True], ids=["two-step", "receive-and-apply"])
+def test_kill_restart_on_postgres(tmp_path: Path, pg_cluster: Any, on_receive: bool) -> None:
+    """The campaign on PostgreSQL schemas: a SIGKILLed client's open
+    transaction is rolled back by the server, a COMMIT it sent is kept or
+    not as a whole; nothing acknowledged is lost or doubled.  (The
+    receive-and-apply mode with a third of the kills.)"""
+    from pg_cluster import pg_location
+
+    share = POSTGRES_KILLS * kill_count(DEFAULT_KILLS) // DEFAULT_KILLS
+    kills = max(1, share // 3 if on_receive else share)
+    stores = (pg_location("kill_p"), pg_location("kill_c"))
+    stats = run_campaign(tmp_path, kills, chosen_seed(), on_receive=on_receive, stores=stores)
     assert stats.kills >= kills
 
 
