@@ -84,6 +84,7 @@ PUBLIC_NAMES = [
     "StorageError",
     "StorageFull",
     "StuckFlow",
+    "TransactionConflict",
     "UnknownConsumer",
     "UnknownEffect",
     "UnknownEvent",

@@ -1,5 +1,6 @@
 """reliable_flow: flow state and its events, committed, accepted and applied
-in order, across two SQLite files, surviving a process exit at any line.
+in order, across two SQLite files (or PostgreSQL schemas, with the postgres
+extra), surviving a process exit at any line.
 
 Quick tour::
 
@@ -60,6 +61,6 @@ __all__ = [
     "Producer", "Protocol", "PruneResult", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
     "Refused", "RegistryAction", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
     "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull", "StuckFlow",
-    "UnknownConsumer", "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "WrongThread",
+    "TransactionConflict", "UnknownConsumer", "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "WrongThread",
     "__version__", "relay", "relay_batch", "snapshot",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from . import envelope
 from .checks import check_count, check_flag, check_optional_count
 from .core.apply import ApplyRules, apply_in, drain_flows
+from .core.conflicts import rerun_on_conflict
 from .crash import crash_point
 from .effect_admin import EffectAdmin
 from .effects import Effects
@@ -199,8 +200,14 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         """
         flow_id = _check_flow_id(flow_id)
         notes: list[Note] | None = [] if CONSUMER.isEnabledFor(WARNING) else None
-        with self._store.write() as unit:
-            result, _ = apply_in(unit, self._rules, flow_id, None, notes)
+
+        def once() -> ApplyResult:
+            if notes:
+                notes.clear()  # of a run the engine aborted
+            with self._store.write() as unit:
+                return apply_in(unit, self._rules, flow_id, None, notes)[0]
+
+        result = rerun_on_conflict(once)
         if result.status == ApplyStatus.APPLIED:
             crash_point("apply.after_commit")
             self._observed.applied += 1

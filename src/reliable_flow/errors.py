@@ -26,6 +26,7 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
           +-- StorageFull                      disk or database full; nothing written
           +-- ReadOnlyStorage                  the store cannot be written; nothing written
           +-- DatabaseBusy                     write lock held through every retry
+          |    +-- TransactionConflict         aborted to break a deadlock / serialization conflict
           +-- CommitOutcomeUnknown             COMMIT itself failed
 """
 
@@ -45,6 +46,7 @@ __all__ = [
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
+    "TransactionConflict",
     "UnknownConsumer",
     "UnknownEffect",
     "UnknownEvent",
@@ -169,6 +171,14 @@ class ReadOnlyStorage(StorageError):
 class DatabaseBusy(StorageError):
     """Another connection held the write lock through the busy timeout and
     every retry.  Nothing was written; the call can be retried."""
+
+
+class TransactionConflict(DatabaseBusy):
+    """The engine aborted the transaction to break a lock cycle (a deadlock)
+    or a serialization conflict with a concurrent one (PostgreSQL; SQLite's
+    single writer has none).  Nothing of it was written.  The library re-runs
+    the transactions it owns a few times before raising this; a
+    ``producer.batch()`` that raises it wrote nothing and can be redone."""
 
 
 class CommitOutcomeUnknown(StorageError):

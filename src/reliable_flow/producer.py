@@ -14,6 +14,7 @@ from typing import Any
 
 from .checks import check_optional_count, check_text
 from .core.advance import advance_in, build
+from .core.conflicts import rerun_on_conflict
 from .crash import crash_point
 from .envelope import Envelope
 from .errors import NotResolvable, StorageError, UnknownEvent
@@ -150,8 +151,11 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
         return self._store
 
     def _advance(self, env: Envelope) -> AdvanceResult:
-        with self._store.write() as unit:
-            result = advance_in(unit, self.protocol, env, self.max_backlog, time.time())
+        def once() -> AdvanceResult:
+            with self._store.write() as unit:
+                return advance_in(unit, self.protocol, env, self.max_backlog, time.time())
+
+        result = rerun_on_conflict(once)
         if result.status == AdvanceStatus.COMMITTED:
             crash_point("advance.after_commit")
         if result.status is AdvanceStatus.CONFLICT or PRODUCER.isEnabledFor(INFO):

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import envelope
 from .core.apply import ApplyRules
+from .core.conflicts import rerun_on_conflict
 from .core.receive import receive_in
 from .crash import crash_point
 from .errors import InboxFull
@@ -78,8 +79,14 @@ class Receiving:
     def _receive(self, envelope_in: dict[str, Any] | str | bytes, arrival: ApplyRules | None) -> ReceiveResult:
         env = envelope.parse(envelope_in)
         notes = self._arrival_notes(arrival)
-        with self.store.write() as unit:
-            result = receive_in(unit, env, self.max_inbox, self.store.location, self.clock(), arrival, notes)
+
+        def once() -> ReceiveResult:
+            if notes:
+                notes.clear()  # of a run the engine aborted
+            with self.store.write() as unit:
+                return receive_in(unit, env, self.max_inbox, self.store.location, self.clock(), arrival, notes)
+
+        result = rerun_on_conflict(once)
         if result.status == ReceiveStatus.ACCEPTED:
             crash_point("receive.after_commit")
             if result.applied:
@@ -116,15 +123,22 @@ class Receiving:
         self, envelopes: Sequence[dict[str, Any] | str | bytes], arrival: ApplyRules | None
     ) -> list[ReceiveResult | None]:
         parsed = [envelope.parse(e) for e in envelopes]
-        results: list[ReceiveResult | None] = []
         notes = self._arrival_notes(arrival)
-        with self.store.write() as unit:
-            now = self.clock()
-            for env in parsed:
-                try:
-                    results.append(receive_in(unit, env, self.max_inbox, self.store.location, now, arrival, notes))
-                except InboxFull:
-                    results.append(None)
+
+        def once() -> list[ReceiveResult | None]:
+            if notes:
+                notes.clear()  # of a run the engine aborted
+            answers: list[ReceiveResult | None] = []
+            with self.store.write() as unit:
+                now = self.clock()
+                for env in parsed:
+                    try:
+                        answers.append(receive_in(unit, env, self.max_inbox, self.store.location, now, arrival, notes))
+                    except InboxFull:
+                        answers.append(None)
+            return answers
+
+        results = rerun_on_conflict(once)
         if any(r is not None and r.status == ReceiveStatus.ACCEPTED for r in results):
             crash_point("receive.after_commit")
             applied = sum(1 for r in results if r is not None and r.applied)

@@ -18,6 +18,7 @@ from ..observe import CONSUMER, INFO, WARNING, Note, Observer
 from ..protocol import PayloadError, Protocol, Rejected
 from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
 from ..store import FlowState, InboxUnit
+from . import conflicts
 
 __all__ = ["ApplyRules", "apply_arrived", "apply_in", "drain_flows"]
 
@@ -193,26 +194,38 @@ def drain_flows(
     ``observer`` counts the applies and logs each outcome after its commit."""
     notes: list[Note] | None = [] if observer is not None and CONSUMER.isEnabledFor(WARNING) else None
     results: dict[str, DrainResult] = {}
-    queue = iter(flows)
-    flow = next(queue, None)
-    applied, last = 0, None
-    while flow is not None:
-        done_in_batch = 0
-        with write() as unit:
-            known: FlowState | None = None  # re-read in every new transaction
-            while flow is not None and done_in_batch < batch_size:
-                last, known = apply_in(unit, rules, flow, known, notes)
-                if last.status == ApplyStatus.APPLIED:
-                    applied += 1
-                    done_in_batch += 1
-                    if applied < limit:
-                        continue
-                    stop = DrainStop.LIMIT
-                else:
-                    stop = DrainStop(last.status.value)
-                results[flow] = DrainResult(flow, applied, stop, last)
-                flow = next(queue, None)
-                applied, last, known = 0, None, None
+    at = 0  # the flow being drained: flows[at]
+    applied, last = 0, None  # of that flow, in transactions committed so far
+    while at < len(flows):
+
+        def once(i: int = at, flow_applied: int = applied, flow_last: ApplyResult | None = last
+                 ) -> tuple[int, int, int, ApplyResult | None, dict[str, DrainResult]]:
+            """One transaction from where the committed ones left off: the
+            position, counts and results it reaches (kept only once it
+            committed, so an aborted run is simply run again)."""
+            if notes:
+                notes.clear()
+            done, finished = 0, {}
+            with write() as unit:
+                known: FlowState | None = None  # re-read in every new transaction
+                while i < len(flows) and done < batch_size:
+                    flow = flows[i]
+                    flow_last, known = apply_in(unit, rules, flow, known, notes)
+                    if flow_last.status == ApplyStatus.APPLIED:
+                        flow_applied += 1
+                        done += 1
+                        if flow_applied < limit:
+                            continue
+                        stop = DrainStop.LIMIT
+                    else:
+                        stop = DrainStop(flow_last.status.value)
+                    finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)
+                    i += 1
+                    flow_applied, flow_last, known = 0, None, None
+            return i, done, flow_applied, flow_last, finished
+
+        at, done_in_batch, applied, last, finished = conflicts.rerun_on_conflict(once)
+        results.update(finished)
         if done_in_batch:
             crash_point("apply.after_commit")
         if observer is not None:

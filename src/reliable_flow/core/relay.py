@@ -35,6 +35,7 @@ from ..statuses import (
     RelayStatus,
 )
 from ..store import OutboxStore
+from .conflicts import rerun_on_conflict
 from .operate import unknown_consumer
 
 __all__ = ["relay_batch_to", "relay_to"]
@@ -113,22 +114,29 @@ def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, now: float
     # A lease is only a hint to other relays: losing it in a crash means at
     # worst one more send, which the inbox answers with "duplicate".  So the
     # claim is committed without waiting for the disk.
-    with store.write(durable=False) as unit:
-        picked = unit.next_due(consumer, horizon, limit)
-        unit.claim(consumer, picked, claim_until(policy, now), policy.owner, now)
-    return picked
+    def once() -> list[int]:
+        with store.write(durable=False) as unit:
+            picked = unit.next_due(consumer, horizon, limit)
+            unit.claim(consumer, picked, claim_until(policy, now), policy.owner, now)
+        return picked
+
+    return rerun_on_conflict(once)
 
 
 def _record_failure(
     store: OutboxStore, consumer: str, positions: Sequence[int], policy: DeliveryPolicy, exc: BaseException
 ) -> None:
     now = policy.clock()
-    with store.write(durable=False) as unit:
-        for pos in positions:
-            failures = unit.pending_failures(consumer, pos)
-            if failures is None:
-                continue  # delivered or set aside meanwhile by someone else
-            unit.set_retry(consumer, pos, retry_after(policy, failures, now, exc), now)
+
+    def once() -> None:
+        with store.write(durable=False) as unit:
+            for pos in positions:
+                failures = unit.pending_failures(consumer, pos)
+                if failures is None:
+                    continue  # delivered or set aside meanwhile by someone else
+                unit.set_retry(consumer, pos, retry_after(policy, failures, now, exc), now)
+
+    rerun_on_conflict(once)
 
 
 def _mark(store: OutboxStore, consumer: str, marks: Sequence[tuple[int, ReceiveResult]], now: float) -> None:
@@ -147,9 +155,13 @@ def _mark(store: OutboxStore, consumer: str, marks: Sequence[tuple[int, ReceiveR
             delivered.append((pos, answer.status.value))
         else:
             conflicts.append((pos, answer.status.value))
-    with store.write(durable=False) as unit:
-        unit.mark(consumer, delivered, conflicts, now)
-        crash_point("relay.after_mark")
+
+    def once() -> None:
+        with store.write(durable=False) as unit:
+            unit.mark(consumer, delivered, conflicts, now)
+            crash_point("relay.after_mark")
+
+    rerun_on_conflict(once)
     crash_point("relay.after_commit")
 
 

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import psycopg
 
-from ...errors import DatabaseBusy, ReadOnlyStorage, StorageError, StorageFull
+from ...errors import DatabaseBusy, ReadOnlyStorage, StorageError, StorageFull, TransactionConflict
 
 __all__ = ["connection_lost", "reraise", "storage_error"]
 
@@ -53,9 +53,9 @@ def storage_error(exc: psycopg.Error, during: str, conn: psycopg.Connection[obje
             f"timeout; nothing was written, the call can be retried"
         )
     if state in (_SERIALIZATION, _DEADLOCK):
-        return DatabaseBusy(
+        return TransactionConflict(
             f"{during}: {said}: PostgreSQL aborted this transaction to break a lock cycle with a "
-            f"concurrent one; nothing was written, the call can be retried"
+            f"concurrent one; nothing was written, the transaction can be run again"
         )
     if connection_lost(exc, conn):
         return StorageError(
