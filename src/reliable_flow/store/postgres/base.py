@@ -11,7 +11,7 @@ from psycopg.pq import TransactionStatus
 
 from ...errors import StorageError
 from .connection import Conn, Database
-from .errors import storage_error
+from .errors import reraise, storage_error
 from .location import lock_key
 
 __all__ = ["PgStore", "PgView"]
@@ -32,10 +32,23 @@ class PgView:
         self.lost: BaseException | None = None
 
     def _rows(self, query: str, params: Sequence[Any] | None = None) -> list[Row]:
-        return self._conn.execute(query, params).fetchall()
+        if self._writing:
+            return self._conn.execute(query, params).fetchall()
+        try:
+            return self._conn.execute(query, params).fetchall()
+        except psycopg.Error as exc:
+            reraise(exc, "a read", self._conn)
 
     def _one(self, query: str, params: Sequence[Any] | None = None) -> Row | None:
-        return self._conn.execute(query, params).fetchone()
+        if self._writing:
+            return self._conn.execute(query, params).fetchone()
+        try:
+            return self._conn.execute(query, params).fetchone()
+        except psycopg.Error as exc:
+            # A read outside a unit of work (``latest``) has no transaction
+            # to end: a lost connection is a StorageError here, and the
+            # store's next call opens a new connection (Database.conn).
+            reraise(exc, "a read", self._conn)
 
     def _run(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
         """Execute a write; the number of rows it touched."""

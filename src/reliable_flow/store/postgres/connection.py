@@ -210,11 +210,17 @@ class Database:
                 f"and is used in process {os.getpid()} (after fork?); call reopen() first"
             )
         check_thread(self._thread, self.kind.name, self.location)
+        if self._conn is not None and self._conn.closed:
+            # Lost outside a unit of work (a read outside any transaction, or
+            # the server went away between calls): nothing was in flight on
+            # it, so the call goes on with a new connection.
+            self._conn = None
+            self._reopen_on_use = True
         if self._conn is None:
             if not self._reopen_on_use:
                 raise StorageError(f"the {self.kind.name} store {self.location} is closed; call reopen()")
+            self._conn = self._open()  # may fail (the server is down): the next call tries again
             self._reopen_on_use = False
-            self._conn = self._open()
         return self._conn
 
     def _discard(self) -> None:
@@ -316,7 +322,8 @@ class Database:
         elif self._conn is not None:
             _INHERITED.append(self._conn)  # never close a connection inherited across fork()
         self._conn = None
-        self._reopen_on_use = False
+        self._reopen_on_use = True  # if this open fails, the next use tries again
         self._pid = os.getpid()
         self._thread = opener()
         self._conn = self._open()
+        self._reopen_on_use = False
