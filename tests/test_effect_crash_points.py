@@ -19,6 +19,12 @@ clock past the child's lease, as a restarted executor would:
 Recovery: with ``reconcile`` the doubt is settled and the effect takes place
 exactly once; with ``idempotent=True`` it is re-run with the same key; with
 neither it is parked ``unknown`` and never called again.
+
+Every test runs on both engines: SQLite files, and PostgreSQL schemas of the
+session's private server (``tests/pg_cluster.py``); the child is given the
+consumer's location string either way, and the test reads the effect row
+back through the public API (``Consumer.effect``).  The expected tables are
+the same.
 """
 
 from __future__ import annotations
@@ -54,20 +60,38 @@ NOW = 1000.0
 KEY = f"default:A1:{NAME}"
 
 
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
 class Files:
-    def __init__(self, where: Path) -> None:
+    """The stores (SQLite files or PostgreSQL schemas), the calls file, the working directory."""
+
+    def __init__(self, where: Path, producer: Any, consumer: Any) -> None:
         self.dir = where
-        self.producer = where / "producer.db"
-        self.consumer = where / "consumer.db"
+        self.producer = producer
+        self.consumer = consumer
         self.calls = where / "calls.txt"
 
     def call_lines(self) -> list[str]:
         return self.calls.read_text(encoding="utf-8").splitlines() if self.calls.exists() else []
 
 
-def prepare(where: Path) -> Files:
-    """Files with one pending effect: A1 reserved, applied, ``notify`` scheduled."""
-    files = Files(where)
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgres":
+        pytest.importorskip("psycopg")
+        request.getfixturevalue("pg_cluster")
+    return str(request.param)
+
+
+def prepare(where: Path, engine: str) -> Files:
+    """Stores with one pending effect: A1 reserved, applied, ``notify`` scheduled."""
+    if engine == "sqlite":
+        files = Files(where, where / "producer.db", where / "consumer.db")
+    else:
+        from pg_cluster import pg_location
+
+        files = Files(where, pg_location("fx_crash_p"), pg_location("fx_crash_c"))
     effects = Effects()
     effects.register(NAME, record_calls(str(files.calls)))
 
@@ -146,8 +170,8 @@ def test_every_executor_crash_point_is_covered() -> None:
     assert {point for point, _ in RECOVERED} == set(EXECUTOR_CRASH_POINTS)
 
 
-def test_child_without_a_crash_point_runs_the_effect(tmp_path: Path) -> None:
-    files = prepare(tmp_path)
+def test_child_without_a_crash_point_runs_the_effect(tmp_path: Path, engine: str) -> None:
+    files = prepare(tmp_path, engine)
     done = run_child(files, None)
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr
     assert on_disk(files)[0] == "succeeded"
@@ -156,8 +180,8 @@ def test_child_without_a_crash_point_runs_the_effect(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["reconcile", "idempotent", "neither"])
 @pytest.mark.parametrize("point", EXECUTOR_CRASH_POINTS)
-def test_executor_crash_point_then_recovery(tmp_path: Path, point: str, mode: str) -> None:
-    files = prepare(tmp_path)
+def test_executor_crash_point_then_recovery(tmp_path: Path, engine: str, point: str, mode: str) -> None:
+    files = prepare(tmp_path, engine)
     crashed = run_child(files, point)
     assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr
     assert crashed.stdout == ""  # it never got to print

@@ -6,7 +6,9 @@ armed in its environment::
 
     python tests/children/effect_crash_child.py CONSUMER CALLS NOW
 
-It sets nothing up: it opens the consumer file the test prepared (one
+CONSUMER is the consumer store's location: a SQLite path or a
+``postgresql://...#schema`` string.  It sets nothing up: it opens the
+consumer store the test prepared (one
 pending ``notify`` effect), registers ``notify`` (which appends
 ``<key> <attempt>`` to the file CALLS on every call, so the test can count
 calls), and runs ``EffectExecutor.run_once()`` once under a lease of
