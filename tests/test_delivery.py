@@ -7,6 +7,13 @@ the transport failing, not the database.  Time is an injected clock, so no
 test sleeps; a relay that dies mid-send is either a ``BaseException`` out of
 ``receive`` (no failure is recorded, the lease stays) or a real child process
 that exits at a crash point.
+
+The tests with real relay processes -- the relay child that dies mid-send at
+a crash point (``children/lease_child.py``) and the six leased relay
+processes -- run on both engines: SQLite files, and PostgreSQL schemas of
+the session's private server (``tests/pg_cluster.py``), the children given
+location strings; the lease columns the public API does not show are read
+through ``engine_reads.rows`` on either engine.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 import pytest
 
 from children.racers import relay_with_lease
+from engine_reads import rows
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
@@ -52,6 +60,7 @@ from support import (
 )
 
 NAMES = ("projection", "audit", "notifier")
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -62,8 +71,8 @@ def delivery(producer: Producer, event_id: str, consumer: str) -> DeliveryRecord
 
 
 def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, Any]:
-    """Columns the public API has no accessor for (failures, lease_owner)."""
-    found = sql_rows(
+    """Columns the public API has no accessor for (failures, lease_owner), on either engine."""
+    found = rows(
         path,
         "SELECT d.state, d.attempts, d.failures, d.due_at, d.lease_owner, d.last_error, d.last_status "
         "FROM delivery d JOIN outbox o ON o.pos = d.pos WHERE o.event_id = ? AND d.consumer = ?",
@@ -72,6 +81,23 @@ def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, An
     assert len(found) == 1, found
     keys = ("state", "attempts", "failures", "due_at", "lease_owner", "last_error", "last_status")
     return dict(zip(keys, found[0]))
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgres":
+        pytest.importorskip("psycopg")
+        request.getfixturevalue("pg_cluster")
+    return str(request.param)
+
+
+def new_location(engine: str, tmp_path: Path, label: str) -> str:
+    """A fresh store location: a SQLite file under ``tmp_path``, or a new PostgreSQL schema."""
+    if engine == "sqlite":
+        return str(tmp_path / f"{label}.db")
+    from pg_cluster import pg_location
+
+    return pg_location(label)
 
 
 @pytest.fixture
@@ -285,13 +311,13 @@ def test_a_lease_keeps_other_relays_off_until_it_expires(tmp_path: Path, produce
      ("relay.after_mark", "duplicate"), ("relay.after_commit", None)],
 )
 def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
-    tmp_path: Path, point: str, resent_as: str | None
+    tmp_path: Path, engine: str, point: str, resent_as: str | None
 ) -> None:
-    producer_path, consumer_path = tmp_path / "producer.db", tmp_path / "projection.db"
+    producer_path, consumer_path = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "projection")
     with Producer(producer_path, RESERVATION) as producer, \
             Consumer(consumer_path, RESERVATION, name="projection") as consumer:
         commit(producer, "A", 1)
-        proc = run_script(CHILDREN / "lease_child.py", str(producer_path), str(consumer_path), "1000",
+        proc = run_script(CHILDREN / "lease_child.py", producer_path, consumer_path, "1000",
                           env=child_env(**{ENV_VAR: point}), cwd=tmp_path)
         assert proc.returncode == CRASH_EXIT_CODE, proc.stderr
         raw = raw_delivery(producer_path, "A1", "projection")
@@ -312,8 +338,8 @@ def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
         assert (consumer.drain("A").applied, len(consumer.effects("A"))) == (1, 1)
 
 
-def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path) -> None:
-    producer_path, consumer_path = str(tmp_path / "producer.db"), str(tmp_path / "consumer.db")
+def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path, engine: str) -> None:
+    producer_path, consumer_path = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "consumer")
     with Producer(producer_path, RESERVATION) as producer:
         for i in range(120):
             commit(producer, f"F{i:03d}", 1, sep="-")
@@ -326,8 +352,8 @@ def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path) ->
     assert max(sends.values()) == 1, [e for e, n in sends.items() if n > 1]
     assert statuses == {"accepted": 120}
     assert sum(1 for got in reports if got) >= 2  # the work was really shared
-    assert sql_rows(consumer_path, "SELECT count(*) FROM inbox") == [(120,)]
-    assert sql_rows(producer_path, "SELECT count(*) FROM delivery WHERE state <> 'accepted'") == [(0,)]
+    assert rows(consumer_path, "SELECT count(*) FROM inbox") == [(120,)]
+    assert rows(producer_path, "SELECT count(*) FROM delivery WHERE state <> 'accepted'") == [(0,)]
 
 
 def test_an_expired_lease_is_resent_even_while_new_events_keep_coming(

@@ -5,7 +5,8 @@ Not collected by pytest.  Run as a script with a crash point armed
 
     python tests/children/lease_child.py PRODUCER CONSUMER NOW
 
-It relays once to the consumer named ``projection`` under a lease of 10 s
+PRODUCER and CONSUMER are store locations: SQLite paths or
+``postgresql://...#schema`` strings.  It relays once to the consumer named ``projection`` under a lease of 10 s
 owned by ``child``, its clock standing still at NOW, and prints the status
 (which it never gets to when the crash point fires: it exits 73).
 """
