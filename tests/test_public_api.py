@@ -65,6 +65,7 @@ PUBLIC_NAMES = [
     "OutcomeUnknown",
     "PayloadError",
     "PermanentFailure",
+    "PostgresLocation",
     "Producer",
     "Protocol",
     "PruneResult",

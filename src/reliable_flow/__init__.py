@@ -44,6 +44,7 @@ from .protocol import PayloadError, Protocol
 from .receiver import Receiver
 from .relay import DeliveryPolicy, relay, relay_batch
 from .statuses import *  # every status, result and record, as in statuses.__all__
+from .store.open import PostgresLocation
 from .tools.snapshot import snapshot
 from .worker import Worker, WorkerStats
 
@@ -57,7 +58,7 @@ __all__ = [
     "EffectAction", "EffectCall", "EffectExecutor", "EffectKeyConflict", "EffectRecord",
     "EffectState", "Effects", "Event", "ExecutorStats", "Feedback", "FlowWait", "Happened", "InboxAction", "InboxEntry",
     "InboxFull", "InboxRow", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
-    "OperatorAction", "OutboxEntry", "OutcomeUnknown", "PayloadError", "PermanentFailure",
+    "OperatorAction", "OutboxEntry", "OutcomeUnknown", "PayloadError", "PermanentFailure", "PostgresLocation",
     "Producer", "Protocol", "PruneResult", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
     "Refused", "RegistryAction", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
     "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull", "StuckFlow",

@@ -105,7 +105,7 @@ class Database:
             elif version < self.kind.version:
                 self._migrate(conn)
         except BaseException as exc:
-            conn.close()
+            self._where.give_back(conn)
             if isinstance(exc, psycopg.Error):
                 reraise(exc, f"opening {self.location}", conn)
             raise
@@ -226,7 +226,7 @@ class Database:
     def _discard(self) -> None:
         """Drop a connection that can no longer be trusted; the next use reopens."""
         if self._conn is not None:
-            self._conn.close()
+            self._where.give_back(self._conn)
         self._conn = None
         self._reopen_on_use = True
 
@@ -309,7 +309,7 @@ class Database:
         """Close the connection (only in the process that opened it)."""
         if self._conn is not None and os.getpid() == self._pid:
             check_thread(self._thread, self.kind.name, self.location)
-            self._conn.close()
+            self._where.give_back(self._conn)
         elif self._conn is not None:
             _INHERITED.append(self._conn)
         self._conn = None
@@ -318,7 +318,7 @@ class Database:
         """Open a fresh connection in this process; use it in a child after fork()."""
         if os.getpid() == self._pid and self._conn is not None:
             check_thread(self._thread, self.kind.name, self.location)
-            self._conn.close()
+            self._where.give_back(self._conn)
         elif self._conn is not None:
             _INHERITED.append(self._conn)  # never close a connection inherited across fork()
         self._conn = None

@@ -19,20 +19,29 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["DEFAULT_SCHEMAS", "ConnectionFactory", "Location", "is_postgres_location", "lock_key", "parse", "shown_from"]
+__all__ = [
+    "DEFAULT_SCHEMAS",
+    "ConnectionFactory",
+    "Location",
+    "is_pool",
+    "is_postgres_location",
+    "lock_key",
+    "parse",
+    "shown_from",
+]
 
 #: The schema each kind uses when the location names none.
 DEFAULT_SCHEMAS = {"producer": "reliable_flow_producer", "consumer": "reliable_flow_consumer"}
 _SCHEMES = ("postgresql://", "postgres://")
 ConnectionFactory = Callable[[], "psycopg.Connection[Any]"]
-Target = str | ConnectionFactory
+Target = str | ConnectionFactory | Any  # Any: a pool (getconn / putconn)
 
 
 def is_postgres_location(location: object) -> bool:
-    """True for a ``postgresql://`` / ``postgres://`` string or a connection factory."""
+    """True for a ``postgresql://`` / ``postgres://`` string, a connection factory or a pool."""
     if isinstance(location, str):
         return location.startswith(_SCHEMES)
-    return callable(location)
+    return callable(location) or is_pool(location)
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,22 @@ class Location:
     factory: ConnectionFactory | None
     schema: str
     shown: str  # for messages: the password left out
+    # A pool's putconn: the connection goes back to it instead of being closed.
+    release: Callable[[psycopg.Connection[Any]], None] | None = None
+
+    def give_back(self, conn: psycopg.Connection[Any]) -> None:
+        """Close the connection, or hand it back to the pool it came from with
+        the session settings the store made undone."""
+        if self.release is None or conn.closed:
+            conn.close()
+            return
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            conn.execute("RESET ALL")
+        except psycopg.Error:
+            conn.close()  # the pool sees a closed connection and replaces it
+        self.release(conn)
 
     def connect(self) -> psycopg.Connection[Any]:
         if self.factory is not None:
@@ -83,10 +108,23 @@ def parse(target: Target, kind: str, schema: str | None = None) -> Location:
         url, _, fragment = target.partition("#")
         chosen = _check_schema(schema or urllib.parse.unquote(fragment) or DEFAULT_SCHEMAS[kind])
         return Location(url, None, chosen, _shown(url, chosen))
+    chosen = _check_schema(schema or DEFAULT_SCHEMAS[kind])
+    if is_pool(target):
+        # A pool (psycopg_pool.ConnectionPool): one connection for the store's
+        # life, given back on close().
+        pool: Any = target
+        return Location(None, pool.getconn, chosen, "", pool.putconn)
     if callable(target):
         # Shown once connected (see shown_from): a factory is not called here.
-        return Location(None, target, _check_schema(schema or DEFAULT_SCHEMAS[kind]), "")
-    raise TypeError(f"a PostgreSQL location is a connection string or a connection factory, got {target!r}")
+        return Location(None, target, chosen, "")
+    raise TypeError(
+        f"a PostgreSQL location is a connection string, a connection factory or a pool, got {target!r}"
+    )
+
+
+def is_pool(target: object) -> bool:
+    """True for a connection pool: an object with ``getconn()`` and ``putconn(conn)``."""
+    return callable(getattr(target, "getconn", None)) and callable(getattr(target, "putconn", None))
 
 
 def shown_from(conn: psycopg.Connection[Any], schema: str) -> str:
