@@ -6,8 +6,10 @@ Not collected by pytest.  The test forks and calls :func:`run` in the child
 
     python tests/children/effect_kill_worker.py CONSUMER SOCKET CONFIG OWNER [MAX_SECONDS]
 
-It opens the consumer file (nothing is inherited), reports ``ready``, and
-runs ``EffectExecutor.run_once()`` in a loop, until it is killed (or after
+CONSUMER is the consumer store's location: a SQLite path or a
+``postgresql://...#schema`` string.  It opens the consumer store (nothing is
+inherited: no connection is open in the parent when it forks), reports
+``ready``, and runs ``EffectExecutor.run_once()`` in a loop, until it is killed (or after
 MAX_SECONDS, a watchdog).  OWNER names its leases and is sent with every
 call, so the service's log tells which incarnation sent what.  CONFIG chooses how the one effect, ``call_service``,
 settles doubt (:func:`build_effects`):
