@@ -73,6 +73,10 @@ MUST_SEE = (  # answers a campaign must have produced, or it did not test much
     "advance conflict", "relay id_conflict", "relay sequence_conflict", "apply gap", "apply blocked",
     "apply applied",
 )
+# What the shorter campaigns (another mode, another engine) must show: they
+# share the workload, so the rarer answers are the main campaign's to prove;
+# with fewer rounds done a gap, say, may not happen in every run.
+MUST_SEE_SHORT = ("relay accepted", "relay duplicate", "receive duplicate", "advance existing", "advance stale")
 
 
 # -- reading the files ----------------------------------------------------------------
@@ -286,7 +290,8 @@ def wait_for_ready(proc: subprocess.Popen[bytes], timeout: float) -> bool:
 
 
 def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False,
-                 stores: tuple[Any, Any] | None = None, max_kill_delay: float = MAX_KILL_DELAY) -> Campaign:
+                 stores: tuple[Any, Any] | None = None, max_kill_delay: float = MAX_KILL_DELAY,
+                 must_see: tuple[str, ...] = MUST_SEE) -> Campaign:
     """``kills`` SIGKILLs of the workload on ``stores`` (default: two SQLite files in ``tmp_path``),
     each at most ``max_kill_delay`` seconds after the workload is ready."""
     print(f"\nkill test: RELIABLE_FLOW_SEED={seed} RELIABLE_FLOW_KILLS={kills} apply_on_receive={on_receive}",
@@ -356,7 +361,7 @@ def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False
     # The workload really exercised what the invariants are about (with a
     # handful of kills a gap, say, may simply not have happened yet).
     if kills >= 50:
-        missing = [answer for answer in MUST_SEE if counts[answer] == 0]
+        missing = [answer for answer in must_see if counts[answer] == 0]
         assert not missing, f"the workload never produced {missing}: {counts}"
     return stats
 
@@ -373,7 +378,7 @@ def test_kill_restart_in_the_receive_and_apply_mode(tmp_path: Path) -> None:
     apply, and nothing is lost or applied twice (half the kills: the mode
     shares every other step with the campaign above)."""
     kills = max(1, kill_count(DEFAULT_KILLS) // 2)
-    stats = run_campaign(tmp_path, kills, chosen_seed(), on_receive=True)
+    stats = run_campaign(tmp_path, kills, chosen_seed(), on_receive=True, must_see=MUST_SEE_SHORT)
     assert stats.kills >= kills
 
 
@@ -390,7 +395,7 @@ def test_kill_restart_on_postgres(tmp_path: Path, pg_cluster: Any, on_receive: b
     kills = max(1, share // 3 if on_receive else share)
     stores = (pg_location("kill_p"), pg_location("kill_c"))
     stats = run_campaign(tmp_path, kills, chosen_seed(), on_receive=on_receive, stores=stores,
-                         max_kill_delay=POSTGRES_MAX_KILL_DELAY)
+                         max_kill_delay=POSTGRES_MAX_KILL_DELAY, must_see=MUST_SEE_SHORT)
     assert stats.kills >= kills
 
 
