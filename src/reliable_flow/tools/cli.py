@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..checks import check_seconds
+from ..errors import ReliableFlowError
 
 __all__ = ["main"]
 
@@ -32,7 +33,8 @@ def _seconds(allow_zero: bool) -> Callable[[str], float]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reliable-flow",
-        description="Transactional outbox, persistent inbox and ordered apply on two SQLite files.",
+        description="Transactional outbox, persistent inbox and ordered apply on two SQLite files "
+                    "(or PostgreSQL schemas: a postgresql://...#schema location wherever a file is taken).",
     )
     parser.add_argument("--version", action="version", version=f"reliable_flow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -58,11 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect = sub.add_parser(
         "inspect",
-        help="summarise a producer file and a consumer file, or why one flow / event is stuck (read only)",
+        help="summarise a producer store and a consumer store, or why one flow / event is stuck (read only)",
         description="Flows, undelivered and set-aside events per consumer, inbox pending / "
                     "blocked (with reasons) / applied, and gaps per flow; with --flow or --event, that "
                     "flow or event on both sides. Never writes. Exits 1 when something is blocked, set "
                     "aside, or stuck longer than --stuck-after (for alerts), 2 on an error. "
+                    "Each store is a SQLite file or a postgresql://...#schema location. "
                     "See docs/operations.md.",
     )
     inspect.add_argument("producer", metavar="PRODUCER_DB")
@@ -78,17 +81,19 @@ def _parser() -> argparse.ArgumentParser:
         help="compare each consumer's projections with the producer's flows (read only)",
         description="Producer flow (state, seq) against each consumer's projection (state, last_seq), "
                     "flows missing on either side, a consumer ahead of the producer. Never writes. "
-                    "Exits 1 on a difference no recorded operator action explains, 2 on an error.",
+                    "Exits 1 on a difference no recorded operator action explains, 2 on an error. "
+                    "Each store is a SQLite file or a postgresql://...#schema location.",
     )
     compare.add_argument("producer", metavar="PRODUCER_DB")
     compare.add_argument("consumers", metavar="CONSUMER_DB", nargs="+")
     compare.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     metrics = sub.add_parser(
         "metrics",
-        help="the metrics snapshot of a producer file and a consumer file (read only)",
+        help="the metrics snapshot of a producer store and a consumer store (read only)",
         description="Pending / set-aside / skipped deliveries per consumer with retries and the oldest "
                     "pending age, inbox rows by state, blocked by reason, gaps, effects by state. "
-                    "Never writes. See docs/operations.md, 'Logs and metrics'.",
+                    "Never writes. Each store is a SQLite file or a postgresql://...#schema location. "
+                    "See docs/operations.md, 'Logs and metrics'.",
     )
     metrics.add_argument("producer", metavar="PRODUCER_DB")
     metrics.add_argument("consumer", metavar="CONSUMER_DB")
@@ -138,8 +143,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What the read-only tools report as exit 2: a store that cannot be read
+#: (missing, wrong kind, needs an upgrade, server unreachable), a malformed
+#: PostgreSQL location (a ValueError from its parse, e.g. a bad schema), or a
+#: PostgreSQL location without the postgres extra installed (ImportError).
+_TOOL_ERRORS = (ReliableFlowError, FileNotFoundError, ImportError, ValueError)
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    from ..errors import ReliableFlowError
     from .drilldown import event_report, flow_report, format_event_report, format_flow_report
     from .inspection import format_report, inspect_files
 
@@ -153,7 +164,7 @@ def _inspect(args: argparse.Namespace) -> int:
         else:
             report = inspect_files(args.producer, args.consumer, stuck_after=args.stuck_after)
             text = format_report
-    except (ReliableFlowError, FileNotFoundError) as exc:
+    except _TOOL_ERRORS as exc:
         print(f"inspect: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -164,12 +175,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _compare(producer: str, consumers: list[str], as_json: bool) -> int:
-    from ..errors import ReliableFlowError
     from .compare import compare_files, dumps, format_comparison
 
     try:
         report = compare_files(producer, consumers)
-    except (ReliableFlowError, FileNotFoundError) as exc:
+    except _TOOL_ERRORS as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(dumps(report) if as_json else format_comparison(report) + "\n")
@@ -177,13 +187,12 @@ def _compare(producer: str, consumers: list[str], as_json: bool) -> int:
 
 
 def _metrics(producer: str, consumer: str, prometheus: bool, as_json: bool) -> int:
-    from ..errors import ReliableFlowError
     from ..metrics import prometheus_text
     from .metrics_report import format_metrics, metrics_files
 
     try:
         p, c = metrics_files(producer, consumer)
-    except (ReliableFlowError, FileNotFoundError) as exc:
+    except _TOOL_ERRORS as exc:
         print(f"metrics: {exc}", file=sys.stderr)
         return 2
     if prometheus:

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..operations import InboxAction
 from ..statuses import DeliveryState, InboxState, OperatorAction, OutboxEntry
+from ..store.outbox import OutboxStore
 from ..store.records import Tombstone
-from ..store.sqlite import SqliteInboxStore, SqliteOutboxStore
-from ..store.sqlite.connection import PathLike
+from .stores import Location, open_consumer, open_producer, shown
 
 __all__ = ["KINDS", "compare_files", "dumps", "format_comparison"]
 
@@ -30,7 +30,7 @@ __all__ = ["KINDS", "compare_files", "dumps", "format_comparison"]
 KINDS = ("missing_on_consumer", "missing_on_producer", "ahead", "behind", "event_differs", "state_differs")
 
 
-def _producer_side(store: SqliteOutboxStore) -> dict[str, Any]:
+def _producer_side(store: OutboxStore) -> dict[str, Any]:
     with store.read() as reads:
         flows = {f: reads.flow(f) for f in reads.flows()}
         entries = reads.outbox()
@@ -42,9 +42,10 @@ def _producer_side(store: SqliteOutboxStore) -> dict[str, Any]:
     return {"flows": flows, "events": events, "registered": registered, "actions": actions}
 
 
-def _consumer_side(path: PathLike) -> dict[str, Any]:
-    store = SqliteInboxStore(path, None, readonly=True)
+def _consumer_side(location: Location) -> dict[str, Any]:
+    store = open_consumer(location)
     try:
+        where = shown(location, store)
         with store.read() as reads:
             name = reads.meta().get("name", "")
             projections = {}
@@ -60,7 +61,7 @@ def _consumer_side(path: PathLike) -> dict[str, Any]:
             actions = reads.inbox_actions()
     finally:
         store.close()
-    return {"name": name, "projections": projections, "at_last": at_last, "actions": actions}
+    return {"name": name, "path": where, "projections": projections, "at_last": at_last, "actions": actions}
 
 
 def _expected(flow_events: dict[int, OutboxEntry], name: str, registered: bool) -> bool:
@@ -142,22 +143,26 @@ def _compare_one(prod: dict[str, Any], cons: dict[str, Any],
     return out
 
 
-def compare_files(producer_path: PathLike, consumer_paths: Sequence[PathLike]) -> dict[str, Any]:
+def compare_files(producer_path: Location, consumer_paths: Sequence[Location]) -> dict[str, Any]:
     """Each consumer's projections against the producer's flows, read only.
 
-    Keys: ``consumers``: one entry per consumer file (``name``, ``path``,
+    Each store is a SQLite file path or a PostgreSQL location; they may mix
+    engines.  ``path`` in the report is a file's path as given, or a
+    PostgreSQL location as the store shows it (no password).
+
+    Keys: ``consumers``: one entry per consumer store (``name``, ``path``,
     ``registered``: whether the producer knows the name, ``differences``:
     flow by flow, see :data:`KINDS`); ``differences``: how many no recorded
     operator action explains (what makes ``compare`` exit 1).
     """
-    store = SqliteOutboxStore(producer_path, None, readonly=True)
+    store = open_producer(producer_path)
     try:
         prod = _producer_side(store)
-        report: dict[str, Any] = {"producer": str(producer_path), "consumers": [], "differences": 0}
-        for path in consumer_paths:
-            cons = _consumer_side(path)
+        report: dict[str, Any] = {"producer": shown(producer_path, store), "consumers": [], "differences": 0}
+        for location in consumer_paths:
+            cons = _consumer_side(location)
             found = _compare_one(prod, cons, store.latest.tombstone)
-            report["consumers"].append({"name": cons["name"], "path": str(path),
+            report["consumers"].append({"name": cons["name"], "path": cons["path"],
                                         "registered": cons["name"] in prod["registered"], "differences": found})
             report["differences"] += sum(1 for d in found if not d["explained_by"]) + (
                 0 if cons["name"] in prod["registered"] else 1)

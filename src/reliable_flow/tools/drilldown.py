@@ -1,8 +1,8 @@
 """``reliable-flow inspect --flow`` / ``--event``: why one flow or one event is
-stuck, from both files at once (read only), and what needs a person.
+stuck, from both stores at once (read only), and what needs a person.
 
-Each file is read in its own read transaction (no transaction spans two
-files).  Times are seconds since the epoch; ``attention`` lists what makes
+Each store (a SQLite file or a PostgreSQL location, see :mod:`.stores`) is
+read in its own read transaction (no transaction spans two stores).  Times are seconds since the epoch; ``attention`` lists what makes
 ``inspect`` exit 1 (see docs/operations.md for every key).
 """
 
@@ -20,8 +20,7 @@ from ..core.operate import needs_attention, why_waiting
 from ..operations import FlowWait, InboxRow, StuckFlow
 from ..statuses import DeliveryRecord, DeliveryState, OutboxEntry
 from ..store import InboxReads, OutboxReads
-from ..store.sqlite import SqliteInboxStore, SqliteOutboxStore
-from ..store.sqlite.connection import PathLike
+from .stores import Location, open_consumer, open_producer
 
 __all__ = [
     "DEFAULT_STUCK_AFTER", "attention_lines", "consumer_attention", "event_report", "flow_dict",
@@ -35,11 +34,11 @@ DEFAULT_STUCK_AFTER = 300.0
 
 
 @contextmanager
-def opened(producer_path: PathLike, consumer_path: PathLike) -> Iterator[tuple[OutboxReads, InboxReads]]:
-    """Both files, opened read-only, each inside one read transaction."""
-    producer = SqliteOutboxStore(producer_path, None, readonly=True)
+def opened(producer_path: Location, consumer_path: Location) -> Iterator[tuple[OutboxReads, InboxReads]]:
+    """Both stores, opened read-only, each inside one read transaction."""
+    producer = open_producer(producer_path)
     try:
-        consumer = SqliteInboxStore(consumer_path, None, readonly=True)
+        consumer = open_consumer(consumer_path)
         try:
             with producer.read() as p_reads, consumer.read() as c_reads:
                 yield p_reads, c_reads
@@ -120,7 +119,7 @@ def _set_aside(entries: list[OutboxEntry]) -> list[dict[str, Any]]:
 # -- the two drill-downs --------------------------------------------------------------------------
 
 
-def flow_report(producer_path: PathLike, consumer_path: PathLike, flow_id: str, *,
+def flow_report(producer_path: Location, consumer_path: Location, flow_id: str, *,
                 stuck_after: float = DEFAULT_STUCK_AFTER, now: float | None = None) -> dict[str, Any]:
     """One flow on both sides: the producer's flow and its events' delivery state
     per consumer; the consumer's projection, next seq, rows and why it waits."""
@@ -142,7 +141,7 @@ def flow_report(producer_path: PathLike, consumer_path: PathLike, flow_id: str, 
     }
 
 
-def event_report(producer_path: PathLike, consumer_path: PathLike, event_id: str, *,
+def event_report(producer_path: Location, consumer_path: Location, event_id: str, *,
                  stuck_after: float = DEFAULT_STUCK_AFTER, now: float | None = None) -> dict[str, Any]:
     """One event on both sides: its envelope, its delivery state per consumer and
     the operator actions on it (producer); its inbox row, its flow's wait and

@@ -1,4 +1,5 @@
-"""``reliable-flow inspect``: what an operator needs to see in the two files."""
+"""``reliable-flow inspect``: what an operator needs to see in the two stores
+(SQLite files or PostgreSQL locations, see :mod:`.stores`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Any
 from ..core.operate import why_waiting
 from ..operations import FlowWait
 from ..statuses import EffectState, InboxState
-from ..store.sqlite.connection import PathLike
 from .drilldown import (
     DEFAULT_STUCK_AFTER,
     attention_lines,
@@ -19,13 +19,17 @@ from .drilldown import (
     when,
 )
 from .snapshot import snapshot
+from .stores import Location
 
 __all__ = ["format_report", "inspect_files"]
 
 
-def inspect_files(producer_path: PathLike, consumer_path: PathLike, *,
+def inspect_files(producer_path: Location, consumer_path: Location, *,
                   stuck_after: float = DEFAULT_STUCK_AFTER, now: float | None = None) -> dict[str, Any]:
-    """A summary of both files, read without writing to either.
+    """A summary of both stores, read without writing to either.
+
+    Each is a SQLite file path or a PostgreSQL location (the two may be on
+    different engines).
 
     Keys: ``producer`` (flow and event counts, per consumer the pending and
     set-aside events, the consumer registry), ``consumer`` (inbox counts by
@@ -112,7 +116,7 @@ def inspect_files(producer_path: PathLike, consumer_path: PathLike, *,
     return report
 
 
-def _add_operations(report: dict[str, Any], producer_path: PathLike, consumer_path: PathLike,
+def _add_operations(report: dict[str, Any], producer_path: Location, consumer_path: Location,
                     stuck_after: float, now: float) -> None:
     """The registry, why each open flow waits, the operators' skips and
     replacements, and what needs attention (read after the snapshot)."""

@@ -1,5 +1,5 @@
-"""``reliable-flow metrics``: the metrics snapshot of two files, read only,
-as text, JSON or the Prometheus text format."""
+"""``reliable-flow metrics``: the metrics snapshot of two stores (either
+engine), read only, as text, JSON or the Prometheus text format."""
 
 from __future__ import annotations
 
@@ -7,21 +7,22 @@ import time
 from typing import Any
 
 from ..metrics import ConsumerMetrics, ProducerMetrics, consumer_metrics, producer_metrics
-from ..store.sqlite import SqliteInboxStore, SqliteOutboxStore
-from ..store.sqlite.connection import PathLike
+from .stores import Location, open_consumer, open_producer
 
 __all__ = ["format_metrics", "metrics_files"]
 
 
 def metrics_files(
-    producer_path: PathLike, consumer_path: PathLike, now: float | None = None
+    producer_path: Location, consumer_path: Location, now: float | None = None
 ) -> tuple[ProducerMetrics, ConsumerMetrics]:
-    """Both files counted, each in one read transaction, opened read-only
-    (``mode=ro``: nothing is written, not even a migration).  The in-process
-    counts (duplicates, applied per second) are None: no file stores them."""
+    """Both stores counted, each in one read transaction, opened read-only
+    (SQLite ``mode=ro``, a read-only PostgreSQL session: nothing is written,
+    not even a migration).  Each is a file path or a PostgreSQL location.
+    The in-process counts (duplicates, applied per second) are None: no
+    store keeps them."""
     at = time.time() if now is None else now
-    return (_counted(SqliteOutboxStore(producer_path, None, readonly=True), producer_metrics, at),
-            _counted(SqliteInboxStore(consumer_path, None, readonly=True), consumer_metrics, at))
+    return (_counted(open_producer(producer_path), producer_metrics, at),
+            _counted(open_consumer(consumer_path), consumer_metrics, at))
 
 
 def _counted(store: Any, count: Any, at: float) -> Any:

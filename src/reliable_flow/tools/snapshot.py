@@ -1,27 +1,30 @@
-"""A read-only picture of a producer file and a consumer file."""
+"""A read-only picture of a producer store and a consumer store (either engine)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from ..store.sqlite import SqliteInboxStore, SqliteOutboxStore
-from ..store.sqlite.connection import PathLike
+from .stores import Location, open_consumer, open_producer
 
 __all__ = ["snapshot"]
 
 
-def snapshot(producer_path: PathLike, consumer_path: PathLike) -> dict[str, Any]:
-    """Everything both files hold, grouped by flow, without writing to either.
+def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]:
+    """Everything both stores hold, grouped by flow, without writing to either.
 
+    Each argument is a SQLite file path or a PostgreSQL location (a
+    ``postgresql://...#schema`` string or a connection factory), as
+    ``Producer`` / ``Consumer`` take; the two may be on different engines.
     Plain dicts and lists (JSON-able), because this is a dump for tools.
-    Each file is read in its own read transaction, so each half is
-    internally consistent; the two halves are *not* one atomic picture (no
-    transaction spans two SQLite files).  Take it while no worker runs if
-    you need the two to line up.
+    Each store is read in its own read transaction (on PostgreSQL a
+    read-only REPEATABLE READ snapshot), so each half is internally
+    consistent; the two halves are *not* one atomic picture (no transaction
+    spans two stores).  Take it while no worker runs if you need the two to
+    line up.
     """
     out: dict[str, Any] = {}
-    producer = SqliteOutboxStore(producer_path, None, readonly=True)
+    producer = open_producer(producer_path)
     try:
         with producer.read() as reads:
             outbox: dict[str, list[dict[str, Any]]] = {}
@@ -35,7 +38,7 @@ def snapshot(producer_path: PathLike, consumer_path: PathLike) -> dict[str, Any]
             }
     finally:
         producer.close()
-    consumer = SqliteInboxStore(consumer_path, None, readonly=True)
+    consumer = open_consumer(consumer_path)
     try:
         with consumer.read() as view:
             meta = view.meta()
