@@ -11,17 +11,15 @@ makes them):
   connection of its own);
 * :func:`effect_counts`, :func:`bodies`: the per-event effect count and the
   stored bodies;
-* :func:`snapshot_of`: :func:`reliable_flow.snapshot`'s picture for SQLite
-  files, and the same dict built from the PostgreSQL stores' reads (opened
-  read-only) for PostgreSQL locations (``snapshot`` itself takes SQLite paths
-  only).
+* :func:`snapshot_of`: :func:`reliable_flow.snapshot`'s picture of two
+  stores, each a SQLite file or a PostgreSQL location (``snapshot`` opens
+  both engines, read only).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import asdict
 from typing import Any
 
 from reliable_flow import snapshot
@@ -60,36 +58,5 @@ def bodies(location: Any, table: str) -> dict[str, str]:
 
 def snapshot_of(producer: Any, consumer: Any) -> dict[str, Any]:
     """The ``snapshot()`` dict of a producer store and a consumer store of either engine."""
-    if not is_pg(producer) and not is_pg(consumer):
-        return snapshot(os.fspath(producer), os.fspath(consumer))
-    from reliable_flow.store.open import open_inbox, open_outbox
-
-    out: dict[str, Any] = {}
-    outbox_store = open_outbox(producer, None, readonly=True)
-    try:
-        with outbox_store.read() as reads:
-            outbox: dict[str, list[dict[str, Any]]] = {}
-            for entry in reads.outbox():
-                outbox.setdefault(entry.flow_id, []).append(asdict(entry))
-            out["producer"] = {
-                "protocol": reads.protocol_name(),
-                "flows": {f: reads.flow(f) for f in reads.flows()},
-                "outbox": outbox,
-            }
-    finally:
-        outbox_store.close()
-    inbox_store = open_inbox(consumer, None, readonly=True)
-    try:
-        with inbox_store.read() as view:
-            meta = view.meta()
-            flows = view.flows()
-            out["consumer"] = {
-                "protocol": meta.get("protocol"),
-                "name": meta.get("name"),
-                "projections": {f: view.projection(f) for f in flows},
-                "inbox": {f: [asdict(row) for row in view.inbox(f)] for f in flows},
-                "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
-            }
-    finally:
-        inbox_store.close()
-    return out
+    return snapshot(producer if is_pg(producer) else os.fspath(producer),
+                    consumer if is_pg(consumer) else os.fspath(consumer))
