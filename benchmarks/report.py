@@ -336,6 +336,7 @@ def markdown(
     argv: Sequence[str],
     profiles: dict[str, dict[str, Any] | None],
     memory: dict[str, Any] | None = None,
+    postgres: str | None = None,
 ) -> str:
     cmd = "python benchmarks/run.py " + " ".join(argv)
     out = [
@@ -403,6 +404,8 @@ def markdown(
     ]
     if memory is not None:
         out += ["## Memory", "", memory_md(memory), ""]
+    if postgres is not None:
+        out += ["## PostgreSQL beside SQLite", "", postgres, ""]
     if scaling is not None:
         out += [
             "## Scaling",

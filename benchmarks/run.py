@@ -456,6 +456,42 @@ def run_scaling(
 MEMORY_JSON = os.path.join(HERE, "memory.json")
 
 
+POSTGRES_MD = os.path.join(HERE, "RESULTS-postgres.md")
+
+
+def load_postgres() -> str | None:
+    """The PostgreSQL tables of the last ``python benchmarks/postgres.py
+    --write-results`` (RESULTS-postgres.md), as a section for RESULTS.md:
+    its date and load lines, and its end-to-end and producer-process tables,
+    copied as they were measured (None if never run)."""
+    if not os.path.exists(POSTGRES_MD):
+        return None
+    with open(POSTGRES_MD, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    # Renamed, so that sync_docs.py still finds run.py's own date line only.
+    keep: list[str] = []
+    for line in lines:
+        for mark, name in (("**Date:**", "**PostgreSQL run:**"), ("**Load:**", "**Its load:**"),
+                           ("**Server:**", "**Server:**")):
+            if line.startswith(mark):
+                keep += [name + line[len(mark):], ""]
+    body: list[str] = []
+    copying = False
+    for line in lines:
+        if line.startswith("## "):
+            copying = line.startswith(("## End to end", "## Concurrent producer processes"))
+            if copying:
+                body += ["", "###" + line[2:]]
+            continue
+        if copying:
+            body.append(line)
+    intro = (
+        "Measured by `python benchmarks/postgres.py --write-results` (not re-measured by run.py); "
+        "the full report, with every round: [RESULTS-postgres.md](RESULTS-postgres.md)."
+    )
+    return "\n".join([intro, "", *keep, *body]).rstrip() + "\n"
+
+
 def load_memory() -> dict[str, Any] | None:
     """The last result saved by ``python benchmarks/memory.py`` (None if never run)."""
     try:
@@ -574,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                         argv=sys.argv[1:],
                         profiles=profiles,
                         memory=memory,
+                        postgres=load_postgres(),
                     )
                 )
             log(f"wrote {path}")

@@ -58,9 +58,11 @@ def test_a_pool_lends_the_store_a_connection_and_gets_it_back_reset(pg_cluster: 
             # The store's session settings were reset before it went back.
             assert conn.execute("SHOW search_path").fetchone()[0] == '"$user", public'
             assert conn.execute(f'SELECT count(*) FROM "{schema}".inbox').fetchone()[0] == 1
-        # A pool as a plain location gets the default schema.
-        with Producer(pool, RESERVATION) as producer:
-            assert producer.path.endswith("#reliable_flow_producer")
+    # A pool as a plain location gets the side's default schema (in a database
+    # of its own: other tests use the defaults of the shared one).
+    with psycopg_pool.ConnectionPool(pg_cluster.create_database("rf_pool_defaults"), min_size=1, max_size=1,
+                                     open=True) as pool, Producer(pool, RESERVATION) as producer:
+        assert producer.path.endswith("#reliable_flow_producer")
 
 
 @pytest.mark.parametrize("connect, schema, error", [
