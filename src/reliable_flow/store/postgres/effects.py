@@ -11,7 +11,8 @@ from typing import Any
 from psycopg import sql
 
 from ...statuses import Effect, EffectAction, EffectState
-from ..effects import EFFECT_COLUMNS, NewEffect
+from ..effects import NewEffect
+from ..shared import effect_changes
 from .base import PgView
 
 __all__ = ["DUE_EFFECTS", "NEXT_EFFECT_DUE", "PgEffects", "first_keyword"]
@@ -144,16 +145,7 @@ class PgEffects(PgView):
         return None if row is None else float(row[0])
 
     def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
-        unknown = set(changes) - EFFECT_COLUMNS
-        if unknown:
-            raise ValueError(f"not an effect column that may change: {sorted(unknown)}")
-        columns = sorted(changes)
-        values = [
-            EffectState(changes[c]).value if c == "state"
-            else (None if changes[c] is None else int(changes[c])) if c == "fed"
-            else changes[c]
-            for c in columns
-        ]
+        columns, values = effect_changes(changes)
         assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
         self._conn.execute(
             sql.SQL("UPDATE effect_outbox SET {}, updated_at = %s WHERE key = %s").format(assignments),

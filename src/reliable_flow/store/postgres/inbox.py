@@ -23,6 +23,7 @@ from typing import Any
 from ...envelope import Envelope
 from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
 from ..records import FlowState, InboxCounts, NextRow
+from ..shared import identity_problem
 from .base import PgStore
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .effects import PgEffects
@@ -193,11 +194,7 @@ class PgInboxStore(PgStore[PgInbox]):
             )
 
         def check_meta(meta: dict[str, str]) -> str | None:
-            if protocol is not None and meta.get("protocol") != protocol:
-                return f"was created for protocol {meta.get('protocol')!r}, not {protocol!r}"
-            if name is not None and meta.get("name") != name:
-                return f"belongs to consumer {meta.get('name')!r}, not {name!r}"
-            return None
+            return identity_problem(meta, protocol, name)
 
         super().__init__(Database(
             parse(location, CONSUMER.name, schema), CONSUMER, lock_timeout=busy_timeout, on_create=on_create,

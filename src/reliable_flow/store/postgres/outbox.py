@@ -32,6 +32,7 @@ from ...delivery import Retry
 from ...envelope import Envelope
 from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
 from ..records import DeliveryCounts, FlowState, OutboxCounts, StoredEvent
+from ..shared import delivery_summary, identity_problem
 from .base import PgStore
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .location import Target, parse
@@ -81,19 +82,6 @@ _DELIVERIES = (
     "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
     "FROM outbox o JOIN delivery d ON d.pos = o.pos "
 )
-
-
-def _summary(chosen: dict[str, DeliveryRecord]) -> DeliveryState:
-    """All chosen consumers together: set aside if any set it aside, accepted
-    only if every one accepted, skipped if the rest were skipped."""
-    states = {d.state for d in chosen.values()}
-    if DeliveryState.SET_ASIDE in states:
-        return DeliveryState.SET_ASIDE
-    if chosen and states == {DeliveryState.ACCEPTED}:
-        return DeliveryState.ACCEPTED
-    if chosen and states <= {DeliveryState.ACCEPTED, DeliveryState.SKIPPED}:
-        return DeliveryState.SKIPPED
-    return DeliveryState.PENDING
 
 
 class PgOutbox(PgRegistry, PgOutboxRetention):
@@ -255,7 +243,7 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
                 chosen = deliveries
             else:
                 chosen = {consumer: deliveries[consumer]} if consumer in deliveries else {}
-            state = _summary(chosen)
+            state = delivery_summary(chosen)
             last = [d.last_status for d in chosen.values() if d.last_status is not None]
             out.append(OutboxEntry(
                 event_id, fid, int(seq), state == DeliveryState.ACCEPTED, state, last[-1] if last else None,
@@ -308,10 +296,7 @@ class PgOutboxStore(PgStore[PgOutbox]):
             conn.execute("INSERT INTO meta(key, value) VALUES ('protocol', %s)", (protocol,))
 
         def check_meta(meta: dict[str, str]) -> str | None:
-            stored = meta.get("protocol")
-            if protocol is None or stored == protocol:
-                return None
-            return f"was created for protocol {stored!r}, not {protocol!r}"
+            return identity_problem(meta, protocol)
 
         super().__init__(Database(
             parse(location, PRODUCER.name, schema), PRODUCER, lock_timeout=busy_timeout, on_create=on_create,

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...statuses import Effect, EffectAction, EffectState
-from ..effects import EFFECT_COLUMNS, NewEffect
+from ..effects import NewEffect
+from ..shared import effect_changes
 
 __all__ = ["DUE_EFFECTS", "NEXT_EFFECT_DUE", "SqliteEffects"]
 
@@ -120,16 +121,7 @@ class SqliteEffects:
         return None if row is None else float(row[0])
 
     def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
-        unknown = set(changes) - EFFECT_COLUMNS
-        if unknown:
-            raise ValueError(f"not an effect column that may change: {sorted(unknown)}")
-        columns = sorted(changes)
-        values = [
-            EffectState(changes[c]).value if c == "state"
-            else (None if changes[c] is None else int(changes[c])) if c == "fed"
-            else changes[c]
-            for c in columns
-        ]
+        columns, values = effect_changes(changes)
         assignments = ", ".join(f"{c} = ?" for c in columns)
         self._conn.execute(
             f"UPDATE effect_outbox SET {assignments}, updated_at = ? WHERE key = ?", (*values, now, key)

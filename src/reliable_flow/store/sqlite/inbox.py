@@ -16,6 +16,7 @@ from typing import Any
 from ...envelope import Envelope
 from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
 from ..records import FlowState, InboxCounts, NextRow, PruneStep
+from ..shared import identity_problem
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .effects import SqliteEffects
@@ -228,11 +229,7 @@ class SqliteInboxStore(SqliteStore[SqliteInbox]):
             )
 
         def check_meta(meta: dict[str, str]) -> str | None:
-            if protocol is not None and meta.get("protocol") != protocol:
-                return f"was created for protocol {meta.get('protocol')!r}, not {protocol!r}"
-            if name is not None and meta.get("name") != name:
-                return f"belongs to consumer {meta.get('name')!r}, not {name!r}"
-            return None
+            return identity_problem(meta, protocol, name)
 
         super().__init__(Database(
             path, CONSUMER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,

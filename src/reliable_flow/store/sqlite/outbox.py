@@ -21,6 +21,7 @@ from ...envelope import Envelope
 from ...errors import StorageError
 from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
 from ..records import DeliveryCounts, FlowState, OutboxCounts, StoredEvent
+from ..shared import delivery_summary, identity_problem
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
@@ -73,19 +74,6 @@ _DELIVERIES = (
     "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
     "FROM outbox o CROSS JOIN consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
 )
-
-
-def _summary(chosen: dict[str, DeliveryRecord]) -> DeliveryState:
-    """All chosen consumers together: set aside if any set it aside, accepted
-    only if every one accepted, skipped if the rest were skipped."""
-    states = {d.state for d in chosen.values()}
-    if DeliveryState.SET_ASIDE in states:
-        return DeliveryState.SET_ASIDE
-    if chosen and states == {DeliveryState.ACCEPTED}:
-        return DeliveryState.ACCEPTED
-    if chosen and states <= {DeliveryState.ACCEPTED, DeliveryState.SKIPPED}:
-        return DeliveryState.SKIPPED
-    return DeliveryState.PENDING
 
 
 class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
@@ -276,7 +264,7 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
                 chosen = deliveries
             else:
                 chosen = {consumer: deliveries[consumer]} if consumer in deliveries else {}
-            state = _summary(chosen)
+            state = delivery_summary(chosen)
             last = [d.last_status for d in chosen.values() if d.last_status is not None]
             out.append(OutboxEntry(
                 event_id, fid, seq, state == DeliveryState.ACCEPTED, state, last[-1] if last else None, deliveries,
@@ -324,10 +312,7 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox]):
             conn.execute("INSERT INTO meta(key, value) VALUES ('protocol', ?)", (protocol,))
 
         def check_meta(meta: dict[str, str]) -> str | None:
-            stored = meta.get("protocol")
-            if protocol is None or stored == protocol:
-                return None
-            return f"was created for protocol {stored!r}, not {protocol!r}"
+            return identity_problem(meta, protocol)
 
         super().__init__(Database(
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
