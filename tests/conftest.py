@@ -63,3 +63,19 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.longrepr = f"a PostgreSQL test was skipped, and RELIABLE_FLOW_REQUIRE_POSTGRES is set: {reason}"
+
+
+# -- both engines ---------------------------------------------------------------------------
+
+from engine_reads import ENGINES  # noqa: E402
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """``"sqlite"`` or ``"postgres"`` (the private server started, or the
+    test skipped / failed as ``pg_cluster`` says); with
+    ``engine_reads.new_location`` for fresh stores."""
+    if request.param == "postgres":
+        pytest.importorskip("psycopg")
+        request.getfixturevalue("pg_cluster")
+    return str(request.param)

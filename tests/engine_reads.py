@@ -5,7 +5,8 @@ Not collected by pytest (no ``test_`` prefix).  A location is a SQLite path
 or a ``postgresql://...#schema`` string (as ``tests/pg_cluster.pg_location``
 makes them):
 
-* :func:`is_pg`: which engine a location names;
+* :func:`is_pg`: which engine a location names; :func:`new_location`: a
+  fresh one of either engine;
 * :func:`rows`: the rows of one read-only query (``?`` placeholders on both
   engines; on PostgreSQL in the location's schema, through a short-lived
   connection of its own);
@@ -22,10 +23,28 @@ import os
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from reliable_flow import snapshot
 from support import sql_rows
 
-__all__ = ["bodies", "effect_counts", "is_pg", "rows", "snapshot_of"]
+__all__ = ["ENGINES", "bodies", "effect_counts", "is_pg", "new_location", "rows", "snapshot_of"]
+
+#: The engines a test runs on: ``@pytest.fixture(params=ENGINES)``, or the
+#: ``engine`` fixture of conftest.py (the PostgreSQL param carries the
+#: ``postgres`` mark).
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def new_location(engine: str, tmp_path: Any, label: str) -> str:
+    """A fresh store location: a SQLite file under ``tmp_path``, or a new
+    PostgreSQL schema (the session's private server must be running: the
+    ``engine`` fixture of conftest.py starts it)."""
+    if engine == "sqlite":
+        return os.path.join(str(tmp_path), f"{label}.db")
+    from pg_cluster import pg_location
+
+    return pg_location(label)
 
 
 def is_pg(location: Any) -> bool:

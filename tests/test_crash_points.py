@@ -27,10 +27,10 @@ from engine_reads import snapshot_of
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR, RECEIVE_APPLY_CRASH_POINTS
 from reliable_flow.reservation import RESERVATION
+from engine_reads import ENGINES
 from support import CHILDREN, child_env, run_script
 
 WORKLOAD = CHILDREN / "workload.py"
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from children.racers import relay_with_lease
-from engine_reads import rows
+from engine_reads import new_location, rows
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
@@ -60,7 +60,6 @@ from support import (
 )
 
 NAMES = ("projection", "audit", "notifier")
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -83,21 +82,6 @@ def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, An
     return dict(zip(keys, found[0]))
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgres":
-        pytest.importorskip("psycopg")
-        request.getfixturevalue("pg_cluster")
-    return str(request.param)
-
-
-def new_location(engine: str, tmp_path: Path, label: str) -> str:
-    """A fresh store location: a SQLite file under ``tmp_path``, or a new PostgreSQL schema."""
-    if engine == "sqlite":
-        return str(tmp_path / f"{label}.db")
-    from pg_cluster import pg_location
-
-    return pg_location(label)
 
 
 @pytest.fixture

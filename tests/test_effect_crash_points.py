@@ -60,7 +60,6 @@ NOW = 1000.0
 KEY = f"default:A1:{NAME}"
 
 
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 class Files:
@@ -76,12 +75,6 @@ class Files:
         return self.calls.read_text(encoding="utf-8").splitlines() if self.calls.exists() else []
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgres":
-        pytest.importorskip("psycopg")
-        request.getfixturevalue("pg_cluster")
-    return str(request.param)
 
 
 def prepare(where: Path, engine: str) -> Files:

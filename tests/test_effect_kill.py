@@ -99,7 +99,6 @@ WAIT = 30.0  # any single wait (a child's "ready", a killed child's exit, the se
 FINAL_PASSES = 10_000  # the clean run's passes before it counts as a hang
 STEPS = ("reserved", "confirmed", "released")
 UNSETTLED = ("pending", "running", "in_doubt")
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 Location = Path | str  # a SQLite file, or a postgresql://...#schema location
 
 
@@ -498,12 +497,6 @@ def check(campaign: Campaign, consumer_path: Location, log: ServiceLog, kills: i
 CONFIG_PARAMS = [pytest.param(c, id=c) for c in worker.CONFIGS]
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgres":
-        pytest.importorskip("psycopg")
-        request.getfixturevalue("pg_cluster")
-    return str(request.param)
 
 
 def engine_kills(engine: str) -> int:

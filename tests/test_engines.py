@@ -34,9 +34,9 @@ from reliable_flow import (
     relay_batch,
 )
 from reliable_flow.reservation import RESERVATION
+from engine_reads import ENGINES
 from support import KINDS, Clock, Unreachable, advance_step, commit, envelope, relay_log
 
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @dataclass

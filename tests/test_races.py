@@ -31,7 +31,7 @@ import pytest
 
 from children.racers import REGISTER_ADVANCES, race_child
 from engine_reads import effect_counts as stored_effect_counts
-from engine_reads import is_pg, rows
+from engine_reads import is_pg, new_location, rows
 from reliable_flow import (
     Consumer,
     DatabaseBusy,
@@ -47,7 +47,6 @@ from support import start_on_barrier
 
 RACERS = 6
 WATCHDOG_SECONDS = 90.0
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 Location = Path | str  # a SQLite file, or a postgresql://...#schema location
 
 
@@ -75,20 +74,6 @@ def no_crash_point(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgres":
-        pytest.importorskip("psycopg")
-        request.getfixturevalue("pg_cluster")
-    return str(request.param)
-
-
-def new_location(engine: str, tmp_path: Path, label: str) -> Location:
-    if engine == "sqlite":
-        return tmp_path / f"{label}.db"
-    from pg_cluster import pg_location
-
-    return pg_location(label)
 
 
 @pytest.fixture
