@@ -557,7 +557,11 @@ class Batched(Benchmark):
             {"main": units}, self.batch, pipeline.conns, lambda: raw.check(pipeline, events)
         )
 
-    def library(self, producer: Producer, consumer: Consumer, events: list[Event]) -> Session:
+    def _loop(
+        self, producer: Producer, consumer: Consumer, events: list[Event], check_applied: Callable[[int], None]
+    ) -> Session:
+        """``batch()``, ``relay_batch``, ``process_all`` per chunk; ``check_applied``
+        gets how many events the ``process_all`` calls applied in all."""
         advanced: list[Any] = []
         relayed: list[Any] = []
         applied: list[int] = []
@@ -574,37 +578,27 @@ class Batched(Benchmark):
         def check() -> None:
             _expect(advanced, "committed", "batch advance")
             _expect(relayed, "accepted", "relay_batch")
-            assert sum(applied) == len(events), (sum(applied), len(events))
+            check_applied(sum(applied))
 
         units = [lambda c=c: unit(c) for c in chunks(events, self.batch)]
         return Session({"main": units}, self.batch, _lib_conns(producer, consumer), check)
+
+    def library(self, producer: Producer, consumer: Consumer, events: list[Event]) -> Session:
+        def every_one(applied: int) -> None:
+            assert applied == len(events), (applied, len(events))
+
+        return self._loop(producer, consumer, events, every_one)
 
     def library_rna(
         self, producer: Producer, consumer: Consumer, events: list[Event], c_path: str, warm: int
     ) -> Session:
         # The relay's receive_many stores each in-order event applied; the
         # process_all that a bulk loop still runs finds nothing left.
-        advanced: list[Any] = []
-        relayed: list[Any] = []
-        leftover: list[int] = []
-
-        def unit(chunk: Sequence[Event]) -> None:
-            with producer.batch() as b:
-                for e in chunk:
-                    _advance(b, e)
-            advanced.extend(b.results)
-            relayed.extend(relay_batch(producer, consumer, limit=self.batch).results)
-            drained = consumer.process_all(batch_size=self.batch)
-            leftover.append(sum(d.applied for d in drained.values()))
-
-        def check() -> None:
-            _expect(advanced, "committed", "batch advance")
-            _expect(relayed, "accepted", "relay_batch")
-            assert sum(leftover) == 0, leftover
+        def none_left(applied: int) -> None:
+            assert applied == 0, applied
             _all_applied(c_path, warm + len(events), "batched receive-and-apply")
 
-        units = [lambda c=c: unit(c) for c in chunks(events, self.batch)]
-        return Session({"main": units}, self.batch, _lib_conns(producer, consumer), check)
+        return self._loop(producer, consumer, events, none_left)
 
 
 class ProcessAll(Benchmark):

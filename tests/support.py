@@ -8,7 +8,8 @@ for pytest's assertion rewriting, so a failing ``assert`` in a helper
 explains itself like one in a test.
 
 * envelopes and flows: :data:`KINDS`, :func:`envelope`, :func:`canonical_body`,
-  :func:`advance_step`, :func:`commit`, :func:`outbox_entry`;
+  :func:`advance_step`, :func:`commit`, :func:`outbox_entry`,
+  :func:`troubled_history` (the operator tests' stuck flows);
 * relaying: :func:`relay_until_idle`, :func:`relay_log`;
 * raw SQL, for what the public API has no accessor for (each call opens its
   own short-lived ``sqlite3`` connection; read-only where it only reads):
@@ -47,6 +48,7 @@ import pytest
 
 import reliable_flow
 from reliable_flow import AdvanceResult, Consumer, OutboxEntry, Producer, RelayResult, relay
+from reliable_flow.reservation import RESERVATION
 
 TESTS = Path(__file__).resolve().parent
 CHILDREN = TESTS / "children"  # child-process scripts: ``python tests/children/NAME.py ARGS``
@@ -115,6 +117,25 @@ def commit(producer: Producer, flow: str, upto: int = 3, *, amount: int = 3, sep
         assert (r.status, r.seq) == ("committed", n), r
         ids.append(event_id)
     return ids
+
+
+def troubled_history(producer_at: Any, consumer_at: Any) -> None:
+    """Write the operator tests' history into two new stores (either engine):
+    A is blocked (schema 2), B has a gap, C1 is set aside, D1 was never
+    relayed, B2 was redelivered by an operator."""
+    with Producer(producer_at, RESERVATION) as producer, Consumer(consumer_at, RESERVATION) as consumer:
+        producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2)
+        for i, kind in enumerate(["reserved", "confirmed", "released"]):
+            producer.advance(f"B{i + 1}", "B", expected_seq=i, kind=kind, payload={"amount": 2})
+        producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
+        consumer.receive({"event_id": "C1", "flow_id": "C", "seq": 1, "kind": "reserved",
+                          "schema": 1, "payload": {"amount": 9}})
+        for event_id in ["A1", "A2", "B1", "B3", "C1"]:
+            relay(producer, consumer, event_id=event_id)
+        consumer.process_all()
+        producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 1})
+        producer.redeliver("B2", consumer="default", actor="ops", reason="kick it")
 
 
 def outbox_entry(producer: Producer, event_id: str, consumer: str | None = None) -> OutboxEntry:
@@ -455,8 +476,6 @@ class EffectWorld:
     fixed random source (0.5), so every backoff is exact."""
 
     def __init__(self, where: Path, protocol: Any = None) -> None:
-        from reliable_flow.reservation import RESERVATION
-
         self.dir = where
         self.protocol = RESERVATION if protocol is None else protocol
         self.clock = Clock()

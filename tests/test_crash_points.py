@@ -75,9 +75,9 @@ EXPECTED: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
 }
 
 
-def run_child(stores: Stores, crash_at: str | None) -> subprocess.CompletedProcess[str]:
+def run_child(stores: Stores, crash_at: str | None, command: str = "crash-run") -> subprocess.CompletedProcess[str]:
     env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
-    return run_script(WORKLOAD, "crash-run", str(stores.producer), str(stores.consumer), env=env, cwd=stores.cwd)
+    return run_script(WORKLOAD, command, str(stores.producer), str(stores.consumer), env=env, cwd=stores.cwd)
 
 
 def on_disk(stores: Stores) -> tuple[Any, ...]:
@@ -94,10 +94,11 @@ def on_disk(stores: Stores) -> tuple[Any, ...]:
     )
 
 
-def recover(stores: Stores) -> tuple[str, list[str], int]:
-    """What a restarted process does: same advance again, relay until idle, drain."""
+def recover(stores: Stores, apply_on_receive: bool = False) -> tuple[str, list[str], int]:
+    """What a restarted process does (with its consumer in the same mode):
+    same advance again, relay until idle, drain."""
     with Producer(stores.producer, RESERVATION) as producer, \
-            Consumer(stores.consumer, RESERVATION) as consumer:
+            Consumer(stores.consumer, RESERVATION, apply_on_receive=apply_on_receive) as consumer:
         again = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         answers: list[str] = []
         while not answers or answers[-1] != "idle":
@@ -164,30 +165,6 @@ APPLY_MODE: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
 }
 
 
-def run_apply_child(stores: Stores, crash_at: str | None) -> subprocess.CompletedProcess[str]:
-    env = child_env() if crash_at is None else child_env(**{ENV_VAR: crash_at})
-    return run_script(WORKLOAD, "crash-run-apply", str(stores.producer), str(stores.consumer), env=env,
-                      cwd=stores.cwd)
-
-
-def recover_applying(stores: Stores) -> tuple[str, list[str], int]:
-    """A restarted process in the same mode: advance again, relay until idle, drain."""
-    with Producer(stores.producer, RESERVATION) as producer, \
-            Consumer(stores.consumer, RESERVATION, apply_on_receive=True) as consumer:
-        again = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-        answers: list[str] = []
-        while not answers or answers[-1] != "idle":
-            assert len(answers) < 10, answers
-            answers.append(str(relay(producer, consumer).status))
-        drained = consumer.drain("A")
-        assert drained.stop == "idle"
-        assert [asdict(e) for e in consumer.effects("A")] == EFFECT
-        assert consumer.projection("A") == PROJECTION
-        assert [asdict(r) for r in consumer.inbox("A")] == APPLIED
-        assert [(e.event_id, e.accepted) for e in producer.outbox("A")] == [("A1", True)]
-        return str(again.status), answers, drained.applied
-
-
 def test_the_mode_has_its_own_points_and_the_spec_table_is_unchanged() -> None:
     assert set(RECEIVE_APPLY_CRASH_POINTS) <= set(APPLY_MODE)
     assert not set(RECEIVE_APPLY_CRASH_POINTS) & set(CRASH_POINTS)
@@ -195,16 +172,16 @@ def test_the_mode_has_its_own_points_and_the_spec_table_is_unchanged() -> None:
 
 @pytest.mark.parametrize("point", list(APPLY_MODE))
 def test_receive_and_apply_crash_point_leaves_one_commit_or_none(stores: Stores, point: str) -> None:
-    child = run_apply_child(stores, point)
+    child = run_child(stores, point, "crash-run-apply")
     assert child.returncode == CRASH_EXIT_CODE, (child.returncode, child.stderr)
     before, recovery = APPLY_MODE[point]
     assert on_disk(stores) == before
-    assert recover_applying(stores) == recovery
+    assert recover(stores, apply_on_receive=True) == recovery
 
 
 @pytest.mark.parametrize("point", ["apply.after_projection", "apply.after_effect", "apply.after_commit"])
 def test_in_the_mode_the_apply_points_are_never_reached(stores: Stores, point: str) -> None:
     """A1 is applied on arrival: the two-step apply path does not run for it."""
-    child = run_apply_child(stores, point)
+    child = run_child(stores, point, "crash-run-apply")
     assert child.returncode == 0, child.stderr
     assert on_disk(stores) == (FLOW, True, APPLIED, PROJECTION, EFFECT)

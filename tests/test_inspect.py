@@ -9,25 +9,13 @@ import pytest
 
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
-from support import digest, run_cli
+from support import digest, run_cli, troubled_history
 
 
 def _troubled_files(tmp_path: Path) -> tuple[Path, Path]:
     """A is blocked (schema 2), B has a gap, C1 is set aside, D1 was never relayed."""
     p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
-    with Producer(p_path, RESERVATION) as producer, Consumer(c_path, RESERVATION) as consumer:
-        producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-        producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2)
-        for i, kind in enumerate(["reserved", "confirmed", "released"]):
-            producer.advance(f"B{i + 1}", "B", expected_seq=i, kind=kind, payload={"amount": 2})
-        producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
-        consumer.receive({"event_id": "C1", "flow_id": "C", "seq": 1, "kind": "reserved",
-                          "schema": 1, "payload": {"amount": 9}})
-        for event_id in ["A1", "A2", "B1", "B3", "C1"]:
-            relay(producer, consumer, event_id=event_id)
-        consumer.process_all()
-        producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 1})
-        producer.redeliver("B2", consumer="default", actor="ops", reason="kick it")
+    troubled_history(p_path, c_path)
     return p_path, c_path
 
 

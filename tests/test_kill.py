@@ -342,8 +342,10 @@ def run_campaign(tmp_path: Path, kills: int, seed: int, on_receive: bool = False
         ever_ready = ever_ready or not early or out.startswith(b"ready\n")
         if ever_ready:  # both files were created completely: check everything
             check_invariants(producer_path, consumer_path, plans, journal.refresh(), seen, where)
-        else:  # every kill so far landed while the files were being created: nothing can be recorded
-            assert not journal_path.exists(), where
+        else:  # every kill so far landed while the stores were being opened: nothing can be recorded
+            # (the child creates its journal before it opens the stores, which
+            # on PostgreSQL takes long enough for a kill to land in between)
+            assert not journal_path.exists() or journal_path.read_bytes() == b"", where
         if returncode == 0:
             assert b"done\n" in out, out
             check_round_finished(producer_path, consumer_path, plan)

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from engine_reads import new_location
 from pg_cluster import pg_location
 from reliable_flow import Consumer, PostgresLocation, Producer, relay, snapshot
 from reliable_flow.reservation import RESERVATION
-from support import digest, run_cli
+from support import digest, run_cli, troubled_history
 
 pytestmark = pytest.mark.postgres
 
@@ -27,34 +28,12 @@ pytestmark = pytest.mark.postgres
 PAIRS = [("postgres", "postgres"), ("postgres", "sqlite"), ("sqlite", "postgres")]
 
 
-def _location(engine: str, tmp_path: Path, label: str) -> str:
-    return pg_location(label) if engine == "postgres" else str(tmp_path / f"{label}.db")
-
-
-def _troubled(p_loc: str, c_loc: str) -> None:
-    """As tests/test_inspect.py: A is blocked (schema 2), B has a gap, C1 is set
-    aside, D1 was never relayed, B2 was redelivered by an operator."""
-    with Producer(p_loc, RESERVATION) as producer, Consumer(c_loc, RESERVATION) as consumer:
-        producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-        producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2)
-        for i, kind in enumerate(["reserved", "confirmed", "released"]):
-            producer.advance(f"B{i + 1}", "B", expected_seq=i, kind=kind, payload={"amount": 2})
-        producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
-        consumer.receive({"event_id": "C1", "flow_id": "C", "seq": 1, "kind": "reserved",
-                          "schema": 1, "payload": {"amount": 9}})
-        for event_id in ["A1", "A2", "B1", "B3", "C1"]:
-            relay(producer, consumer, event_id=event_id)
-        consumer.process_all()
-        producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 1})
-        producer.redeliver("B2", consumer="default", actor="ops", reason="kick it")
-
-
 @pytest.fixture(params=PAIRS, ids=lambda pair: "->".join(pair))
 def pair(request: pytest.FixtureRequest, pg_cluster: Any, tmp_path: Path) -> tuple[str, str]:
     """A producer and a consumer location on the engines of the parameter, with the troubled history."""
     p_engine, c_engine = request.param
-    p_loc, c_loc = _location(p_engine, tmp_path, "producer"), _location(c_engine, tmp_path, "consumer")
-    _troubled(p_loc, c_loc)
+    p_loc, c_loc = new_location(p_engine, tmp_path, "producer"), new_location(c_engine, tmp_path, "consumer")
+    troubled_history(p_loc, c_loc)
     return p_loc, c_loc
 
 
@@ -62,7 +41,7 @@ def pair(request: pytest.FixtureRequest, pg_cluster: Any, tmp_path: Path) -> tup
 def sqlite_pair(tmp_path: Path) -> tuple[str, str]:
     """The same history on two SQLite files: what every report is compared with."""
     p_loc, c_loc = str(tmp_path / "ref-producer.db"), str(tmp_path / "ref-consumer.db")
-    _troubled(p_loc, c_loc)
+    troubled_history(p_loc, c_loc)
     return p_loc, c_loc
 
 
@@ -103,7 +82,7 @@ def test_snapshot_takes_a_postgres_location_object_with_its_own_schema(pg_cluste
     import psycopg
 
     p_loc, c_path = pg_location("producer"), str(tmp_path / "consumer.db")
-    _troubled(p_loc, c_path)
+    troubled_history(p_loc, c_path)
     url, _, schema = p_loc.partition("#")
     spelt = PostgresLocation(lambda: psycopg.connect(url), schema=schema)
     assert snapshot(spelt, c_path) == snapshot(p_loc, c_path)
@@ -113,7 +92,7 @@ def test_snapshot_of_a_missing_schema_creates_nothing(pg_cluster: Any, tmp_path:
     from reliable_flow import WrongFile
 
     p_loc, c_loc = pg_location("producer"), pg_location("consumer")
-    _troubled(p_loc, str(tmp_path / "consumer.db"))
+    troubled_history(p_loc, str(tmp_path / "consumer.db"))
     with pytest.raises(WrongFile, match="no consumer store at .*the schema does not exist"):
         snapshot(p_loc, c_loc)
     assert not _schema_exists(c_loc)
@@ -161,7 +140,7 @@ def test_inspect_event_shows_an_id_conflict_across_engines(pair: tuple[str, str]
 
 def test_inspect_refuses_swapped_missing_or_malformed_postgres_locations(pg_cluster: Any, tmp_path: Path) -> None:
     p_loc, c_loc = pg_location("producer"), pg_location("consumer")
-    _troubled(p_loc, c_loc)
+    troubled_history(p_loc, c_loc)
     swapped = run_cli("inspect", c_loc, p_loc)
     assert swapped.returncode == 2
     assert "is a reliable_flow consumer store, not a producer store" in swapped.stderr
@@ -222,7 +201,7 @@ def test_compare_agrees_after_everything_is_delivered_and_names_stores_without_p
 
 def test_compare_refuses_a_swapped_postgres_store(pg_cluster: Any) -> None:
     p_loc, c_loc = pg_location("producer"), pg_location("consumer")
-    _troubled(p_loc, c_loc)
+    troubled_history(p_loc, c_loc)
     done = run_cli("compare", c_loc, p_loc)
     assert done.returncode == 2 and "not a producer store" in done.stderr, done.stderr
 
@@ -257,7 +236,7 @@ def test_metrics_refuses_a_missing_postgres_store_and_leaves_sqlite_files_untouc
     pg_cluster: Any, tmp_path: Path
 ) -> None:
     p_loc, c_path = pg_location("producer"), tmp_path / "consumer.db"
-    _troubled(p_loc, str(c_path))
+    troubled_history(p_loc, str(c_path))
     before = digest(c_path)
     absent = pg_location("absent")
     missing = run_cli("metrics", absent, str(c_path))

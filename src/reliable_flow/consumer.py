@@ -55,6 +55,9 @@ def _check_flow_id(flow_id: object) -> str:
 class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
     """Owns a consumer file: the inbox, the projection and the effect records.
 
+    ``path`` is a file, or a PostgreSQL location as for :class:`Producer`
+    (the store is then a schema; see docs/postgres.md).
+
     ``schemas`` are the payload versions this consumer can decode (default:
     the protocol's ``consumer_schemas``); events in other versions are still
     accepted and stored unchanged, and block with ``unsupported_schema`` until

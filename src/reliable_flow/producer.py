@@ -116,8 +116,11 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
 
     ``Producer(path, protocol)`` creates the file if it is absent, upgrades an
     older one in place, and refuses a file that is not a producer file or was
-    created for another protocol.  One object per thread; after ``fork()``
-    call :meth:`reopen` in the child.
+    created for another protocol.  ``path`` may also be a PostgreSQL location
+    (``postgresql://...#schema``, a connection factory or pool, or a
+    :class:`PostgresLocation`; the ``postgres`` extra): the same, for a
+    schema instead of a file (see docs/postgres.md).  One object per thread;
+    after ``fork()`` call :meth:`reopen` in the child.
 
     ``max_backlog``: if set, ``advance`` answers ``backlog_full`` (storing
     nothing) while that many deliveries are still pending, summed over the

@@ -31,11 +31,12 @@ def rerun_on_conflict(work: Callable[[], T], attempts: int = CONFLICT_ATTEMPTS) 
     """``work()``; run again (after a short jittered pause, so the two sides
     of a cycle do not meet again at once) while the engine aborts it as a
     conflict, at most ``attempts`` runs in all."""
-    for attempt in range(1, attempts + 1):
+    attempt = 1
+    while True:
         try:
             return work()
         except TransactionConflict:
-            if attempt == attempts:
+            if attempt >= attempts:
                 raise
         time.sleep(random.uniform(0, 0.02 * 2**attempt))
-    raise AssertionError("unreachable")  # pragma: no cover
+        attempt += 1

@@ -27,7 +27,7 @@ class StoreOwner(Generic[Store]):
 
     @property
     def path(self) -> str:
-        """Where the store lives: the file's path."""
+        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
         return self._store.location
 
     def close(self) -> None:

@@ -1,45 +1,15 @@
-"""What a :class:`~reliable_flow.store.sqlite.connection.Database` checks
-before it touches its connection, so a misuse raises a clear library error
-rather than a raw ``sqlite3`` one."""
+"""The SQLite side of the connection checks (:mod:`reliable_flow.store.guards`)."""
 
 from __future__ import annotations
 
 import sqlite3
-import threading
 
-from ...errors import WrongThread
+from ..guards import Opener, check_thread, opener, refuse_nested
 
 __all__ = ["Opener", "check_outside_transaction", "check_thread", "opener"]
-
-Opener = tuple[int, str]  # the opening thread's ident and name
-
-
-def opener() -> Opener:
-    """The current thread, as :func:`check_thread` remembers it."""
-    return threading.get_ident(), threading.current_thread().name
-
-
-def check_thread(opened: Opener, kind: str, path: str) -> None:
-    """Raise :class:`WrongThread` unless this is the thread that opened the connection."""
-    if threading.get_ident() != opened[0]:
-        raise WrongThread(
-            f"this {kind} object for {path} was opened in thread {opened[1]!r} and is used in "
-            f"thread {threading.current_thread().name!r}; a SQLite connection cannot be shared "
-            f"between threads: use one object per thread"
-        )
 
 
 def check_outside_transaction(conn: sqlite3.Connection, kind: str, path: str) -> None:
     """Refuse to open a transaction inside one this object already has open
     (SQLite would say "cannot start a transaction within a transaction")."""
-    if not conn.in_transaction:
-        return
-    if kind == "producer":
-        where = "a batch, or a protocol hook during advance"
-        advice = "use the batch's advance inside the block; read after it"
-    else:
-        where = "an apply handler or a protocol hook during a call"
-        advice = "make this call after that one returned"
-    raise RuntimeError(
-        f"this {kind} object ({path}) is inside an open transaction of its own ({where}): {advice}"
-    )
+    refuse_nested(conn.in_transaction, kind, path)
