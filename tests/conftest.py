@@ -31,7 +31,7 @@ def consumer(tmp_path: Path) -> Consumer:
 
 import os  # noqa: E402 - the PostgreSQL part of this file stands on its own
 
-from pg_cluster import get_pg_cluster, pg_location, stop_session_cluster  # noqa: E402
+from pg_cluster import get_pg_cluster, import_psycopg, pg_location, stop_all_clusters  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +47,25 @@ def pg_schema_location(pg_cluster) -> str:
     return pg_location("loc")
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus) -> None:
-    stop_session_cluster()
+    """Stop every private server still running, after the fixtures' teardown:
+    also when the run was interrupted (Ctrl-C, or SIGTERM, which pg_cluster
+    turns into the same unwinding)."""
+    stop_all_clusters()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """With RELIABLE_FLOW_REQUIRE_POSTGRES set, a module skipped for want of
+    psycopg (``pytest.importorskip("psycopg")`` at its top) is a failure too."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("RELIABLE_FLOW_REQUIRE_POSTGRES"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "psycopg" in reason or "PostgreSQL" in reason:
+            report.outcome = "failed"
+            report.longrepr = f"PostgreSQL tests were skipped, and RELIABLE_FLOW_REQUIRE_POSTGRES is set: {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -76,6 +93,6 @@ def engine(request: pytest.FixtureRequest) -> str:
     test skipped / failed as ``pg_cluster`` says); with
     ``engine_reads.new_location`` for fresh stores."""
     if request.param == "postgres":
-        pytest.importorskip("psycopg")
+        import_psycopg()
         request.getfixturevalue("pg_cluster")
     return str(request.param)

@@ -12,35 +12,87 @@ the tests that kill the server rely on them.
     cluster.kill()          # SIGKILL to the postmaster
     cluster.start()         # crash recovery, then serving again
     cluster.stop()
+
+Nothing is left behind when a run is cut short: every cluster is listed
+while its directory exists, and the first one made installs a SIGTERM /
+SIGHUP handler (raising ``KeyboardInterrupt`` in the main thread, so pytest
+unwinds as on Ctrl-C and its session-finish hook stops the servers) and an
+``atexit`` backstop.  :func:`stop_all_clusters` and :meth:`PgCluster.destroy`
+may run any number of times.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 __all__ = [
-    "PG_DATABASE", "PgCluster", "find_bin_dir", "get_pg_cluster", "pg_location", "pg_required",
-    "stop_session_cluster",
+    "MISSING_BINARIES", "MISSING_PSYCOPG", "PG_DATABASE", "PgCluster", "find_bin_dir", "get_pg_cluster",
+    "import_psycopg", "pg_location", "pg_required", "stop_all_clusters", "stop_session_cluster",
 ]
 
-_BIN_DIRS = ("/usr/lib/postgresql/15/bin", "/usr/local/bin", "/usr/lib/postgresql/16/bin")
+#: Where the server binaries are looked for, after ``$RELIABLE_FLOW_PG_BINDIR``:
+#: Debian's versioned directories (newest first), then ``$PATH``.
+_BIN_DIRS = ("/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/usr/local/bin", "$PATH")
+_TOOLS = ("initdb", "pg_ctl", "postgres")
+
+#: The reason a PostgreSQL test skips on a machine without the server.
+MISSING_BINARIES = (
+    f"PostgreSQL server binaries not found ({', '.join(_TOOLS)} in $RELIABLE_FLOW_PG_BINDIR, "
+    f"{', '.join(_BIN_DIRS)}): install the Debian package postgresql (apt-get install postgresql) "
+    "to run these tests"
+)
+#: The reason a PostgreSQL test skips without the driver.
+MISSING_PSYCOPG = (
+    'psycopg (the PostgreSQL driver) is not installed: pip install -e ".[test]" to run these tests'
+)
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    return tuple(int(part) for part in path.parent.name.split(".") if part.isdigit())
 
 
 def find_bin_dir() -> Path | None:
     """The directory holding ``initdb``, ``pg_ctl`` and ``postgres``, or None."""
-    for candidate in _BIN_DIRS:
-        d = Path(candidate)
-        if all((d / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres")):
+    candidates: list[Path] = []
+    if os.environ.get("RELIABLE_FLOW_PG_BINDIR"):
+        candidates.append(Path(os.environ["RELIABLE_FLOW_PG_BINDIR"]))
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
+    candidates += [Path("/usr/local/pgsql/bin"), Path("/usr/local/bin")]
+    candidates += [Path(d) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    for d in candidates:
+        if all((d / tool).is_file() and os.access(d / tool, os.X_OK) for tool in _TOOLS):
             return d
     return None
+
+
+def import_psycopg() -> Any:
+    """``psycopg``, imported; when it is not installed the calling test (or
+    module) is skipped saying what to install, or failed when
+    ``CI`` / ``RELIABLE_FLOW_REQUIRE_POSTGRES`` is set."""
+    import pytest
+
+    try:
+        import psycopg
+        import psycopg_pool  # noqa: F401 - both come with the test extra
+    except ImportError as exc:
+        missing = f"{MISSING_PSYCOPG} ({exc})"
+    else:
+        return psycopg
+    if pg_required():
+        pytest.fail(missing, pytrace=False)
+    pytest.skip(missing, allow_module_level=True)
 
 
 def _alive(pid: int) -> bool:
@@ -70,9 +122,12 @@ class PgCluster:
     def __init__(self, bin_dir: Path | None = None) -> None:
         found = bin_dir or find_bin_dir()
         if found is None:
-            raise RuntimeError(f"no PostgreSQL binaries (initdb, pg_ctl, postgres) in {', '.join(_BIN_DIRS)}")
+            raise RuntimeError(MISSING_BINARIES)
         self.bin_dir = found
+        _install_interrupt_cleanup()
+        self.owner_pid = os.getpid()  # a fork()ed child leaves it to this process
         self.root = Path(tempfile.mkdtemp(prefix="rf-pg-", dir="/tmp"))
+        _live[self.root] = self
         self.data = self.root / "data"
         self.socket_dir = self.root / "sock"
         self.log = self.root / "server.log"
@@ -170,11 +225,15 @@ class PgCluster:
         return pid
 
     def destroy(self) -> None:
-        """Stop the server and remove its directory."""
+        """Stop the server and remove its directory (again: nothing happens)."""
         try:
-            self.stop()
+            try:
+                self.stop()
+            except Exception:  # noqa: BLE001 - pg_ctl failed (or the server was going): kill it
+                self.kill()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+            _live.pop(self.root, None)
 
     # -- databases ------------------------------------------------------------------
 
@@ -217,8 +276,14 @@ def _session_cluster() -> PgCluster:
     if "error" in _session:
         raise RuntimeError(str(_session["error"]))
     try:
-        import psycopg  # noqa: F401 - the postgres extra must be installed
-
+        import psycopg  # noqa: F401 - the test extra brings it
+    except ImportError as exc:
+        _session["error"] = f"{MISSING_PSYCOPG} ({exc})"
+        raise RuntimeError(str(_session["error"])) from exc
+    if find_bin_dir() is None:
+        _session["error"] = MISSING_BINARIES
+        raise RuntimeError(MISSING_BINARIES)
+    try:
         cluster = PgCluster()
         try:
             cluster.start()
@@ -258,3 +323,58 @@ def stop_session_cluster() -> None:
     cluster = _session.pop("cluster", None)
     if isinstance(cluster, PgCluster):
         cluster.destroy()
+
+
+# -- nothing left behind: interrupted runs, forgotten clusters ------------------------------
+
+#: Every cluster of this process whose directory exists, by its root.
+_live: dict[Path, PgCluster] = {}
+#: The process that installed the handlers (a fork()ed child is not it).
+_owner: dict[str, int] = {}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_all_clusters() -> None:
+    """Stop every server this process started and remove their directories
+    (the session's and any a test made itself and has not destroyed)."""
+    pid = os.getpid()  # in a fork()ed child: none, they are its parent's
+    session = _session.get("cluster")
+    if isinstance(session, PgCluster) and session.owner_pid == pid:
+        stop_session_cluster()
+    for root, cluster in list(_live.items()):
+        if cluster.owner_pid == pid and _live.pop(root, None) is not None:
+            with contextlib.suppress(Exception):  # go on with the others
+                cluster.destroy()
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    if os.getpid() != _owner.get("pid"):
+        # A fork()ed child of the test process: end as it would have without us.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if "signalled" not in _owner:
+        # Unwind like Ctrl-C: pytest runs its teardown and session-finish
+        # hooks (which stop the servers), then exits.
+        _owner["signalled"] = signum
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    # Signalled again (the first one was swallowed, or cleanup hangs): clean
+    # up here and now, then end as the signal asks.
+    stop_all_clusters()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_interrupt_cleanup() -> None:
+    """Once per process: SIGTERM / SIGHUP unwind it (when nothing else handles
+    them) and ``atexit`` stops whatever is still running."""
+    if _owner.get("pid") == os.getpid():
+        return
+    _owner.clear()
+    _owner["pid"] = os.getpid()
+    atexit.register(stop_all_clusters)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    for signum in _STOP_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _on_stop_signal)

@@ -119,7 +119,9 @@ def on_disk(files: Files) -> tuple[Any, ...]:
     with Consumer(files.consumer, RESERVATION) as c:
         e = c.effect(KEY)
         assert e is not None
-        return (e.state, e.attempts, e.lease_owner, e.due_at, e.result)
+        # An executor claims as "<its policy's owner>/<its own hex>": compare the policy's part.
+        owner = None if e.lease_owner is None else e.lease_owner.rpartition("/")[0]
+        return (e.state, e.attempts, owner, e.due_at, e.result)
 
 
 def recovery_registry(files: Files, mode: str, reconciled: list[EffectCall]) -> Effects:

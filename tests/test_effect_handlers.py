@@ -302,6 +302,47 @@ def test_app_schema_refuses_bad_migrations() -> None:
         AppSchema("shop", [["   "]])
 
 
+@pytest.mark.parametrize(("migrations", "message"), [
+    ("CREATE TABLE x(y)", r"^migrations must be a list of migrations"),
+    ({"sqlite": [], "postgres": []}, r"^migrations must be a list of migrations"),
+    ([["CREATE TABLE x(y)"], "CREATE TABLE z(y)"], r"^migrations\[1\] must be a list of SQL statements"),
+    ([["CREATE TABLE x(y)", ""]], r"^migrations\[0\]\[1\] must be a non-empty SQL statement"),
+    ([{"sqlite": [], "postgres": [], "mysql": []}], r"^migrations\[0\] names unknown engine 'mysql'"),
+    ([{"sqlite": ["CREATE TABLE x(y)"]}], r"^migrations\[0\] must give the statements of every engine; 'postgres'"),
+    ([{"sqlite": "CREATE TABLE x(y)", "postgres": []}], r"^migrations\[0\]\['sqlite'\] must be a list of SQL"),
+    ([{"sqlite": [], "postgres": ["CREATE TABLE x(y)", " "]}],
+     r"^migrations\[0\]\['postgres'\]\[1\] must be a non-empty SQL statement"),
+    ([{"sqlite": [], "postgres": [None]}], r"^migrations\[0\]\['postgres'\]\[0\] must be a non-empty SQL"),
+])
+def test_app_schema_names_the_bad_part_of_its_migrations(migrations: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AppSchema("shop", migrations)
+
+
+def test_app_schema_gives_each_engine_its_statements() -> None:
+    schema = AppSchema("shop", [
+        ("CREATE TABLE a(x)",),
+        {"postgres": ["CREATE TABLE b(id BIGSERIAL)"], "sqlite": ["CREATE TABLE b(id INTEGER PRIMARY KEY)", "X"]},
+        {"sqlite": [], "postgres": ["CREATE INDEX b_id ON b(id)"]},
+    ])
+    assert [schema.statements(v, "sqlite") for v in (1, 2, 3)] == [
+        ["CREATE TABLE a(x)"], ["CREATE TABLE b(id INTEGER PRIMARY KEY)", "X"], []]
+    assert [schema.statements(v, "postgres") for v in (1, 2, 3)] == [
+        ["CREATE TABLE a(x)"], ["CREATE TABLE b(id BIGSERIAL)"], ["CREATE INDEX b_id ON b(id)"]]
+    with pytest.raises(ValueError, match=r"^engine must be one of sqlite, postgres, got 'mysql'"):
+        schema.statements(1, "mysql")
+    for version in (0, 4, True, "1"):
+        with pytest.raises(ValueError, match=r"^version must be from 1 to 3"):
+            schema.statements(version, "sqlite")  # type: ignore[arg-type]
+
+
+def test_app_schema_with_an_empty_engine_step_records_the_version(world: World) -> None:
+    schema = AppSchema("shop", [LOGGED_V1, {"sqlite": [], "postgres": ["CREATE TABLE pg_only(x INTEGER)"]}])
+    world.consumer(app_schema=schema).close()
+    assert app_versions(world.consumer_path) == [("shop", 2)]
+    assert rows(world.consumer_path, "SELECT name FROM sqlite_master WHERE name = 'pg_only'") == []
+
+
 @pytest.mark.parametrize("round_", range(3))
 def test_two_consumers_opening_concurrently_apply_app_migrations_once(tmp_path: Path, round_: int) -> None:
     path = tmp_path / "consumer.db"

@@ -307,7 +307,9 @@ def unsettled(consumer_path: Location) -> int:
 def left_running(consumer_path: Location, owner: str) -> list[str]:
     """Keys of the effects the incarnation ``owner`` left running (at most one)."""
     with Consumer(consumer_path, RESERVATION) as consumer:
-        return [e.key for e in consumer.effect_outbox(state="running") if e.lease_owner == owner]
+        # An executor claims as "<its policy's owner>/<its own hex>".
+        return [e.key for e in consumer.effect_outbox(state="running")
+                if e.lease_owner is not None and e.lease_owner.rpartition("/")[0] == owner]
 
 
 def finish(consumer_path: Location, config: str, socket: str) -> dict[str, int]:

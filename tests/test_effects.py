@@ -348,9 +348,11 @@ def test_running_effect_whose_lease_ran_out_is_in_doubt(world: World, mode: str)
     check = Script(Happened({"ok": "checked"}))
     register = {"reconcile": {"reconcile": check}, "idempotent": {"idempotent": True}, "neither": {}}[mode]
     c = one_effect(world, run, **register)
-    run_dying(world.executor(c, owner="dead-one"))
+    dead = world.executor(c, owner="dead-one")
+    run_dying(dead)
     e = c.effect(KEY)
-    assert (e.state, e.attempts, e.lease_owner, e.due_at) == ("running", 1, "dead-one", T0 + 30)
+    assert (e.state, e.attempts, e.lease_owner, e.due_at) == ("running", 1, dead.owner, T0 + 30)
+    assert dead.owner.startswith("dead-one/")  # the policy's owner, made this executor's own
     other = world.executor(c, owner="survivor")
     world.clock.t = T0 + 29.9
     assert other.run_once() == 0  # the lease still holds
@@ -796,24 +798,28 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
     out = subprocess.run(
         [sys.executable, "-m", "reliable_flow", "inspect", str(world.dir / "producer.db"), str(world.consumer_path),
          "--json"], capture_output=True, text=True, env=env, cwd=world.dir, timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # dead, unknown and in doubt effects need attention
     effects = json.loads(out.stdout)["consumer"]["effects"]
     assert effects["counts"] == c.effect_counts() == {s: 1 for _, s in ZOO.values()}
     attention = {a["key"]: a for a in effects["attention"]}
     assert set(attention) == {zoo_key(f) for f in ("P", "R", "D", "X", "U")}
+    owner = c.effect(zoo_key("R")).lease_owner
+    assert owner is not None and owner.startswith("exec-1/")  # the executor's own owner
     assert attention[zoo_key("R")] == {
         "key": zoo_key("R"), "name": "die", "flow_id": "R", "state": "running", "attempts": 1, "due_at": T0 + 30,
-        "lease_owner": "exec-1", "last_error": None, "reason": None}
+        "lease_owner": owner, "last_error": None, "reason": None, "waiting_behind": None,
+        "waiting_behind_state": None}
     assert attention[zoo_key("P")] == {
         "key": zoo_key("P"), "name": "retry", "flow_id": "P", "state": "pending", "attempts": 1,
-        "due_at": T0 + 0.25, "lease_owner": None, "last_error": "RetryLater: busy", "reason": None}
+        "due_at": T0 + 0.25, "lease_owner": None, "last_error": "RetryLater: busy", "reason": None,
+        "waiting_behind": None, "waiting_behind_state": None}
     assert attention[zoo_key("D")]["last_error"] == "OutcomeUnknown: timed out"
     assert attention[zoo_key("X")]["reason"] == "permanent failure"
     assert [(a["key"], a["action"], a["actor"]) for a in effects["actions"]] == [(zoo_key("C"), "cancel", "setup")]
     plain = subprocess.run(
         [sys.executable, "-m", "reliable_flow", "inspect", str(world.dir / "producer.db"), str(world.consumer_path)],
         capture_output=True, text=True, env=env, cwd=world.dir, timeout=60, check=False)
-    assert plain.returncode == 0, plain.stderr
+    assert plain.returncode == 1, plain.stderr
     assert "effects needing attention" in plain.stdout
     assert "lease_owner=exec-1" in plain.stdout
 

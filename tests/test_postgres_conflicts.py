@@ -18,15 +18,19 @@ from typing import Any
 
 import pytest
 
+from pg_cluster import import_psycopg
 from reliable_flow import Consumer, TransactionConflict
 from reliable_flow.core import conflicts
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.postgres.location import lock_key, parse
 from support import envelope
 
 pytestmark = pytest.mark.postgres
 
-psycopg = pytest.importorskip("psycopg")
+# Before anything that imports the engine: without psycopg this module skips
+# (saying what to install), or fails under RELIABLE_FLOW_REQUIRE_POSTGRES.
+psycopg = import_psycopg()
+
+from reliable_flow.store.postgres.location import lock_key, parse  # noqa: E402
 
 
 def _deadlocks(conn: Any) -> int:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-psycopg = pytest.importorskip("psycopg")
+from pg_cluster import PG_DATABASE, import_psycopg, pg_location  # noqa: E402
 
-from pg_cluster import PG_DATABASE, pg_location  # noqa: E402
+psycopg = import_psycopg()  # skips saying what to install (fails under RELIABLE_FLOW_REQUIRE_POSTGRES)
 
 from reliable_flow import Consumer, Producer, relay  # noqa: E402
 from reliable_flow.envelope import make  # noqa: E402

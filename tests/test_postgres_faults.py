@@ -29,13 +29,14 @@ from typing import Any
 
 import pytest
 
-psycopg = pytest.importorskip("psycopg")
+from pg_cluster import MISSING_BINARIES, PgCluster, find_bin_dir, import_psycopg, pg_required
 
-from engine_reads import effect_counts
-from pg_cluster import PgCluster, find_bin_dir, pg_required
-from reliable_flow import CommitOutcomeUnknown, Consumer, Producer, StorageError, relay
-from reliable_flow.reservation import RESERVATION
-from support import CHILDREN, child_env, relay_log
+psycopg = import_psycopg()  # skips saying what to install (fails under RELIABLE_FLOW_REQUIRE_POSTGRES)
+
+from engine_reads import effect_counts  # noqa: E402
+from reliable_flow import CommitOutcomeUnknown, Consumer, Producer, StorageError, relay  # noqa: E402
+from reliable_flow.reservation import RESERVATION  # noqa: E402
+from support import CHILDREN, child_env, relay_log  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
@@ -50,8 +51,8 @@ def cluster() -> Iterator[PgCluster]:
     """A private server for this module: these tests kill it and change its settings."""
     if find_bin_dir() is None:
         if pg_required():
-            pytest.fail("no PostgreSQL binaries for the private fault-test server", pytrace=False)
-        pytest.skip("no PostgreSQL binaries")
+            pytest.fail(MISSING_BINARIES, pytrace=False)
+        pytest.skip(MISSING_BINARIES)
     server = PgCluster()
     try:
         server.start()

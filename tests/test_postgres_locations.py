@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from pg_cluster import PG_DATABASE
+from pg_cluster import PG_DATABASE, import_psycopg
 from reliable_flow import Consumer, PostgresLocation, Producer, relay
 from reliable_flow.reservation import RESERVATION
 
 pytestmark = pytest.mark.postgres
 
-psycopg = pytest.importorskip("psycopg")
-psycopg_pool = pytest.importorskip("psycopg_pool")
+psycopg = import_psycopg()  # skips saying what to install (fails under RELIABLE_FLOW_REQUIRE_POSTGRES)
+import psycopg_pool  # noqa: E402 - import_psycopg checked it too
 
 _names = itertools.count(1)
 

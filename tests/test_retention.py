@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_reads import new_location, rows
 from reliable_flow import Consumer, Producer, PruneResult, envelope, relay
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
@@ -394,3 +395,35 @@ def test_a_pruned_event_id_cannot_come_back_as_a_replacement(pair) -> None:  # t
         c.replace_event("B2", env("A1", "B", 2), actor="ops", reason="reuse of a pruned id")
     assert [(r.event_id, r.state) for r in c.inbox("B")] == [("B1", "applied"), ("B2", "blocked")]
     assert c.receive(body("A1", "A", 1)).status == "duplicate"  # the tombstone still answers
+
+
+# -- every pruning transaction is recorded (both engines) --------------------------------------------
+
+
+def _recorded(location: str) -> list[tuple[int, float]]:
+    return [(int(n), float(h)) for n, h in rows(location, "SELECT events, horizon FROM prune_action ORDER BY id")]
+
+
+def test_every_pruning_transaction_is_recorded_also_forgetting_and_finding_nothing(
+    engine: str, tmp_path: Path,
+) -> None:
+    p_at, c_at = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "consumer")
+    with Producer(p_at, RESERVATION) as p, Consumer(c_at, RESERVATION) as c:
+        commit(p, "A")
+        at = later()
+        unbound = p.prune(0, now=at)  # no consumer yet: nothing may go, the pass is still recorded
+        assert (unbound.events, unbound.transactions) == (0, 1)
+        relay_log(p, c)
+        c.process_all()
+        for side in (p, c):
+            pruned = side.prune(0, now=at, batch_size=2)
+            assert (pruned.events, pruned.transactions) == (3, 2)
+            idle = side.prune(0, now=at)
+            assert (idle.events, idle.transactions) == (0, 1)
+            forgot = side.prune(0, now=at + 100, batch_size=2, forget_after=50)
+            assert (forgot.events, forgot.tombstones_forgotten, forgot.transactions) == (0, 3, 3)
+        # (events, horizon): two steps, a pass that found nothing, then a
+        # pass that found nothing and two forgetting steps (horizon: their cutoff).
+        steps = [(2, at), (1, at), (0, at), (0, at + 100), (0, at + 50), (0, at + 50)]
+        assert _recorded(str(p_at)) == [(0, at), *steps]
+        assert _recorded(str(c_at)) == steps

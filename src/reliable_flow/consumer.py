@@ -154,12 +154,12 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
     def _migrate_app(self, app: AppSchema) -> None:
         if not isinstance(app, AppSchema):
             raise TypeError(f"app_schema must be an AppSchema, got {type(app).__name__}")
-        for version, statements in enumerate(app.migrations, start=1):
+        for version in range(1, len(app.migrations) + 1):
             with self._store.write() as unit:
                 # Re-read under the write lock: another process may have just done it.
                 if unit.app_version(app.name) >= version:
                     continue
-                for statement in statements:
+                for statement in app.statements(version, unit.engine):
                     unit.user_execute(statement)
                 unit.set_app_version(app.name, version)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import check_text
+from .core.effects import with_waits
 from .effects import check_json_value
 from .errors import NotResolvable, UnknownEffect
 from .observe import CONSUMER, operator_action
@@ -38,15 +39,19 @@ class EffectAdmin:
         raise NotImplementedError
 
     def effect(self, key: str) -> Effect | None:
-        """The effect with this idempotency key, or None."""
-        return self.store.latest.effect(key)
+        """The effect with this idempotency key, or None (``waiting_behind``
+        says which earlier ordered effect of its flow it waits for, if any)."""
+        reads = self.store.latest
+        found = reads.effect(key)
+        return None if found is None else with_waits(reads, [found])[0]
 
     def effect_outbox(
         self, *, state: EffectState | str | None = None, flow_id: str | None = None, limit: int | None = None
     ) -> list[Effect]:
         """Effects in the order they were scheduled, optionally only one state / flow."""
         chosen = None if state is None else EffectState(state)
-        return self.store.latest.effect_list(chosen, flow_id, limit)
+        reads = self.store.latest
+        return with_waits(reads, reads.effect_list(chosen, flow_id, limit))
 
     def effect_counts(self) -> dict[str, int]:
         """How many effects are in each state; every state is listed (0 if none)."""

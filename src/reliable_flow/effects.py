@@ -90,11 +90,25 @@ class Feedback:
     ``kind`` is the step's kind; ``payload(result)`` builds its payload (by
     default the result itself, which must then be an object); ``flow(effect
     flow id)`` names the flow (by default the effect's own flow id).
+
+    ``kind`` must be a valid event kind (a string of 1-128 characters, no
+    control characters), and ``payload`` / ``flow`` callables or None:
+    anything else raises ``InvalidEnvelope`` / ``TypeError`` naming the
+    field here, not after the effect ran.  A ``payload`` or ``flow``
+    function that raises is recorded as refused feedback (the effect's
+    ``last_error``) and tried again on the executor's next pass.
     """
 
     kind: str
     payload: Callable[[Any], dict[str, Any]] | None = None
     flow: Callable[[str], str] | None = None
+
+    def __post_init__(self) -> None:
+        envelope.check_name("kind", self.kind)
+        for name in ("payload", "flow"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
 
 
 Run = Callable[[EffectCall], Any]

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import check_count
+from .checks import check_count, check_flag, check_optional_count
 from .consumer import Consumer
 from .core.effects import (
     Outcome,
@@ -35,8 +35,9 @@ from .core.effects import (
     plan,
 )
 from .crash import crash_point
-from .delivery import DeliveryPolicy, error_text
+from .delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, error_text, own_claims
 from .effects import EffectCall, Effects, EffectSpec, OutcomeUnknown, PermanentFailure, RetryLater
+from .loop import CANNOT_HEAL, Loop, until_due
 from .observe import EXECUTOR, INFO, WARNING, fields, log
 from .producer import Producer
 from .statuses import AdvanceStatus, Effect, EffectState
@@ -44,7 +45,6 @@ from .tracing import traced
 
 __all__ = ["EffectExecutor", "ExecutorStats"]
 
-DEFAULT_LEASE = 30.0
 _FINAL = {Plan.EXPIRE: EffectState.EXPIRED, Plan.SUPERSEDE: EffectState.SUPERSEDED, Plan.PARK: EffectState.UNKNOWN}
 _ALARMING = (EffectState.DEAD, EffectState.UNKNOWN)
 
@@ -57,20 +57,28 @@ class ExecutorStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     fed: int = 0
     feedback_errors: int = 0
+    errors: int = 0
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"passes": self.passes, "outcomes": dict(sorted(self.outcomes.items())), "fed": self.fed,
-                "feedback_errors": self.feedback_errors, "last_error": self.last_error}
+                "feedback_errors": self.feedback_errors, "errors": self.errors, "last_error": self.last_error}
 
 
 class EffectExecutor:
     """Claims due effects of ``consumer``'s effect outbox and runs them.
 
     ``effects``: the registry (default: the consumer's); only registered
-    names are claimed.  ``policy``: lease (default 30 s), backoff, clock
-    and random source, as for deliveries.  ``producer``: where effects
+    names are claimed.  ``policy``: lease (default
+    :data:`~reliable_flow.delivery.DEFAULT_LEASE_SECONDS`, 30 s), backoff,
+    clock and random source, as for deliveries.  ``producer``: where effects
     registered with ``feedback=`` advance their results.
+
+    Each executor claims under an owner of its own (``owner``:
+    ``<policy.owner>/<random hex>``, also in ``self.policy``), even when
+    several are given one policy object: an executor records an outcome only
+    while the claim is still its own, so one executor's late outcome never
+    overwrites another's live claim.
     """
 
     def __init__(
@@ -83,16 +91,23 @@ class EffectExecutor:
         if not isinstance(registry, Effects):
             raise TypeError("effects must be an Effects registry (or given to the Consumer)")
         if policy is None:
-            policy = DeliveryPolicy(lease_seconds=DEFAULT_LEASE)
+            policy = DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
         if not isinstance(policy, DeliveryPolicy) or policy.lease_seconds is None:
             raise ValueError("policy must be a DeliveryPolicy with lease_seconds: an effect is always claimed")
         if producer is not None and not isinstance(producer, Producer):
             raise TypeError(f"producer must be a Producer or None, got {type(producer).__name__}")
         self.consumer = consumer
         self.effects = registry
-        self.policy = policy
+        self.policy = own_claims(policy)
         self.producer = producer
         self.stats = ExecutorStats()
+        self._loop = Loop()
+        self._running = False  # inside run(): a stop or signal ends run_once after the call in progress
+
+    @property
+    def owner(self) -> str:
+        """The name this executor's claims are recorded under (``lease_owner``), its own."""
+        return self.policy.owner
 
     def run_once(self, limit: int = 100) -> int:
         """Feed back results still owed, then take up to ``limit`` due effects
@@ -100,7 +115,7 @@ class EffectExecutor:
         check_count("limit", limit)
         self._feed_owed(limit)
         done = 0
-        while done < limit:
+        while done < limit and not (self._running and self._loop.stopping):
             claimed = self._claim()
             if claimed is None:
                 break
@@ -112,7 +127,10 @@ class EffectExecutor:
         return done
 
     def run_until_idle(self, max_passes: int = 1000) -> int:
-        """``run_once`` until nothing is due now; returns the effects taken up."""
+        """``run_once`` until nothing is due now (at most ``max_passes``, an
+        int >= 1); returns the effects taken up.  Never waits: an effect
+        leased or backing off is left for later (:meth:`run` waits them out)."""
+        check_count("max_passes", max_passes)
         total = 0
         for _ in range(max_passes):
             done = self.run_once()
@@ -120,6 +138,74 @@ class EffectExecutor:
             if done == 0:
                 break
         return total
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return once the call in progress is recorded."""
+        self._loop.stop()
+
+    def run(
+        self, *, until_idle: bool = False, max_passes: int | None = None, idle_sleep: float = 0.5,
+        limit: int = 100, handle_signals: bool = True,
+    ) -> ExecutorStats:
+        """``run_once(limit)`` in a loop until :meth:`stop`, SIGTERM / SIGINT,
+        or ``max_passes`` passes; returns the totals.
+
+        Stopping works as for ``Worker.run`` (one mechanism,
+        :mod:`reliable_flow.loop`): with ``handle_signals`` (main thread
+        only) SIGTERM and SIGINT only set a flag, so the call in progress
+        finishes and its outcome is recorded, no further effect is claimed,
+        and ``run`` returns; the previous handlers are put back.  After a
+        pass that took nothing up it sleeps ``idle_sleep`` seconds.
+
+        ``until_idle``: return once a pass took nothing up and no effect of
+        this registry is pending, running or in doubt; while one waits (a
+        lease, a backoff) sleep until it is due, so those are waited out.
+        What waits for a person (``unknown``, ``dead``) does not count, nor
+        does a refused feedback (tried again on every pass while it runs).
+
+        A failed pass (a storage error, the producer unreachable) is counted
+        in ``stats.errors`` / ``stats.last_error`` and tried again after the
+        idle sleep; an error retrying cannot heal
+        (:data:`~reliable_flow.loop.CANNOT_HEAL`) is raised after counting it.
+        """
+        check_flag("until_idle", until_idle)
+        check_flag("handle_signals", handle_signals)
+        check_optional_count("max_passes", max_passes)
+        check_seconds("idle_sleep", idle_sleep, allow_zero=True)
+        check_count("limit", limit)
+        self._running = True
+        try:
+            self._loop.run(lambda: self._pass(limit), lambda: self._waiting(float(idle_sleep)),
+                           idle_sleep=float(idle_sleep), max_passes=max_passes, handle_signals=handle_signals,
+                           until_idle=until_idle)
+        finally:
+            self._running = False
+        return self.stats
+
+    def _pass(self, limit: int) -> int:
+        try:
+            return self.run_once(limit)
+        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+            self._failed(exc)
+            return 0
+
+    def _waiting(self, idle_sleep: float) -> float | None:
+        """Seconds until the earliest open effect is due (bounded), or None when none waits."""
+        try:
+            at = self.consumer.store.latest.next_effect_due_at(list(self.effects))
+        except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
+            self._failed(exc)
+            return idle_sleep
+        return until_due([] if at is None else [at - self.policy.clock()])
+
+    def _failed(self, exc: Exception) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        if EXECUTOR.isEnabledFor(WARNING):
+            log(EXECUTOR, WARNING, "error in the effect executor, going on",
+                fields(status="error", consumer=self.consumer.name, error=self.stats.last_error))
+        if isinstance(exc, CANNOT_HEAL):
+            raise exc
 
     # -- one effect ---------------------------------------------------------------------
 
@@ -239,13 +325,20 @@ class EffectExecutor:
         if self.producer is None:
             return
         feedback = spec.feedback
-        flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
-        payload = feedback.payload(effect.result) if feedback.payload else effect.result
-        event_id = feedback_event_id(effect.key)
+        refused: str | None
+        where = "flow"
         try:
-            refused = self._advance_result(event_id, flow_id, feedback.kind, payload, effect.meta)
-        except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
-            refused = f"feedback refused: {error_text(exc)}"
+            flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
+            where = "payload"
+            payload = feedback.payload(effect.result) if feedback.payload else effect.result
+        except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback, not a stop
+            refused = f"feedback refused: Feedback.{where} raised {error_text(exc)}"
+        else:
+            try:
+                refused = self._advance_result(feedback_event_id(effect.key), flow_id, feedback.kind, payload,
+                                               effect.meta)
+            except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
+                refused = f"feedback refused: {error_text(exc)}"
         now = self.policy.clock()
         with self.consumer.store.write() as unit:
             if refused is None:

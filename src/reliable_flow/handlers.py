@@ -20,13 +20,20 @@ flow stays where it was.
 
 The application's own tables are created and migrated with the library's,
 by an :class:`AppSchema` given to the consumer.
+
+The same SQL runs on both engines: ``ctx.execute`` takes ``?`` placeholders
+on SQLite and on PostgreSQL (where they become psycopg's ``%s``, except in
+string literals, quoted names and comments; PostgreSQL's own ``?``
+operators, such as jsonb's ``?``, ``?|`` and ``?&``, are written ``??``).
+Where the engines differ, ``ctx.engine`` says which one runs the handler,
+and a migration of an :class:`AppSchema` may be given per engine.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +46,14 @@ from .protocol import PayloadError
 from .statuses import EffectState
 from .store.effects import EffectUnit, NewEffect
 
-__all__ = ["AppSchema", "ApplyContext", "Event", "Handler"]
+__all__ = ["ENGINES", "AppSchema", "ApplyContext", "Event", "Handler", "Migration"]
+
+#: The engines, as ``ctx.engine`` names them and as keys of a per-engine migration.
+ENGINES = ("sqlite", "postgres")
+#: One migration of an :class:`AppSchema`: its SQL statements, the same on
+#: every engine, or ``{"sqlite": [...], "postgres": [...]}`` (each engine
+#: named; ``[]`` when one has nothing to do).
+Migration = Sequence[str] | Mapping[str, Sequence[str]]
 
 # Comments and blanks before the first keyword, which SQLite skips too.
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
@@ -55,24 +69,73 @@ Event = envelope.Envelope
 @dataclass(frozen=True)
 class AppSchema:
     """The application's own tables in the consumer's store, as ordered
-    migrations: ``migrations[i]`` (statements) brings version ``i`` to
-    ``i + 1``.  Applied when the consumer opens, each in one transaction
-    with its version record; append migrations, never edit old ones."""
+    migrations: ``migrations[i]`` brings version ``i`` to ``i + 1``.  Applied
+    when the consumer opens, each in one transaction with its version
+    record; append migrations, never edit old ones.
+
+    A migration is a list of SQL statements run on either engine, or a
+    mapping with a list per engine, where their SQL differs::
+
+        AppSchema("shop", [
+            {"sqlite": ["CREATE TABLE hold(id INTEGER PRIMARY KEY AUTOINCREMENT, flow TEXT)"],
+             "postgres": ["CREATE TABLE hold(id BIGSERIAL PRIMARY KEY, flow TEXT)"]},
+            ["CREATE INDEX hold_flow ON hold(flow)"],
+        ])
+
+    The recorded version counts migrations, whichever form each has."""
 
     name: str
-    migrations: Sequence[Sequence[str]]
+    migrations: Sequence[Migration]
 
     def __post_init__(self) -> None:
         envelope.check_name("name", self.name)
-        if isinstance(self.migrations, (str, bytes)) or not all(
-            not isinstance(m, (str, bytes)) and all(isinstance(s, str) and s.strip() for s in m)
-            for m in self.migrations
-        ):
-            raise ValueError("migrations must be a sequence of sequences of SQL statements")
+        if isinstance(self.migrations, (str, bytes)) or not isinstance(self.migrations, Sequence):
+            raise ValueError(  # noqa: TRY004 - ValueError, as AppSchema always raised for a bad shape
+                f"migrations must be a list of migrations (each a list of SQL statements, or "
+                f"{{engine: [statements]}}), got {self.migrations!r}"
+            )
+        for i, migration in enumerate(self.migrations):
+            field = f"migrations[{i}]"
+            if not isinstance(migration, Mapping):
+                _check_statements(field, migration)
+                continue
+            unknown = [e for e in migration if e not in ENGINES]
+            if unknown:
+                raise ValueError(f"{field} names unknown engine {unknown[0]!r} (engines: {', '.join(ENGINES)})")
+            missing = [e for e in ENGINES if e not in migration]
+            if missing:
+                raise ValueError(
+                    f"{field} must give the statements of every engine; {missing[0]!r} is missing "
+                    f"(give [] if it has nothing to do)"
+                )
+            for engine in ENGINES:
+                _check_statements(f"{field}[{engine!r}]", migration[engine])
+
+    def statements(self, version: int, engine: str) -> list[str]:
+        """The statements that bring version ``version - 1`` to ``version`` on ``engine``."""
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= len(self.migrations):
+            raise ValueError(f"version must be from 1 to {len(self.migrations)}, got {version!r}")
+        migration = self.migrations[version - 1]
+        return list(migration[engine] if isinstance(migration, Mapping) else migration)
+
+
+def _check_statements(field: str, statements: object) -> None:
+    if isinstance(statements, (str, bytes)) or not isinstance(statements, Sequence):
+        raise ValueError(f"{field} must be a list of SQL statements, got {statements!r}")  # noqa: TRY004 - as above
+    for j, statement in enumerate(statements):
+        if not isinstance(statement, str) or not statement.strip():
+            raise ValueError(f"{field}[{j}] must be a non-empty SQL statement, got {statement!r}")
 
 
 class ApplyContext:
-    """What a handler sees and may do while one event is applied."""
+    """What a handler sees and may do while one event is applied.
+
+    ``event``; ``previous_state``, ``state`` and ``data`` (the flow's, after
+    this event); ``consumer``, the consumer's name; ``engine``, the engine
+    the consumer's store is on (``"sqlite"`` or ``"postgres"``), for SQL that
+    must differ; ``scheduled``, the keys this handler call scheduled."""
 
     def __init__(
         self, unit: EffectUnit, event: Event, previous_state: str, state: str, data: dict[str, Any],
@@ -86,14 +149,26 @@ class ApplyContext:
         self.state = state
         self.data = copy.deepcopy(data)
         self.consumer = consumer
+        self.engine: str = unit.engine
         self.scheduled: list[str] = []
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one statement on the application's own tables, inside the apply
         transaction; returns its rows.  Transaction control is refused: the
-        library commits or rolls back the whole apply."""
+        library commits or rolls back the whole apply.
+
+        ``?`` placeholders, one per value of ``params``, on both engines (on
+        PostgreSQL: not in string literals, quoted names or comments; its
+        ``?`` operators written ``??``; a statement without any ``?`` is
+        passed unchanged, so psycopg's ``%s`` keeps working).  Named
+        placeholders are not supported."""
         if not isinstance(sql, str) or _TRANSACTION_CONTROL.match(_LEADING_COMMENTS.sub("", sql)):
             raise ValueError(f"sql must be one statement without transaction control, got {sql!r}")
+        if isinstance(params, (str, bytes)) or not isinstance(params, Sequence):
+            raise TypeError(
+                f"params must be a sequence of values for the ? placeholders (named placeholders are not "
+                f"supported), got {type(params).__name__}"
+            )
         return self._unit.user_execute(sql, params)
 
     def schedule(

@@ -37,9 +37,11 @@ class DeliveryMetrics:
     events whose last send failed (backing off).  ``leased``: pending events
     claimed by a relay right now.  ``untried``: pending events never sent.
     ``oldest_pending_age``: seconds since the oldest pending delivery was
-    last written (claimed, failed, redelivered) -- an approximation: the
-    outbox stores no commit time, so a pending event never sent has no age
-    and shows up in ``untried`` instead; None when no pending event has one.
+    last written (claimed, failed, redelivered) -- an approximation: it
+    goes by when the delivery was last written, not by the event's commit
+    time (stored since producer schema v4, for retention), so a pending
+    event never sent has no age and shows up in ``untried`` instead; None
+    when no pending event has one.
     """
 
     pending: int = 0

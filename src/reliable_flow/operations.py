@@ -26,13 +26,17 @@ class FlowWait(_StrEnum):
     pending: the next apply takes it (waiting long means no apply runs).
     ``gap``: its next seq has not arrived, later ones have.  ``blocked``:
     its next seq is blocked, and stays so until fixed, upgraded, skipped or
-    replaced.
+    replaced.  ``effect``: nothing unapplied, but an ordered effect of the
+    flow waits behind an earlier one that is not resolved (see
+    ``Effect.waiting_behind``): an executor resolves it, or, when it is dead
+    or unknown, an operator.
     """
 
     IDLE = "idle"
     READY = "ready"
     GAP = "gap"
     BLOCKED = "blocked"
+    EFFECT = "effect"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +62,10 @@ class StuckFlow:
     ``state`` / ``last_seq``: the projection (None / 0 before the first
     apply); ``next_seq`` = ``last_seq + 1``.  ``since``: when the wait began
     as far as the file knows (ready: the row arrived; blocked: it became
-    blocked; gap: the oldest row waiting behind the gap arrived); None when
-    idle or unknown.  ``reason`` / ``detail``: the block (for a gap,
-    ``detail`` names the missing seq).  ``rows``: the flow's rows from
+    blocked; gap: the oldest row waiting behind the gap arrived; effect: the
+    effect waited behind was last written); None when idle or unknown.
+    ``reason`` / ``detail``: the block (for a gap, ``detail`` names the
+    missing seq; for an effect wait, both effects and the state).  ``rows``: the flow's rows from
     ``next_seq`` on, every state (a replaced row just before its
     replacement).
     """

@@ -90,6 +90,11 @@ def relay_batch(
     the failure is recorded on every event of the batch, and the exception
     propagates.  An unregistered consumer name: as for :func:`relay`
     (``register=True`` registers it).
+
+    Next to other relays of the same consumer and a pruner (``prune``), an
+    event picked here that another relay delivered and the pruner removed
+    before its body was read counts as delivered by someone else: it is not
+    sent and nothing is recorded for it (the same holds for :func:`relay`).
     """
     check_count("limit", limit)
     _check_pair(producer, consumer)

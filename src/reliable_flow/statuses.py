@@ -343,6 +343,13 @@ class Effect:
     ``meta`` and ``result`` are the JSON objects stored with it; ``reason``
     says why it ended (expired, superseded, cancelled, dead); ``due_at`` is
     when it may run next or, while ``running``, when the lease ends.
+
+    ``waiting_behind`` / ``waiting_behind_state``: for an ordered effect not
+    yet final (pending, running, in doubt) that waits behind an earlier
+    ordered effect of its flow that is not resolved (pending, running, in
+    doubt, dead or unknown), the key and state of the earliest such one (no
+    executor takes it up before that one is resolved); None otherwise.
+    Worked out when the effect is read, never stored.
     """
 
     key: str
@@ -366,6 +373,8 @@ class Effect:
     fed: bool | None
     created_at: float
     updated_at: float
+    waiting_behind: str | None = None
+    waiting_behind_state: EffectState | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from .checks import check_count, check_flag
 from .consumer import Consumer
 from .core.operate import refused_names, unknown_consumer
-from .delivery import check_seconds
-from .errors import ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread
+from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
 from .executor import EffectExecutor
+from .loop import CANNOT_HEAL, Loop, until_due
 from .observe import WARNING, WORKER, fields, log
 from .producer import Producer
 from .receiving import Applying
@@ -24,15 +20,6 @@ from .relay import DeliveryPolicy, relay
 from .statuses import DrainStop, RelayStatus
 
 __all__ = ["Worker", "WorkerStats"]
-
-# Errors that retrying cannot heal (a consumer name bound to another file, a
-# file of the wrong kind or too new, an object used after fork or in another
-# thread): run_once records them, then raises them instead of retrying forever.
-CANNOT_HEAL = (ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread)
-# run(until_idle=True) looks again at least this often while something waits,
-# and pauses this long when something is due already but the pass did nothing.
-UNTIL_IDLE_MAX_SLEEP = 5.0
-UNTIL_IDLE_PAUSE = 0.05
 
 
 @dataclass
@@ -81,7 +68,7 @@ class Worker:
     early by :meth:`stop`).  A consumer that raises is recorded by the relay
     (attempts, error, backoff) and the worker goes on with the others; so is
     any failure of a pass (``stats.errors``, ``stats.last_error``), except
-    one that retrying cannot heal (:data:`CANNOT_HEAL`: ``ConsumerMismatch``,
+    one that retrying cannot heal (:data:`~reliable_flow.loop.CANNOT_HEAL`: ``ConsumerMismatch``,
     ``UnknownConsumer``, ``WrongFile`` / ``SchemaTooNew``, ``WrongProcess``, ``WrongThread``),
     which :meth:`run_once` and :meth:`run` raise after recording it.
 
@@ -101,6 +88,11 @@ class Worker:
     none is registered on its first relay): an unknown name raises
     :class:`UnknownConsumer` here, unless ``register=True`` registers every
     one of them on its first relay.
+
+    ``policy``: the relays' lease, backoff and clock; by default a lease of
+    :data:`~reliable_flow.delivery.DEFAULT_LEASE_SECONDS` (30 s, the same as
+    ``reliable-flow run``), so several workers on one producer never send
+    one event at once.
 
     Stopping: :meth:`stop`, or SIGTERM / SIGINT when :meth:`run` installed
     its handlers.  The handler only sets a flag, so the transaction in
@@ -140,7 +132,7 @@ class Worker:
         self.producer = producer
         self.consumers = list(consumers)
         self._receivers = [c.applying() if apply_on_receive and _own_receiving(c) else c for c in self.consumers]
-        self.policy = policy or DeliveryPolicy()
+        self.policy = policy or DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
         self.relay_batch = relay_batch
         self.apply_limit = apply_limit
         self.idle_sleep = float(idle_sleep)
@@ -149,16 +141,15 @@ class Worker:
         self.executors = list(executors)
         self.stats = WorkerStats()
         self._on_pass = on_pass
-        self._stop = threading.Event()
-        self._signalled = False
+        self._loop = Loop()
 
     def stop(self) -> None:
         """Ask the loop to return after the current transaction."""
-        self._stop.set()
+        self._loop.stop()
 
     @property
     def stopping(self) -> bool:
-        return self._signalled or self._stop.is_set()
+        return self._loop.stopping
 
     def run_once(self) -> int:
         """One pass over all consumers; returns how many steps did work."""
@@ -240,33 +231,16 @@ class Worker:
         pending (leased by a relay, or backing off after a failure) and no
         effect of the ``executors`` pending, running or in doubt.  While
         something waits, sleep until the earliest due time (looking again at
-        least every :data:`UNTIL_IDLE_MAX_SLEEP` seconds), so leases and
+        least every :data:`~reliable_flow.loop.UNTIL_IDLE_MAX_SLEEP` seconds), so leases and
         backoffs are waited out; a consumer that keeps failing keeps it
         running.  What waits for a person does not count: an event at a gap
         or blocked, a set-aside delivery, an effect parked as unknown.
 
         Raises, after recording it, an error retrying cannot heal
-        (:data:`CANNOT_HEAL`).
+        (:data:`~reliable_flow.loop.CANNOT_HEAL`).
         """
-        previous: dict[signal.Signals, Any] = {}
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
-        try:
-            passes = 0
-            while not self.stopping:
-                work = self.run_once()
-                passes += 1
-                if max_passes is not None and passes >= max_passes:
-                    break
-                if work == 0:
-                    wait = self._waiting() if until_idle else self.idle_sleep
-                    if wait is None:
-                        break
-                    self._idle(wait)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        self._loop.run(self.run_once, self._waiting, idle_sleep=self.idle_sleep, max_passes=max_passes,
+                       handle_signals=handle_signals, until_idle=until_idle)
         return self.stats
 
     def _waiting(self) -> float | None:
@@ -283,23 +257,4 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
             self._failed("until_idle", exc)
             return self.idle_sleep
-        if not due:
-            return None
-        # Due already, yet the pass did nothing (a consumer failed and the
-        # relay moved on to the next one): a short pause, never a spin.
-        wait = min(due)
-        return min(wait if wait > 0 else UNTIL_IDLE_PAUSE, UNTIL_IDLE_MAX_SLEEP)
-
-    def _idle(self, seconds: float) -> None:
-        # Short slices rather than one Event.wait(): the signal handler must
-        # not touch the Event's lock (it may be held by this very thread).
-        deadline = time.monotonic() + seconds
-        while not self.stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._stop.wait(min(left, 0.05))
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only a plain attribute write: safe whatever the main thread holds.
-        self._signalled = True
+        return until_due(due)

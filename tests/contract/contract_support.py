@@ -39,3 +39,21 @@ def protocol_members(*protocols: type) -> set[str]:
             if cls.__module__.startswith("reliable_flow.store"):
                 names |= {n for n in vars(cls) if not n.startswith("_")}
     return names
+
+
+def protocol_properties(*protocols: type) -> set[str]:
+    """The members of ``protocol_members`` that are properties (values, not calls)."""
+    return {
+        name for proto in protocols for cls in proto.__mro__
+        if cls.__module__.startswith("reliable_flow.store")
+        for name, member in vars(cls).items() if isinstance(member, property)
+    }
+
+
+def offers(obj: object, name: str, properties: set[str]) -> bool:
+    """Whether ``obj`` offers the contract member ``name``: a call, or a
+    property's value (an engine name is a non-empty string)."""
+    value = getattr(obj, name)
+    if name in properties:
+        return value is not None
+    return callable(value)

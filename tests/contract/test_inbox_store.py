@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from contract_support import env, protocol_members
+from contract_support import env, offers, protocol_members, protocol_properties
 
 from reliable_flow.envelope import Envelope
 from reliable_flow.statuses import BlockReason, EffectRecord, InboxEntry, InboxState
@@ -51,12 +51,12 @@ def rows(store, flow_id: str) -> list[tuple[str, int, InboxState, BlockReason | 
 def test_units_and_snapshots_offer_every_protocol_method(inbox):
     with inbox.write() as unit:
         for name in protocol_members(InboxUnit):
-            assert callable(getattr(unit, name)), name
+            assert offers(unit, name, protocol_properties(InboxUnit, InboxReads)), name
     with inbox.read() as reads:
         for name in protocol_members(InboxReads):
-            assert callable(getattr(reads, name)), name
+            assert offers(reads, name, protocol_properties(InboxUnit, InboxReads)), name
     for name in protocol_members(InboxReads):
-        assert callable(getattr(inbox.latest, name)), name
+        assert offers(inbox.latest, name, protocol_properties(InboxUnit, InboxReads)), name
 
 
 def test_meta_names_protocol_consumer_and_a_uid(inbox_store):

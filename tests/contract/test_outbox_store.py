@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from contract_support import append, bind, env, protocol_members
+from contract_support import append, bind, env, offers, protocol_members, protocol_properties
 
 from reliable_flow.delivery import Retry
 from reliable_flow.envelope import make
@@ -56,13 +56,13 @@ def state(store, event_id: str, consumer: str) -> DeliveryState | None:
 def test_units_and_snapshots_offer_every_protocol_method(outbox):
     with outbox.write() as unit:
         for name in protocol_members(OutboxUnit):
-            assert callable(getattr(unit, name)), name
+            assert offers(unit, name, protocol_properties(OutboxUnit, OutboxReads)), name
         assert unit.lost is None
     with outbox.read() as reads:
         for name in protocol_members(OutboxReads):
-            assert callable(getattr(reads, name)), name
+            assert offers(reads, name, protocol_properties(OutboxUnit, OutboxReads)), name
     for name in protocol_members(OutboxReads):
-        assert callable(getattr(outbox.latest, name)), name
+        assert offers(outbox.latest, name, protocol_properties(OutboxUnit, OutboxReads)), name
 
 
 def test_protocol_name_is_the_one_the_store_was_created_for(outbox_store):
@@ -127,6 +127,9 @@ def test_event_body_body_at_and_bodies(outbox):
     assert reads.bodies([p3, p1]) == {p3: e3.body, p1: e1.body}
     assert reads.bodies([p2]) == {p2: e2.body}
     assert reads.bodies([]) == {}
+    # No event there (pruned after a relay picked it): None, and left out.
+    assert reads.body_at(p3 + 1) is None
+    assert reads.bodies([p3 + 1, p1]) == {p1: e1.body}
 
 
 def test_bodies_of_many_positions(outbox):

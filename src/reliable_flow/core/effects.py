@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from .. import envelope
@@ -17,9 +19,10 @@ from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..effects import EffectSpec, Happened, NotHappened, check_json_value
 from ..errors import EffectKeyConflict, InvalidEnvelope
 from ..statuses import Effect, EffectState
-from ..store.effects import EffectUnit, NewEffect
+from ..store.effects import EffectReads, EffectUnit, NewEffect
 
 __all__ = [
+    "ORDER_BLOCKING",
     "Outcome",
     "Plan",
     "after_reconcile",
@@ -29,6 +32,8 @@ __all__ = [
     "feedback_event_id",
     "plan",
     "schedule_in",
+    "waiting_behind",
+    "with_waits",
 ]
 
 Changes = dict[str, Any]
@@ -200,3 +205,41 @@ def schedule_in(unit: EffectUnit, new: NewEffect) -> Effect | None:
             f"with a different name, payload, event, deadline, version or order; give each effect its own key"
         )
     return held
+
+
+# -- an ordered effect waits for the earlier unresolved ones of its flow ---------------------------
+
+#: An ordered effect waits while an earlier ordered effect of its flow is in one
+#: of these states: never taken up by an executor (``EffectUnit.due_effects``,
+#: whose SQL in each engine says the same) until that one is resolved.
+ORDER_BLOCKING = (_S.PENDING, _S.RUNNING, _S.IN_DOUBT, _S.DEAD, _S.UNKNOWN)
+_TAKEN_UP = (_S.PENDING, _S.RUNNING, _S.IN_DOUBT)  # the states an executor claims from
+
+
+def waiting_behind(effect: Effect, flow_effects: Sequence[Effect]) -> Effect | None:
+    """The earliest ordered effect scheduled before ``effect`` in its flow that
+    it waits behind (``flow_effects``: the flow's effects in scheduling
+    order), or None when it does not wait (not ordered, already final, or
+    nothing unresolved before it)."""
+    if not effect.ordered or effect.state not in _TAKEN_UP:
+        return None
+    for earlier in flow_effects:
+        if earlier.key == effect.key:
+            return None
+        if earlier.ordered and earlier.state in ORDER_BLOCKING:
+            return earlier
+    return None
+
+
+def with_waits(reads: EffectReads, effects: Sequence[Effect]) -> list[Effect]:
+    """``effects`` with ``waiting_behind`` / ``waiting_behind_state`` filled in
+    (their flows' effects read from ``reads``; pass the reads the effects
+    came from, for one picture)."""
+    flows = {e.flow_id for e in effects if e.ordered and e.state in _TAKEN_UP}
+    by_flow = {flow: reads.effect_list(flow_id=flow) for flow in sorted(flows)}
+    out = []
+    for effect in effects:
+        blocker = waiting_behind(effect, by_flow.get(effect.flow_id, ()))
+        out.append(effect if blocker is None else
+                   replace(effect, waiting_behind=blocker.key, waiting_behind_state=blocker.state))
+    return out

@@ -13,12 +13,13 @@ from ..envelope import Envelope
 from ..errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEvent
 from ..operations import ConsumerEntry, FlowWait, InboxAction, InboxRow, RegistryAction, StuckFlow
 from ..protocol import Protocol
-from ..statuses import InboxState
+from ..statuses import Effect, EffectState, InboxState
 from ..store import FlowState, InboxReads, InboxUnit, OutboxReads, OutboxUnit
+from .effects import waiting_behind
 
 __all__ = [
-    "needs_attention", "refused_names", "register_in", "remove_in", "replace_in", "skip_in",
-    "unknown_consumer", "why_waiting",
+    "effect_attention", "feedback_refused", "needs_attention", "refused_names", "register_in", "remove_in",
+    "replace_in", "skip_in", "unknown_consumer", "why_waiting",
 ]
 
 _WAITING = (InboxState.PENDING, InboxState.BLOCKED)
@@ -43,6 +44,11 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
                          detail if row is None else row.detail, rows)
 
     if not live:
+        waits = _effect_wait(reads, flow_id)
+        if waits is not None:
+            effect, blocker = waits
+            return stuck(FlowWait.EFFECT, blocker.updated_at, detail=(
+                f"effect {effect.key!r} waits behind {blocker.key!r} ({blocker.state})"))
         return stuck(FlowWait.IDLE)
     first = live[0]
     if first.seq == next_seq:
@@ -57,14 +63,51 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
     return stuck(FlowWait.GAP, since, detail=f"seq {next_seq} has not arrived")
 
 
+def _effect_wait(reads: InboxReads, flow_id: str) -> tuple[Effect, Effect] | None:
+    """The flow's first effect that waits behind an earlier one, and that one."""
+    effects = reads.effect_list(flow_id=flow_id)
+    for effect in effects:
+        blocker = waiting_behind(effect, effects)
+        if blocker is not None:
+            return effect, blocker
+    return None
+
+
 def needs_attention(flow: StuckFlow, now: float, stuck_after: float) -> bool:
     """Blocked, or ready / at a gap for ``stuck_after`` seconds or more (or since
-    an unknown time: rows stored before arrival times were recorded)."""
+    an unknown time: rows stored before arrival times were recorded).  A wait
+    behind an effect is not itself an item: the effect waited behind is one
+    when it needs a person (:func:`effect_attention`)."""
     if flow.wait is FlowWait.BLOCKED:
         return True
-    if flow.wait is FlowWait.IDLE:
+    if flow.wait in (FlowWait.IDLE, FlowWait.EFFECT):
         return False
     return flow.since is None or now - flow.since >= stuck_after
+
+
+def feedback_refused(effect: Effect) -> bool:
+    """Succeeded, its result owed to the producer, and the last try to feed it
+    back was refused (the executor records the refusal, a text beginning with
+    ``feedback``, in ``last_error``, and tries again on every pass)."""
+    return (effect.state is EffectState.SUCCEEDED and effect.fed is False
+            and (effect.last_error or "").startswith("feedback "))
+
+
+def effect_attention(effect: Effect, now: float) -> str | None:
+    """Why ``inspect`` lists an effect as needing attention (its attention
+    ``kind``), or None: ``effect_dead`` and ``effect_unknown`` (they wait for
+    an operator), ``effect_in_doubt`` (``in_doubt``, or ``running`` with its
+    lease ended at ``now``: it may or may not have taken effect),
+    ``feedback_refused`` (see :func:`feedback_refused`)."""
+    if effect.state is EffectState.DEAD:
+        return "effect_dead"
+    if effect.state is EffectState.UNKNOWN:
+        return "effect_unknown"
+    if effect.state is EffectState.IN_DOUBT or (effect.state is EffectState.RUNNING and effect.due_at <= now):
+        return "effect_in_doubt"
+    if feedback_refused(effect):
+        return "feedback_refused"
+    return None
 
 
 # -- a way past a bad accepted event ---------------------------------------------------------------

@@ -123,6 +123,27 @@ def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, now: float
     return rerun_on_conflict(once)
 
 
+def _claim_with_bodies(
+    store: OutboxStore, consumer: str, policy: DeliveryPolicy, limit: int
+) -> tuple[list[int], dict[int, str]] | None:
+    """Pick (with a lease: claim) up to ``limit`` due events and read their
+    bodies; None when nothing is due.
+
+    The positions and the bodies are two reads.  An event delivered by
+    another relay and pruned in between has no body any more: it counts as
+    delivered by someone else, so it is not sent, and nothing is recorded
+    for it (no failure, no backoff).  If every picked event went that way,
+    pick again: the pruned ones never come back, so this ends."""
+    while True:
+        picked = _claim(store, consumer, policy, policy.clock(), limit)
+        if not picked:
+            return None
+        bodies = store.latest.bodies(picked)
+        kept = [pos for pos in picked if pos in bodies]
+        if kept:
+            return kept, bodies
+
+
 def _record_failure(
     store: OutboxStore, consumer: str, positions: Sequence[int], policy: DeliveryPolicy, exc: BaseException
 ) -> None:
@@ -199,11 +220,11 @@ def relay_to(
                 return RelayResult(RelayStatus.IDLE)
             pos, body = found
         else:
-            picked = _claim(store, name, policy, policy.clock())
-            if not picked:
+            leased = _claim_with_bodies(store, name, policy, 1)
+            if leased is None:
                 return RelayResult(RelayStatus.IDLE)
-            pos = picked[0]
-            body = store.latest.body_at(pos)
+            [pos], bodies = leased
+            body = bodies[pos]
     else:
         stored = store.latest.find_event(event_id)
         if stored is None:
@@ -227,10 +248,10 @@ def relay_batch_to(
 ) -> RelayBatchResult:
     """Up to ``limit`` events to ``receiver``; see :func:`reliable_flow.relay_batch`."""
     policy, name = _start(store, receiver, policy, register)
-    picked = _claim(store, name, policy, policy.clock(), limit)
-    if not picked:
+    claimed = _claim_with_bodies(store, name, policy, limit)
+    if claimed is None:
         return RelayBatchResult((), {})
-    bodies = store.latest.bodies(picked)
+    picked, bodies = claimed
     try:
         answers = receiver.accept_many([bodies[pos] for pos in picked])
     except Exception as exc:

@@ -41,7 +41,7 @@ class Pruning(Protocol):
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep: ...
 
-    def forget_tombstones(self, before: float, limit: int) -> int: ...
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int: ...
 
 
 def prune(
@@ -53,14 +53,14 @@ def prune(
     result = _prune(write, horizon, now, batch_size, limit)
     if forget_before is None:
         return result
-    forgotten = 0
+    forgotten, transactions = 0, result.transactions
     while True:
         with write() as unit:
-            gone = unit.forget_tombstones(forget_before, batch_size)
+            gone = unit.forget_tombstones(forget_before, now, batch_size)
         forgotten += gone
+        transactions += 1
         if gone < batch_size:
-            return replace(result, tombstones_forgotten=forgotten,
-                           transactions=result.transactions + forgotten // batch_size + 1)
+            return replace(result, tombstones_forgotten=forgotten, transactions=transactions)
 
 
 def _prune(

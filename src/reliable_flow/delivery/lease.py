@@ -10,11 +10,12 @@ decisions are made here once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 
 from .policy import DeliveryPolicy
 
-__all__ = ["Retry", "claim_until", "error_text", "retry_after"]
+__all__ = ["Retry", "claim_until", "error_text", "own_claims", "retry_after"]
 
 MAX_ERROR_CHARS = 1000
 
@@ -33,6 +34,15 @@ def claim_until(policy: DeliveryPolicy, now: float) -> float:
     if policy.lease_seconds is None:
         raise ValueError("this policy has no lease_seconds, so it makes no claims")
     return now + policy.lease_seconds
+
+
+def own_claims(policy: DeliveryPolicy) -> DeliveryPolicy:
+    """``policy`` with an owner no other claimer has: ``<policy.owner>/<random
+    hex>``.  A claimer that checks "is this claim still mine?" before it
+    records an outcome needs its own name, even when it was given a policy
+    object (and so its owner) that another claimer shares: otherwise one's
+    late outcome would overwrite the other's live claim."""
+    return replace(policy, owner=f"{policy.owner}/{uuid.uuid4().hex[:12]}")
 
 
 def error_text(exc: BaseException) -> str:

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 from ..checks import check_flag, check_seconds, check_text
 
-__all__ = ["DeliveryPolicy", "backoff_delay", "check_seconds"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "DeliveryPolicy", "backoff_delay", "check_seconds"]
+
+#: The lease of every long-running claimer unless told otherwise: a
+#: ``Worker``'s relays, ``reliable-flow run --lease`` / ``--effect-lease``,
+#: ``reliable-flow execute --lease`` and an ``EffectExecutor``.  One value, so
+#: the command line and the Python objects agree (docs/worker.md, "Leases").
+DEFAULT_LEASE_SECONDS = 30.0
 
 
 def backoff_delay(failures: int, base: float, cap: float, rand: Callable[[], float]) -> float:

@@ -73,6 +73,10 @@ class EffectReads(Protocol):
 class EffectUnit(EffectReads, Protocol):
     """Writes of the effect outbox, inside a consumer-side unit of work."""
 
+    @property
+    def engine(self) -> str:
+        """Which engine runs the application's SQL: ``"sqlite"`` or ``"postgres"``."""
+
     def add_effect(self, new: NewEffect) -> Effect | None:
         """Store a pending effect due at once; if its key is taken, store
         nothing and return the effect that holds it."""

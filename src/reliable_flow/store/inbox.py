@@ -37,6 +37,10 @@ class InboxReads(EffectReads, Protocol):
     def flows(self) -> list[str]:
         """Every flow with an inbox row, sorted."""
 
+    def projected_flows(self) -> list[str]:
+        """Every flow with a projection (applied, or skipped past, at least
+        once), sorted; still listed after its inbox rows were pruned."""
+
     def open_flows(self) -> list[str]:
         """Flows with a row still waiting (pending or blocked), sorted."""
 
@@ -109,8 +113,10 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
         """Create or replace the flow's projection."""
 
-    def forget_tombstones(self, before: float, limit: int) -> int:
-        """Remove up to ``limit`` tombstones stamped before ``before``; how many."""
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        """Remove up to ``limit`` tombstones stamped before ``before``; how
+        many.  The step is recorded (at ``now``, ``before`` as its horizon,
+        no event removed), even when it found none."""
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         """Remove up to ``limit`` of the oldest inbox rows received before the
@@ -121,7 +127,7 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
         a final state (succeeded, expired, superseded, cancelled; fed if
         feedback was asked) last written at or before ``horizon``.  Never a
         pending or blocked row, a projection, or an unfinished effect.  The
-        step is recorded."""
+        step is recorded, even when it removed nothing."""
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
         """The event's one effect record and its row marked applied (reason and

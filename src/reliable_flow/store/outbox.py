@@ -68,11 +68,13 @@ class OutboxReads(Protocol):
         None when nothing is pending for it (accepted, set aside and skipped
         deliveries wait for nothing)."""
 
-    def body_at(self, pos: int) -> str:
-        """The body of the event at ``pos`` (which must exist)."""
+    def body_at(self, pos: int) -> str | None:
+        """The body of the event at ``pos``, or None when no event is stored
+        there (any more: a relay's position may be pruned before its body is read)."""
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
-        """Bodies of the events at ``positions``."""
+        """Bodies of the events at ``positions``; a position with no event
+        stored (pruned since it was picked) is left out."""
 
     def outbox_counts(self, now: float) -> OutboxCounts:
         """Events, flows, bound consumers, and deliveries counted per consumer
@@ -103,15 +105,18 @@ class OutboxUnit(OutboxReads, Protocol):
         pruning), pending for every bound consumer.  A taken event id or
         (flow, seq) raises the engine's integrity error."""
 
-    def forget_tombstones(self, before: float, limit: int) -> int:
-        """Remove up to ``limit`` tombstones stamped before ``before``; how many."""
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        """Remove up to ``limit`` tombstones stamped before ``before``; how
+        many.  The step is recorded (at ``now``, ``before`` as its horizon,
+        no event removed), even when it found none."""
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         """Remove up to ``limit`` of the oldest events committed before the
         first event committed after ``horizon`` (events without a commit
         time count as old) that no registered consumer still waits for
         (every delivery accepted or skipped), with their deliveries; each
-        leaves a tombstone stamped ``now``, and the step is recorded.
+        leaves a tombstone stamped ``now``, and the step is recorded, even
+        when it removed nothing.
         Never a pending or set-aside event, never a flow row; nothing at
         all while no consumer is registered."""
 

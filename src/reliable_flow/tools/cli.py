@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .. import __version__
 from ..checks import check_seconds
@@ -101,45 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     metrics_format.add_argument("--prometheus", action="store_true",
                                 help="the Prometheus text exposition format instead of text")
     metrics_format.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
-    run = sub.add_parser(
-        "run",
-        help="relay and apply continuously until SIGTERM / SIGINT",
-        description="A worker loop over one producer and its consumers (see docs/worker.md).",
-    )
-    run.add_argument("--producer", required=True, metavar="PATH", help="the producer file")
-    run.add_argument(
-        "--consumer", required=True, action="append", metavar="NAME=PATH",
-        help="a consumer name and its file; repeat for several consumers",
-    )
-    run.add_argument(
-        "--protocol", default="reliable_flow.reservation:RESERVATION", metavar="MODULE:ATTR",
-        help="the protocol object to import (default: %(default)s)",
-    )
-    run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
-    run.add_argument("--handlers", metavar="MODULE:ATTR", help="a list of apply handlers the consumers run")
-    run.add_argument("--effects", metavar="MODULE:ATTR",
-                     help="an Effects registry: the consumers may schedule these effects and the worker runs them")
-    run.add_argument("--app-schema", metavar="MODULE:ATTR", help="the application's own tables (an AppSchema)")
-    run.add_argument("--lease", type=_seconds(False), default=30.0, metavar="SECONDS",
-                     help="relay lease (default 30)")
-    run.add_argument("--effect-lease", type=_seconds(False), default=30.0, metavar="SECONDS",
-                     help="effect lease, longer than any effect function's own timeout (default 30)")
-    run.add_argument("--idle-sleep", type=_seconds(True), default=0.5, metavar="SECONDS",
-                     help="how long to sleep after a pass that found nothing (default 0.5)")
-    run.add_argument("--report-every", type=_seconds(True), default=10.0, metavar="SECONDS",
-                     help="print progress counts to stderr this often (0: only at exit)")
-    run.add_argument("--register", action="store_true",
-                     help="register consumer names the producer does not know yet (each gets every event "
-                          "from the first one); without it an unknown name is refused, except the first "
-                          "consumer of a producer that has none")
-    until = run.add_mutually_exclusive_group()
-    until.add_argument("--once", action="store_true",
-                       help="run one pass and exit: at most 100 relays per consumer (the worker's "
-                            "relay_batch), then apply and effects once; not 'until idle': events leased or "
-                            "backing off are left for later")
-    until.add_argument("--until-idle", action="store_true",
-                       help="run passes until one does no work and nothing waits for a lease or backoff "
-                            "to end (waiting those out), then exit 0")
+    from .worker_cli import add_worker_commands
+
+    add_worker_commands(sub, _seconds)
+    from .operator_cli import add_operator_commands
+
+    add_operator_commands(sub)
     return parser
 
 
@@ -205,122 +170,6 @@ def _metrics(producer: str, consumer: str, prometheus: bool, as_json: bool) -> i
     return 0
 
 
-def _load(option: str, spec: str, check: Callable[[Any], bool], what: str) -> Any:
-    """``module:ATTRIBUTE``, importable from the current directory as with ``python -m``."""
-    import importlib
-
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise SystemExit(f"run: {option} must look like module:ATTRIBUTE, got {spec!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    obj = getattr(importlib.import_module(module_name), attr, None)
-    if not check(obj):
-        raise SystemExit(f"run: {spec} is not {what}")
-    return obj
-
-
-def _load_protocol(spec: str) -> Any:
-    from ..protocol import Protocol
-
-    return _load("--protocol", spec, lambda o: isinstance(o, Protocol), "a reliable_flow Protocol")
-
-
-def _load_app(args: argparse.Namespace) -> dict[str, Any]:
-    """The consumer's handlers, effects registry and application schema, if named."""
-    from ..effects import Effects
-    from ..handlers import AppSchema
-
-    app: dict[str, Any] = {}
-    if args.handlers:
-        app["handlers"] = _load("--handlers", args.handlers,
-                                lambda o: isinstance(o, (list, tuple)) and all(callable(h) for h in o),
-                                "a list of handler functions")
-    if args.effects:
-        app["effects"] = _load("--effects", args.effects, lambda o: isinstance(o, Effects),
-                               "a reliable_flow Effects registry")
-    if args.app_schema:
-        app["app_schema"] = _load("--app-schema", args.app_schema, lambda o: isinstance(o, AppSchema),
-                                  "a reliable_flow AppSchema")
-    return app
-
-
-def _run(args: argparse.Namespace) -> int:
-    import time
-
-    from ..consumer import Consumer
-    from ..errors import ReliableFlowError
-    from ..executor import EffectExecutor
-    from ..producer import Producer
-    from ..relay import DeliveryPolicy
-    from ..worker import Worker, WorkerStats
-
-    protocol = _load_protocol(args.protocol)
-    app = _load_app(args)
-    schemas = None
-    if args.schemas:
-        try:
-            schemas = {int(x) for x in args.schemas.split(",")}
-        except ValueError:
-            raise SystemExit(f"run: --schemas must be comma-separated ints, got {args.schemas!r}") from None
-    pairs = []
-    for item in args.consumer:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"run: --consumer must look like NAME=PATH, got {item!r}")
-        pairs.append((name, path))
-    consumers: list[Consumer] = []
-    try:
-        producer = Producer(args.producer, protocol)
-    except (ReliableFlowError, ValueError) as exc:
-        print(f"run: {exc}", file=sys.stderr)
-        return 2
-    try:
-        for name, path in pairs:
-            consumers.append(Consumer(path, protocol, name=name, schemas=schemas, **app))
-    except (ReliableFlowError, ValueError) as exc:
-        for c in consumers:
-            c.close()
-        producer.close()
-        print(f"run: {exc}", file=sys.stderr)
-        return 2
-    last = [time.monotonic()]
-
-    def report(stats: WorkerStats) -> None:
-        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
-            last[0] = time.monotonic()
-            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-
-    policy = DeliveryPolicy(lease_seconds=args.lease)
-    effect_policy = DeliveryPolicy(lease_seconds=args.effect_lease)
-    executors = [EffectExecutor(c, policy=effect_policy, producer=producer) for c in consumers] if "effects" in app else []
-    try:
-        worker = Worker(
-            producer, consumers, policy=policy, idle_sleep=args.idle_sleep, on_pass=report, executors=executors,
-            register=args.register,
-        )
-    except ReliableFlowError as exc:  # a consumer name the producer has not registered
-        for c in consumers:
-            c.close()
-        producer.close()
-        print(f"run: {exc}", file=sys.stderr)
-        return 2
-    failure: ReliableFlowError | None = None
-    try:
-        worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
-    except ReliableFlowError as exc:  # the worker raises only what retrying cannot heal
-        failure = exc
-    finally:
-        for c in consumers:
-            c.close()
-        producer.close()
-    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-    if failure is not None:
-        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
-        return 2
-    return 0
-
-
 def _experiment(output: str | None, check: str | None) -> int:
     from .experiment import FROZEN_RESULTS, compare, dumps, run_experiment
 
@@ -365,7 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args.producer, args.consumers, args.json)
     if args.command == "metrics":
         return _metrics(args.producer, args.consumer, args.prometheus, args.json)
-    if args.command == "run":
-        return _run(args)
+    if args.command in ("run", "execute"):
+        from .worker_cli import execute_command, run_command
+
+        return run_command(args) if args.command == "run" else execute_command(args)
+    from .operator_cli import run_operator_command
+
+    done = run_operator_command(args)
+    if done is not None:
+        return done
     parser.print_help(sys.stderr)
     return 2

@@ -50,7 +50,7 @@ def _consumer_side(location: Location) -> dict[str, Any]:
             name = reads.meta().get("name", "")
             projections = {}
             at_last: dict[str, str | None] = {}
-            for flow in reads.flows():
+            for flow in reads.projected_flows():  # not the inbox: its rows may all be pruned
                 projection = reads.projection(flow)
                 if projection is None:
                     continue

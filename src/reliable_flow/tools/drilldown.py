@@ -16,16 +16,17 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from ..core.operate import needs_attention, why_waiting
+from ..core.effects import with_waits
+from ..core.operate import effect_attention, needs_attention, why_waiting
 from ..operations import FlowWait, InboxRow, StuckFlow
-from ..statuses import DeliveryRecord, DeliveryState, OutboxEntry
+from ..statuses import DeliveryRecord, DeliveryState, Effect, EffectState, OutboxEntry
 from ..store import InboxReads, OutboxReads
 from .stores import Location, open_consumer, open_producer
 
 __all__ = [
-    "DEFAULT_STUCK_AFTER", "attention_lines", "consumer_attention", "event_report", "flow_dict",
-    "flow_report", "format_event_report", "format_flow_report", "opened", "row_dict",
-    "set_aside_attention", "when",
+    "DEFAULT_STUCK_AFTER", "attention_lines", "consumer_attention", "effect_dict", "effect_item", "effect_state",
+    "event_report", "flow_dict", "flow_report", "format_event_report", "format_flow_report", "opened", "row_dict",
+    "set_aside_attention", "shows_due", "when",
 ]
 
 #: Seconds a flow may wait at a gap, or with its next step pending, before
@@ -78,6 +79,27 @@ def _delivery(d: DeliveryRecord, now: float) -> dict[str, Any]:
             "lease_expired": None if d.lease_owner is None else d.due_at <= now}
 
 
+def effect_dict(e: Effect) -> dict[str, Any]:
+    return {"key": e.key, "name": e.name, "flow_id": e.flow_id, "event_id": e.event_id, "seq": e.seq,
+            "state": e.state.value, "ordered": e.ordered, "attempts": e.attempts, "due_at": e.due_at,
+            "lease_owner": e.lease_owner, "last_error": e.last_error, "reason": e.reason, "fed": e.fed,
+            "waiting_behind": e.waiting_behind,
+            "waiting_behind_state": None if e.waiting_behind_state is None else e.waiting_behind_state.value}
+
+
+def effect_state(e: dict[str, Any]) -> str:
+    """An effect's state for a person: ``waiting behind <key> (<state>)`` when it waits."""
+    if e.get("waiting_behind"):
+        return f"waiting behind {e['waiting_behind']} ({e['waiting_behind_state']})"
+    return str(e["state"])
+
+
+def shows_due(e: dict[str, Any]) -> bool:
+    """``due_at`` means something only while an executor will take the effect up by itself."""
+    live = (EffectState.PENDING, EffectState.RUNNING, EffectState.IN_DOUBT)
+    return e["state"] in live and not e.get("waiting_behind")
+
+
 def _event(entry: OutboxEntry, now: float) -> dict[str, Any]:
     return {"event_id": entry.event_id, "seq": entry.seq,
             "deliveries": {n: _delivery(d, now) for n, d in entry.deliveries.items()}}
@@ -87,9 +109,34 @@ def _event(entry: OutboxEntry, now: float) -> dict[str, Any]:
 
 
 def _item(kind: str, consumer: str | None, flow_id: str, seq: int, event_id: str | None, since: float | None,
-          reason: str | None, detail: str | None) -> dict[str, Any]:
+          reason: str | None, detail: str | None, effect_key: str | None = None) -> dict[str, Any]:
     return {"kind": kind, "consumer": consumer, "flow_id": flow_id, "seq": seq, "event_id": event_id,
-            "since": since, "reason": reason, "detail": detail}
+            "since": since, "reason": reason, "detail": detail, "effect_key": effect_key}
+
+
+_EFFECT_ADVICE = {
+    "effect_dead": "fix the cause, then retry_effect; or resolve_effect / cancel_effect",
+    "effect_unknown": "ask the target whether it happened (by the key), then resolve_effect, retry_effect "
+                      "or cancel_effect",
+    "effect_in_doubt": "may or may not have taken effect: an executor reconciles it or re-runs it by key "
+                       "(is one running?); or resolve_effect / cancel_effect",
+    "feedback_refused": "its result could not be advanced into the producer; fed again on every executor pass",
+}
+
+
+def effect_item(name: str | None, effect: Effect, now: float) -> dict[str, Any] | None:
+    """The attention item for an effect that is dead, unknown, in doubt, or
+    whose feedback was refused (see docs/effects.md, 'Operating it')."""
+    kind = effect_attention(effect, now)
+    if kind is None:
+        return None
+    error = f"{effect.last_error}: " if effect.last_error else ""
+    return _item(kind, name, effect.flow_id, effect.seq, effect.event_id, effect.updated_at, effect.reason,
+                 f"effect {effect.name!r}: {error}{_EFFECT_ADVICE[kind]}", effect.key)
+
+
+def _effect_items(name: str | None, effects: list[Effect], now: float) -> list[dict[str, Any]]:
+    return [item for e in effects if (item := effect_item(name, e, now)) is not None]
 
 
 def consumer_attention(name: str | None, flow: StuckFlow, now: float, stuck_after: float) -> dict[str, Any] | None:
@@ -129,14 +176,16 @@ def flow_report(producer_path: Location, consumer_path: Location, flow_id: str, 
         produced = p.flow(flow_id)
         name = c.meta().get("name")
         flow = why_waiting(c, flow_id)
+        effects = with_waits(c, c.effect_list(flow_id=flow_id))
     attention = _set_aside(entries)
     item = consumer_attention(name, flow, now, stuck_after)
     if item is not None:
         attention.insert(0, item)
+    attention += _effect_items(name, effects, now)
     return {
         "checked_at": now, "stuck_after": stuck_after, "flow_id": flow_id,
         "producer": {"flow": produced, "events": [_event(e, now) for e in entries]},
-        "consumer": {"name": name, "flow": flow_dict(flow)},
+        "consumer": {"name": name, "flow": flow_dict(flow), "effects": [effect_dict(e) for e in effects]},
         "attention": attention,
     }
 
@@ -156,6 +205,8 @@ def event_report(producer_path: Location, consumer_path: Location, event_id: str
         inbox_body = c.body_of(event_id)
         flow = None if row is None else why_waiting(c, row.flow_id)
         inbox_actions = [asdict(a) for a in c.inbox_actions(event_id)]
+        effects = [] if row is None else with_waits(
+            c, [e for e in c.effect_list(flow_id=row.flow_id) if e.event_id == event_id])
     for action in actions:
         action.pop("previous_state", None)  # not stored: only the value redeliver / skip return has it
     attention = _set_aside(entries)
@@ -163,6 +214,7 @@ def event_report(producer_path: Location, consumer_path: Location, event_id: str
         item = consumer_attention(name, flow, now, stuck_after)
         if item is not None and item["event_id"] in (event_id, None):
             attention.insert(0, item)
+    attention += _effect_items(name, effects, now)
     return {
         "checked_at": now, "stuck_after": stuck_after, "event_id": event_id,
         "producer": {
@@ -174,6 +226,7 @@ def event_report(producer_path: Location, consumer_path: Location, event_id: str
             "name": name, "row": None if row is None else row_dict(row),
             "event": None if inbox_body is None else _json(inbox_body),
             "flow": None if flow is None else flow_dict(flow), "actions": inbox_actions,
+            "effects": [effect_dict(e) for e in effects],
         },
         "attention": attention,
     }
@@ -197,6 +250,8 @@ def attention_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"needs attention ({len(items)}):"]
     for a in items:
         where = f"flow {a['flow_id']!r} seq {a['seq']}" + (f" event {a['event_id']}" if a["event_id"] else "")
+        if a.get("effect_key"):
+            where += f" effect {a['effect_key']}"
         extra = "".join(f"  {k}={a[k]}" for k in ("consumer", "reason") if a[k])
         since = f"  since {when(a['since'])}" if a["since"] else ""
         lines.append(f"  {a['kind']}: {where}{extra}{since}")
@@ -236,6 +291,19 @@ def _flow_lines(name: str | None, flow: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _effect_lines(effects: list[dict[str, Any]], indent: str) -> list[str]:
+    lines = []
+    for e in effects:
+        text = f"{indent}effect {e['key']} ({e['name']}): {effect_state(e)}, attempts {e['attempts']}"
+        if e["lease_owner"]:
+            text += f", lease held by {e['lease_owner']}"
+        if shows_due(e):
+            text += f", due {when(e['due_at'])}"
+        text += "".join(f", {k} {e[k]}" for k in ("reason", "last_error") if e[k])
+        lines.append(text)
+    return lines
+
+
 def format_flow_report(report: dict[str, Any]) -> str:
     p, c = report["producer"], report["consumer"]
     flow = p["flow"]
@@ -245,6 +313,7 @@ def format_flow_report(report: dict[str, Any]) -> str:
         lines.append(f"  seq {e['seq']} {e['event_id']}")
         lines += _delivery_lines(e["deliveries"], "    ")
     lines += _flow_lines(c["name"], c["flow"])
+    lines += _effect_lines(c["effects"], "  ")
     return "\n".join(lines + attention_lines(report))
 
 
@@ -273,4 +342,5 @@ def format_event_report(report: dict[str, Any]) -> str:
     for a in c["actions"]:
         replaced = f" by {a['replacement_event_id']}" if a["replacement_event_id"] else ""
         lines.append(f"  {a['action']} of {a['event_id']}{replaced} by {a['actor']} at {when(a['at'])}: {a['reason']}")
+    lines += _effect_lines(c.get("effects", []), "  ")
     return "\n".join(lines + attention_lines(report))

@@ -7,15 +7,18 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ..core.operate import why_waiting
+from ..core.operate import feedback_refused, why_waiting
 from ..operations import FlowWait
-from ..statuses import EffectState, InboxState
+from ..statuses import Effect, EffectState, InboxState
 from .drilldown import (
     DEFAULT_STUCK_AFTER,
     attention_lines,
     consumer_attention,
+    effect_item,
+    effect_state,
     opened,
     set_aside_attention,
+    shows_due,
     when,
 )
 from .snapshot import snapshot
@@ -81,16 +84,18 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
             gaps.append({"flow_id": flow_id, "missing_seq": next_seq, "waiting": waiting,
                          "meta": [metas[s] for s in waiting]})  # of the waiting events, in order
 
-    outbox = cons["effect_outbox"]
+    outbox = [Effect(**e) for e in cons["effect_outbox"]]
     effect_counts = {state.value: 0 for state in EffectState}
     for effect in outbox:
-        effect_counts[effect["state"]] += 1
+        effect_counts[effect.state.value] += 1
     attention = [
-        {k: e[k] for k in ("key", "name", "flow_id", "state", "attempts", "due_at", "lease_owner", "last_error",
-                           "reason")}
+        {"key": e.key, "name": e.name, "flow_id": e.flow_id, "state": e.state.value, "attempts": e.attempts,
+         "due_at": e.due_at, "lease_owner": e.lease_owner, "last_error": e.last_error, "reason": e.reason,
+         "waiting_behind": e.waiting_behind,
+         "waiting_behind_state": None if e.waiting_behind_state is None else e.waiting_behind_state.value}
         for e in outbox
-        if e["state"] in (EffectState.RUNNING, EffectState.IN_DOUBT, EffectState.UNKNOWN, EffectState.DEAD)
-        or (e["state"] == EffectState.PENDING and e["failures"])
+        if e.state in (EffectState.RUNNING, EffectState.IN_DOUBT, EffectState.UNKNOWN, EffectState.DEAD)
+        or (e.state is EffectState.PENDING and (e.failures or e.waiting_behind)) or feedback_refused(e)
     ]
     report: dict[str, Any] = {
         "producer": {
@@ -112,19 +117,22 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
                         "actions": cons["effect_actions"]},
         },
     }
-    _add_operations(report, producer_path, consumer_path, stuck_after, time.time() if now is None else now)
+    _add_operations(report, producer_path, consumer_path, stuck_after, time.time() if now is None else now,
+                    outbox)
     return report
 
 
 def _add_operations(report: dict[str, Any], producer_path: Location, consumer_path: Location,
-                    stuck_after: float, now: float) -> None:
-    """The registry, why each open flow waits, the operators' skips and
-    replacements, and what needs attention (read after the snapshot)."""
+                    stuck_after: float, now: float, effects: list[Effect]) -> None:
+    """The registry, why each open flow (or flow with an effect waiting behind
+    another) waits, the operators' skips and replacements, and what needs
+    attention (read after the snapshot, except ``effects``)."""
     with opened(producer_path, consumer_path) as (p, c):
         registry = [asdict(entry) for entry in p.consumers()]
         registry_actions = [asdict(a) for a in p.registry_actions()]
         name = c.meta().get("name")
-        waits = [why_waiting(c, flow) for flow in c.open_flows()]
+        flows = sorted(set(c.open_flows()) | {e.flow_id for e in effects if e.waiting_behind})
+        waits = [why_waiting(c, flow) for flow in flows]
         actions = [asdict(a) for a in c.inbox_actions()]
     prod, cons = report["producer"], report["consumer"]
     prod["registry"], prod["registry_actions"] = registry, registry_actions
@@ -145,6 +153,7 @@ def _add_operations(report: dict[str, Any], producer_path: Location, consumer_pa
     for consumer, d in prod["consumers"].items():
         attention += [set_aside_attention(consumer, e["flow_id"], e["seq"], e["event_id"], e["last_status"])
                       for e in d["set_aside"]]
+    attention += [item for e in effects if (item := effect_item(name, e, now)) is not None]
     report["attention"], report["stuck_after"], report["checked_at"] = attention, stuck_after, now
 
 
@@ -212,9 +221,12 @@ def format_report(report: dict[str, Any]) -> str:
         shown = ", ".join(f"{n} {s}" for s, n in effects["counts"].items() if n)
         lines.append(f"  effects: {shown}")
         if effects["attention"]:
-            lines.append("  effects needing attention (running, retrying, in doubt, unknown, dead):")
-            shown_rows = [{**e, "due": when(e["due_at"])} for e in effects["attention"]]
-            lines += _rows(shown_rows, ["key", "state", "attempts", "due", "lease_owner", "last_error", "reason"])
+            lines.append("  effects needing attention (running, retrying, waiting, in doubt, unknown, dead, "
+                         "feedback refused):")
+            for e in effects["attention"]:  # due only where it means something: not on a dead one
+                keys = ["key", "state", "attempts"] + (["due"] if shows_due(e) else [])
+                lines += _rows([{**e, "state": effect_state(e), "due": when(e["due_at"])}],
+                               keys + ["lease_owner", "last_error", "reason"])
         if effects["actions"]:
             lines.append("  operator actions on effects:")
             lines += _rows(effects["actions"], ["action", "key", "actor", "reason"])

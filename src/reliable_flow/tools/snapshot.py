@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from ..core.effects import with_waits
 from .stores import Location, open_consumer, open_producer
 
 __all__ = ["snapshot"]
@@ -17,6 +18,9 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
     ``postgresql://...#schema`` string or a connection factory), as
     ``Producer`` / ``Consumer`` take; the two may be on different engines.
     Plain dicts and lists (JSON-able), because this is a dump for tools.
+    The consumer's flows are those with an inbox row or a projection (a
+    flow whose rows were all pruned keeps its projection); its effects
+    carry ``waiting_behind`` (see :class:`~reliable_flow.Effect`).
     Each store is read in its own read transaction (on PostgreSQL a
     read-only REPEATABLE READ snapshot), so each half is internally
     consistent; the two halves are *not* one atomic picture (no transaction
@@ -42,14 +46,15 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
     try:
         with consumer.read() as view:
             meta = view.meta()
-            flows = view.flows()
+            # A flow whose rows were all pruned keeps its projection: list both.
+            flows = sorted(set(view.flows()) | set(view.projected_flows()))
             out["consumer"] = {
                 "protocol": meta.get("protocol"),
                 "name": meta.get("name"),
                 "projections": {f: view.projection(f) for f in flows},
                 "inbox": {f: [asdict(row) for row in view.inbox(f)] for f in flows},
                 "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
-                "effect_outbox": [asdict(e) for e in view.effect_list()],
+                "effect_outbox": [asdict(e) for e in with_waits(view, view.effect_list())],
                 "effect_actions": [asdict(a) for a in view.effect_actions()],
             }
     finally:

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from ...errors import CommitOutcomeUnknown, SchemaTooNew, StorageError, WrongFile, WrongProcess
-from .errors import connection_lost, reraise, storage_error
+from .errors import connection_lost, storage_error
 from .guards import check_outside_transaction, check_thread, opener
 from .location import Location, lock_key, shown_from
 from .schema import CONSUMER, IDENTITY_TABLE, PRODUCER, PRODUCT, StoreKind
@@ -105,9 +105,13 @@ class Database:
             elif version < self.kind.version:
                 self._migrate(conn)
         except BaseException as exc:
+            # Classify while the connection is still open: once given back
+            # (closed), any SQL error would read as a lost connection.
+            translated = storage_error(exc, f"opening {self.location}", conn) if isinstance(
+                exc, psycopg.Error) else exc
             self._where.give_back(conn)
-            if isinstance(exc, psycopg.Error):
-                reraise(exc, f"opening {self.location}", conn)
+            if translated is not exc:
+                raise translated from exc
             raise
         return conn
 
@@ -150,13 +154,24 @@ class Database:
                 f"{self.location} is a PostgreSQL schema but not a reliable_flow {want.name} store "
                 f"({objects} objects, no {IDENTITY_TABLE} table); refusing to modify it"
             )
+        columns = {str(name) for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || %s) "
+            "AND attnum > 0 AND NOT attisdropped", (self.schema, IDENTITY_TABLE),
+        ).fetchall()}
+        missing = sorted({"product", "kind", "version"} - columns)
+        if missing:
+            raise WrongFile(
+                f"{self.location} has a {IDENTITY_TABLE} table that is not reliable_flow's (no column "
+                f"{', '.join(missing)}); refusing to modify it"
+            )
+        # As text, whatever the columns' types: a foreign table is refused, never an error.
         ident = conn.execute(
-            sql.SQL("SELECT product, kind, version FROM {}.{}").format(
+            sql.SQL("SELECT product::text, kind::text, version::text FROM {}.{}").format(
                 sql.Identifier(self.schema), sql.Identifier(IDENTITY_TABLE))
         ).fetchone()
         if ident is None:
             raise WrongFile(f"{self.location} has an empty {IDENTITY_TABLE} table; refusing to modify it")
-        product, kind, version = ident
+        product, kind, text_version = ident
         if product != PRODUCT:
             raise WrongFile(f"{self.location} belongs to {product!r}, not reliable_flow; refusing to modify it")
         if kind != want.name:
@@ -164,6 +179,12 @@ class Database:
             if other is not None:
                 raise WrongFile(f"{self.location} is a reliable_flow {other.name} store, not a {want.name} store")
             raise WrongFile(f"{self.location} is a reliable_flow store of unknown kind {kind!r}")
+        if text_version is None or not text_version.isdigit():
+            raise WrongFile(
+                f"{self.location} has a {IDENTITY_TABLE} table with version {text_version!r}, not a "
+                f"reliable_flow schema version; refusing to modify it"
+            )
+        version = int(text_version)
         if version > want.version:
             raise SchemaTooNew(
                 f"{self.location} has {want.name} schema version {version}; this reliable_flow "

@@ -14,6 +14,7 @@ from ...statuses import Effect, EffectAction, EffectState
 from ..effects import NewEffect
 from ..shared import effect_changes
 from .base import PgView
+from .placeholders import pyformat
 
 __all__ = ["DUE_EFFECTS", "NEXT_EFFECT_DUE", "PgEffects", "first_keyword"]
 
@@ -85,6 +86,8 @@ def _effect(row: Sequence[Any]) -> Effect:
 
 class PgEffects(PgView):
     """The effect outbox's statements, on the consumer's connection."""
+
+    engine = "postgres"
 
     def add_effect(self, new: NewEffect) -> Effect | None:
         stored = self._run(
@@ -165,8 +168,9 @@ class PgEffects(PgView):
         )
 
     def user_execute(self, sql_text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """One statement of the application's SQL, with psycopg's ``%s``
-        placeholders, run in this unit.  It is sent with the extended protocol,
+        """One statement of the application's SQL, with ``?`` placeholders
+        (see :mod:`.placeholders`; a statement without any is passed as it is,
+        so psycopg's ``%s`` still work), run in this unit.  It is sent with the extended protocol,
         so a second statement hidden after a ``;`` is refused by the server;
         a statement that would end or reshape the library's transaction
         (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE TRANSACTION,
@@ -178,7 +182,9 @@ class PgEffects(PgView):
             )
         # Binary results make psycopg use the extended protocol even without
         # parameters: one statement only, nothing prepared and cached.
-        cur = self._conn.execute(sql_text.encode(), tuple(params) or None, prepare=False, binary=True)
+        translated = pyformat(sql_text)
+        text, args = (sql_text, tuple(params) or None) if translated is None else (translated, tuple(params))
+        cur = self._conn.execute(text.encode(), args, prepare=False, binary=True)
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
 
     def app_version(self, name: str) -> int:

@@ -161,6 +161,9 @@ class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
     def flows(self) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
 
+    def projected_flows(self) -> list[str]:
+        return [str(r[0]) for r in self._rows("SELECT flow_id FROM projection ORDER BY flow_id")]
+
     def inbox_counts(self) -> InboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
         by_state: dict[str, int] = {}

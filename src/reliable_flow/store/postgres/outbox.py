@@ -136,11 +136,9 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
         row = self._one(NEXT_DUE_AT, (consumer,))
         return None if row is None or row[0] is None else float(row[0])
 
-    def body_at(self, pos: int) -> str:
+    def body_at(self, pos: int) -> str | None:
         row = self._one("SELECT body FROM outbox WHERE pos = %s", (pos,))
-        if row is None:
-            raise LookupError(f"no event at position {pos}")
-        return str(row[0])
+        return None if row is None else str(row[0])
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
         if not positions:

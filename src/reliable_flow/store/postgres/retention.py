@@ -63,12 +63,18 @@ class _Tombstones(PgView):
         row = self._one(f"SELECT flow_id, seq, body_hash FROM {self._TABLE} WHERE event_id = %s", (event_id,))
         return None if row is None else Tombstone(str(row[0]), int(row[1]), bytes(row[2]))
 
-    def forget_tombstones(self, before: float, limit: int) -> int:
-        return self._run(
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        gone = self._run(
             f"DELETE FROM {self._TABLE} WHERE event_id IN "
             f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
             (before, limit),
         )
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        """Append one pruning transaction to ``prune_action``."""
+        raise NotImplementedError
 
     def _bury(self, rows: list[Candidate], now: float) -> None:
         self._conn.cursor().executemany(
@@ -83,6 +89,17 @@ class PgOutboxRetention(_Tombstones):
     _TABLE = "outbox_tombstone"
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        step = self._prune_outbox(horizon, now, limit)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._run(
+            "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (%s, %s, %s, %s)",
+            (now, horizon, step.events, step.deliveries),
+        )
+
+    def _prune_outbox(self, horizon: float, now: float, limit: int) -> PruneStep:
         self._lock(REGISTRY_LOCK, shared=True)
         if self._one("SELECT 1 FROM consumer LIMIT 1") is None:
             return PruneStep(0)  # no consumer yet: every event is still owed to the first one
@@ -103,10 +120,6 @@ class PgOutboxRetention(_Tombstones):
             "DELETE FROM delivery WHERE pos = ANY(%s) AND consumer IN (SELECT name FROM consumer)", (kept,)
         )
         self._run("DELETE FROM outbox WHERE pos = ANY(%s)", (kept,))
-        self._run(
-            "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (%s, %s, %s, %s)",
-            (now, horizon, len(rows), deliveries),
-        )
         return PruneStep(len(rows), deliveries=deliveries)
 
 
@@ -128,10 +141,13 @@ class PgInboxRetention(_Tombstones):
             self._run("DELETE FROM inbox WHERE event_id = ANY(%s)", (ids,))
         finished = [int(r[0]) for r in self._rows(EFFECTS_PRUNABLE, (horizon, limit))]
         effect_rows = self._run("DELETE FROM effect_outbox WHERE id = ANY(%s)", (finished,)) if finished else 0
-        if rows or effect_rows:
-            self._run(
-                "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) "
-                "VALUES (%s, %s, %s, %s, %s)",
-                (now, horizon, len(rows), records, effect_rows),
-            )
-        return PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
+        step = PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._run(
+            "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (now, horizon, step.events, step.effect_records, step.effect_rows),
+        )

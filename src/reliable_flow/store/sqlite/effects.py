@@ -66,6 +66,7 @@ class SqliteEffects:
     """The effect outbox's statements, on the consumer file's connection."""
 
     _conn: sqlite3.Connection
+    engine = "sqlite"
 
     def add_effect(self, new: NewEffect) -> Effect | None:
         stored = self._conn.execute(

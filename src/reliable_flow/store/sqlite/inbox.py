@@ -199,6 +199,9 @@ class SqliteInbox(SqliteEffects, SqliteInboxAdmin, SqliteInboxRetention):
     def flows(self) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
 
+    def projected_flows(self) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT flow_id FROM projection ORDER BY flow_id")]
+
     def inbox_counts(self) -> InboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
         by_state: dict[str, int] = {}

@@ -163,8 +163,9 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
         due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
         return None if due is None else float(due)
 
-    def body_at(self, pos: int) -> str:
-        return str(self._conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()[0])
+    def body_at(self, pos: int) -> str | None:
+        row = self._conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()
+        return None if row is None else str(row[0])
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
         found: dict[int, str] = {}

@@ -70,12 +70,18 @@ class _Tombstones:
         row = self._conn.execute(self._LOOKUP, (event_id,)).fetchone()
         return None if row is None else Tombstone(str(row[0]), int(row[1]), bytes(row[2]))
 
-    def forget_tombstones(self, before: float, limit: int) -> int:
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
         # A scan, but of a table that forgetting keeps to the window's size.
-        return int(self._conn.execute(
+        gone = int(self._conn.execute(
             f"DELETE FROM {self._TABLE} WHERE event_id IN "
             f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < ? LIMIT ?)", (before, limit)
         ).rowcount)
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        """Append one pruning transaction to ``prune_action``."""
+        raise NotImplementedError
 
     def _bury(self, rows: list[tuple[int, str, str, int, str]], now: float) -> None:
         self._conn.executemany(
@@ -93,21 +99,24 @@ class SqliteOutboxRetention(_Tombstones):
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         conn = self._conn
         names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
-        if not names:
-            return PruneStep(0)  # no consumer yet: every event is still owed to the first one
-        rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *_WAITING, limit)).fetchall()
-        if not rows:
-            return PruneStep(0)
-        self._bury(rows, now)
-        deliveries = conn.executemany(
-            "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in rows for n in names]
-        ).rowcount
-        conn.executemany("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in rows])
-        conn.execute(
+        # No consumer yet: every event is still owed to the first one.
+        rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *_WAITING, limit)).fetchall() if names else []
+        step = PruneStep(0)
+        if rows:
+            self._bury(rows, now)
+            deliveries = conn.executemany(
+                "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in rows for n in names]
+            ).rowcount
+            conn.executemany("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in rows])
+            step = PruneStep(len(rows), deliveries=deliveries)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._conn.execute(
             "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (?, ?, ?, ?)",
-            (now, horizon, len(rows), deliveries),
+            (now, horizon, step.events, step.deliveries),
         )
-        return PruneStep(len(rows), deliveries=deliveries)
 
 
 class SqliteInboxRetention(_Tombstones):
@@ -126,9 +135,12 @@ class SqliteInboxRetention(_Tombstones):
             conn.executemany("DELETE FROM inbox WHERE rowid = ?", [(r[0],) for r in rows])
         finished = [(r[0],) for r in conn.execute(EFFECTS_PRUNABLE, (horizon, limit))]
         effect_rows = conn.executemany("DELETE FROM effect_outbox WHERE id = ?", finished).rowcount if finished else 0
-        if rows or effect_rows:
-            conn.execute(
-                "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (?, ?, ?, ?, ?)",
-                (now, horizon, len(rows), records, effect_rows),
-            )
-        return PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
+        step = PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._conn.execute(
+            "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (?, ?, ?, ?, ?)",
+            (now, horizon, step.events, step.effect_records, step.effect_rows),
+        )

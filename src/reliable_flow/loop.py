@@ -1,0 +1,101 @@
+"""The loop behind ``Worker.run`` and ``EffectExecutor.run``: passes until
+stopped, idle sleeps, ``until_idle``, and SIGTERM / SIGINT handling.
+
+One mechanism for every long-running loop, so they stop the same way: the
+signal handler only sets a flag; the pass in progress (and so the call or
+transaction in progress, and its record) finishes normally, then ``run``
+returns.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from .errors import ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread
+
+__all__ = ["CANNOT_HEAL", "UNTIL_IDLE_MAX_SLEEP", "UNTIL_IDLE_PAUSE", "Loop", "until_due"]
+
+# Errors that retrying cannot heal (a consumer name bound to another file, a
+# file of the wrong kind or too new, an object used after fork or in another
+# thread): a loop records them, then raises them instead of retrying forever.
+CANNOT_HEAL = (ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread)
+
+# run(until_idle=True) looks again at least this often while something waits,
+# and pauses this long when something is due already but the pass did nothing.
+UNTIL_IDLE_MAX_SLEEP = 5.0
+UNTIL_IDLE_PAUSE = 0.05
+
+
+def until_due(waits: list[float]) -> float | None:
+    """How long ``until_idle`` sleeps, given the seconds until each waiting
+    thing is due (<= 0: due already): None when nothing waits."""
+    if not waits:
+        return None
+    # Due already, yet the pass did nothing (a consumer failed and the relay
+    # moved on to the next one): a short pause, never a spin.
+    wait = min(waits)
+    return min(wait if wait > 0 else UNTIL_IDLE_PAUSE, UNTIL_IDLE_MAX_SLEEP)
+
+
+class Loop:
+    """Stop flag, signal handlers and idle sleeps of one loop object."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._signalled = False
+
+    def stop(self) -> None:
+        """Ask the loop to return after the pass in progress."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._signalled or self._stop.is_set()
+
+    def run(
+        self, one_pass: Callable[[], int], waiting: Callable[[], float | None], *, idle_sleep: float,
+        max_passes: int | None, handle_signals: bool, until_idle: bool,
+    ) -> None:
+        """Call ``one_pass`` (the work it did) until :meth:`stop`, SIGTERM /
+        SIGINT (handled only when ``handle_signals`` and in the main thread;
+        the previous handlers are put back on return), or ``max_passes``.
+        After a pass that did no work: sleep ``idle_sleep``, or with
+        ``until_idle`` sleep ``waiting()`` seconds, returning when it is None."""
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            passes = 0
+            while not self.stopping:
+                work = one_pass()
+                passes += 1
+                if max_passes is not None and passes >= max_passes:
+                    break
+                if work == 0:
+                    wait = waiting() if until_idle else idle_sleep
+                    if wait is None:
+                        break
+                    self._idle(wait)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _idle(self, seconds: float) -> None:
+        # Short slices rather than one Event.wait(): the signal handler must
+        # not touch the Event's lock (it may be held by this very thread).
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._stop.wait(min(left, 0.05))
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only a plain attribute write: safe whatever the main thread holds.
+        self._signalled = True
