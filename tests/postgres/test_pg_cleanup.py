@@ -75,7 +75,7 @@ def test_a_stopped_run_leaves_no_server_and_no_directory_behind(how: str, tmp_pa
         child = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
              f"{HERE}::test_child_holds_its_servers_until_it_is_stopped"],
-            cwd=HERE.parent.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=HERE.parents[2], env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_reset_signals,
         )
     state: dict[str, Any] = {"roots": [], "pids": []}
