@@ -13,15 +13,43 @@ pytest.register_assert_rewrite("support")
 
 
 @pytest.fixture
-def producer(tmp_path: Path) -> Producer:
-    p = Producer(tmp_path / "producer.db", RESERVATION)
+def new_store(engine: str, tmp_path: Path):
+    """``new_store(label)`` -> a fresh store location on the test's engine:
+    a SQLite file under ``tmp_path`` or a new PostgreSQL schema (see
+    ``engine_reads.new_location``)."""
+    from engine_reads import new_location
+
+    return lambda label="store": new_location(engine, tmp_path, label)
+
+
+@pytest.fixture
+def at(new_store):
+    """``at(label)`` -> the store location named ``label`` on the test's engine,
+    the same one on every call of the test (``new_store`` once per label): a
+    SQLite file ``<label>.db`` under ``tmp_path`` or a PostgreSQL schema."""
+    made: dict[str, str] = {}
+
+    def location(label: str) -> str:
+        if label not in made:
+            made[label] = new_store(label)
+        return made[label]
+
+    return location
+
+
+@pytest.fixture
+def producer(new_store) -> Producer:
+    """A reservation Producer on a fresh store of the test's engine (both engines;
+    SQLite only under tests/sqlite/, whose conftest pins ``engine``)."""
+    p = Producer(new_store("producer"), RESERVATION)
     yield p
     p.close()
 
 
 @pytest.fixture
-def consumer(tmp_path: Path) -> Consumer:
-    c = Consumer(tmp_path / "consumer.db", RESERVATION)
+def consumer(new_store) -> Consumer:
+    """A reservation Consumer (name "default") on a fresh store of the test's engine."""
+    c = Consumer(new_store("consumer"), RESERVATION)
     yield c
     c.close()
 
@@ -29,9 +57,9 @@ def consumer(tmp_path: Path) -> Consumer:
 # -- PostgreSQL: one private server for the whole run, started on first use ------------
 # (the machinery is in pg_cluster.py, so the contract suite's conftest can use it too)
 
-import os  # noqa: E402 - the PostgreSQL part of this file stands on its own
+import os
 
-from pg_cluster import get_pg_cluster, import_psycopg, pg_location, stop_all_clusters  # noqa: E402
+from pg_cluster import get_pg_cluster, import_psycopg, pg_location, stop_all_clusters
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +112,7 @@ def pytest_runtest_makereport(item, call):
 
 # -- both engines ---------------------------------------------------------------------------
 
-from engine_reads import ENGINES  # noqa: E402
+from engine_reads import ENGINES
 
 
 @pytest.fixture(params=ENGINES)

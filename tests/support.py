@@ -475,12 +475,17 @@ class EffectWorld:
     idle, ``executor`` makes an ``EffectExecutor`` on the same clock with a
     fixed random source (0.5), so every backoff is exact."""
 
-    def __init__(self, where: Path, protocol: Any = None) -> None:
+    def __init__(self, where: Path, protocol: Any = None, *, engine: str = "sqlite") -> None:
+        from engine_reads import new_location  # engine_reads imports this module
+
         self.dir = where
+        self.engine = engine
         self.protocol = RESERVATION if protocol is None else protocol
         self.clock = Clock()
-        self.consumer_path = where / "consumer.db"
-        self.producer = Producer(where / "producer.db", self.protocol)
+        # a SQLite file in ``where``, or a PostgreSQL schema (``engine``)
+        consumer_at = new_location(engine, where, "consumer")
+        self.consumer_path: Any = Path(consumer_at) if engine == "sqlite" else consumer_at
+        self.producer = Producer(new_location(engine, where, "producer"), self.protocol)
         self._open: list[Any] = [self.producer]
 
     def consumer(self, handlers: tuple[Callable[..., None], ...] = (), effects: Any = None, **kw: Any) -> Consumer:

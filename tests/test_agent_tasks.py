@@ -2,7 +2,8 @@
 
 The second half holds contract tests parametrised over every protocol we ship
 or document (RESERVATION and AGENT_TASK), so a rule that holds for one holds
-for all.
+for all.  Every store test runs on both engines (the ``at`` fixture); the
+example's own main() writes SQLite files in a directory.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from reliable_flow import Consumer, EffectRecord, InboxEntry, Producer, relay
 from reliable_flow.protocol import Protocol, exact, integer, text
 from reliable_flow.reservation import RESERVATION
 from support import envelope, relay_until_idle
+
+At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "agent_tasks.py"
 
@@ -54,11 +57,11 @@ KINDS = ["requested", "planned", "tool_called", "answered", "failed"]
 
 @contextmanager
 def opened(
-    tmp_path: Path, protocol: Protocol = AGENT_TASK, **consumer_kw: Any
+    at: At, protocol: Protocol = AGENT_TASK, **consumer_kw: Any
 ) -> Iterator[tuple[Producer, Consumer]]:
     with (
-        Producer(tmp_path / "producer.db", protocol) as producer,
-        Consumer(tmp_path / "consumer.db", protocol, **consumer_kw) as consumer,
+        Producer(at("producer"), protocol) as producer,
+        Consumer(at("consumer"), protocol, **consumer_kw) as consumer,
     ):
         yield producer, consumer
 
@@ -82,9 +85,9 @@ def advance_all(
 # -- the happy path -----------------------------------------------------------------
 
 
-def test_happy_path_committed_accepted_applied_with_projection_and_effects(tmp_path: Path) -> None:
+def test_happy_path_committed_accepted_applied_with_projection_and_effects(at: At) -> None:
     expected_views = [(0, False), (0, False), (1, False), (2, False), (2, True)]
-    with opened(tmp_path) as (producer, consumer):
+    with opened(at) as (producer, consumer):
         advance_all(producer, HAPPY)
         assert producer.flow("T") == {
             "state": "answered",
@@ -116,8 +119,8 @@ def test_happy_path_committed_accepted_applied_with_projection_and_effects(tmp_p
 @pytest.mark.parametrize(
     "done", [1, 2, 3, 4], ids=["requested", "planned", "tool_called", "tool_called_twice"]
 )
-def test_failed_is_reachable_from_every_working_state_and_final(tmp_path: Path, done: int) -> None:
-    with opened(tmp_path) as (producer, consumer):
+def test_failed_is_reachable_from_every_working_state_and_final(at: At, done: int) -> None:
+    with opened(at) as (producer, consumer):
         advance_all(producer, HAPPY[:done])
         r = producer.advance(
             "T-f", "T", expected_seq=done, kind="failed", payload={"error": "tool timed out"}
@@ -152,9 +155,9 @@ def test_failed_is_reachable_from_every_working_state_and_final(tmp_path: Path, 
     ],
 )
 def test_illegal_step_is_invalid_transition_and_writes_nothing(
-    tmp_path: Path, done: int, kind: str, payload: dict[str, Any]
+    at: At, done: int, kind: str, payload: dict[str, Any]
 ) -> None:
-    with opened(tmp_path) as (producer, _):
+    with opened(at) as (producer, _):
         advance_all(producer, HAPPY[:done])
         before = (producer.flow("T"), producer.outbox("T"))
         r = producer.advance("T-bad", "T", expected_seq=done, kind=kind, payload=payload)
@@ -207,9 +210,9 @@ def test_illegal_step_is_invalid_transition_and_writes_nothing(
     ],
 )
 def test_rule_breaking_payload_is_invalid_payload_and_writes_nothing(
-    tmp_path: Path, done: int, kind: str, payload: dict[str, Any], schema: int, problem: str
+    at: At, done: int, kind: str, payload: dict[str, Any], schema: int, problem: str
 ) -> None:
-    with opened(tmp_path) as (producer, _):
+    with opened(at) as (producer, _):
         advance_all(producer, HAPPY[:done])
         before = (producer.flow("T"), producer.outbox("T"))
         r = producer.advance(
@@ -227,8 +230,8 @@ def test_rule_breaking_payload_is_invalid_payload_and_writes_nothing(
             assert ok.status == "committed"
 
 
-def test_stale_existing_and_conflict(tmp_path: Path) -> None:
-    with opened(tmp_path) as (producer, _):
+def test_stale_existing_and_conflict(at: At) -> None:
+    with opened(at) as (producer, _):
         advance_all(producer, HAPPY[:3])
         for expected in (0, 2, 4):
             r = producer.advance(
@@ -266,8 +269,8 @@ def test_stale_existing_and_conflict(tmp_path: Path) -> None:
 # -- the consumer side --------------------------------------------------------------
 
 
-def test_reverse_arrival_gaps_until_complete_then_applies_in_order(tmp_path: Path) -> None:
-    with opened(tmp_path) as (producer, consumer):
+def test_reverse_arrival_gaps_until_complete_then_applies_in_order(at: At) -> None:
+    with opened(at) as (producer, consumer):
         advance_all(producer, HAPPY)
         for seq in range(5, 1, -1):
             assert relay(producer, consumer, event_id=f"T-{seq}").status == "accepted"
@@ -288,8 +291,8 @@ def test_reverse_arrival_gaps_until_complete_then_applies_in_order(tmp_path: Pat
         }
 
 
-def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path) -> None:
-    with opened(tmp_path) as (producer, consumer):
+def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(at: At) -> None:
+    with opened(at) as (producer, consumer):
         advance_all(producer, HAPPY[:2])
         advance_all(
             producer, [("tool_called", {"tool_name": "browser", "call": 1})], schema=2, start=2
@@ -313,7 +316,7 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path
             ("pending", None),
         ]
         assert consumer.process_all()["T"].stop == "blocked"
-    with Consumer(tmp_path / "consumer.db", AGENT_TASK, schemas={1, 2}) as upgraded:
+    with Consumer(at("consumer"), AGENT_TASK, schemas={1, 2}) as upgraded:
         d = upgraded.drain("T")
         assert (d.applied, d.stop) == (3, "idle")
         assert upgraded.projection("T") == {
@@ -374,9 +377,9 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(tmp_path: Path
     ],
 )
 def test_hand_built_bad_event_is_accepted_then_blocks(
-    tmp_path: Path, prefix: list[dict[str, Any]], bad: dict[str, Any], reason: str
+    at: At, prefix: list[dict[str, Any]], bad: dict[str, Any], reason: str
 ) -> None:
-    with Consumer(tmp_path / "consumer.db", AGENT_TASK) as consumer:
+    with Consumer(at("consumer"), AGENT_TASK) as consumer:
         for event in prefix:
             assert consumer.receive(event).status == "accepted"
         assert consumer.drain("X").applied == len(prefix)
@@ -409,7 +412,7 @@ def test_example_main_runs_the_lifecycle(
 # -- a known library bug, kept visible --------------------------------------------
 
 
-def test_protocol_data_cannot_masquerade_as_state_or_seq(tmp_path: Path) -> None:
+def test_protocol_data_cannot_masquerade_as_state_or_seq(at: At) -> None:
     # A step() whose data uses the library's own keys is a protocol bug: the
     # advance raises (and rolls back) instead of letting data shadow state/seq.
     shadow = Protocol(
@@ -418,7 +421,7 @@ def test_protocol_data_cannot_masquerade_as_state_or_seq(tmp_path: Path) -> None
         transitions={"new": ["open"]},
         schemas={1: exact({"state": text(), "seq": integer(0, 99), "last_seq": integer(0, 99)})},
     )
-    with opened(tmp_path, shadow) as (producer, consumer):
+    with opened(at, shadow) as (producer, consumer):
         payload = {"state": "closed", "seq": 42, "last_seq": 42}
         with pytest.raises(ValueError, match="reserved keys"):
             producer.advance("S1", "S", expected_seq=0, kind="open", payload=payload)
@@ -452,8 +455,8 @@ protocols = pytest.mark.parametrize(
 
 
 @protocols
-def test_duplicate_never_adds_effect(tmp_path: Path, protocol: Protocol, steps: Steps) -> None:
-    with opened(tmp_path, protocol) as (producer, consumer):
+def test_duplicate_never_adds_effect(at: At, protocol: Protocol, steps: Steps) -> None:
+    with opened(at, protocol) as (producer, consumer):
         advance_all(producer, steps, flow_id="F")
         assert relay(producer, consumer, event_id="F-1").status == "accepted"
         assert relay(producer, consumer, event_id="F-1").status == "duplicate"  # before apply
@@ -476,12 +479,12 @@ def test_duplicate_never_adds_effect(tmp_path: Path, protocol: Protocol, steps: 
 
 
 @protocols
-def test_arrival_orders_converge(tmp_path: Path, protocol: Protocol, steps: Steps) -> None:
+def test_arrival_orders_converge(at: At, protocol: Protocol, steps: Steps) -> None:
     outcomes = []
-    with Producer(tmp_path / "producer.db", protocol) as producer:
+    with Producer(at("producer"), protocol) as producer:
         advance_all(producer, steps, flow_id="F")
         for n, order in enumerate(itertools.permutations([1, 2, 3])):
-            with Consumer(tmp_path / f"consumer-{n}.db", protocol, name=f"c{n}") as consumer:
+            with Consumer(at(f"consumer-{n}"), protocol, name=f"c{n}") as consumer:
                 for seq in order:
                     assert relay(producer, consumer, event_id=f"F-{seq}", register=True).status == "accepted"
                     consumer.process_all()
@@ -501,8 +504,8 @@ def test_arrival_orders_converge(tmp_path: Path, protocol: Protocol, steps: Step
 
 
 @protocols
-def test_skipping_a_step_commits_nothing(tmp_path: Path, protocol: Protocol, steps: Steps) -> None:
-    with opened(tmp_path, protocol) as (producer, _):
+def test_skipping_a_step_commits_nothing(at: At, protocol: Protocol, steps: Steps) -> None:
+    with opened(at, protocol) as (producer, _):
         kind, payload = steps[1]
         r = producer.advance("F-1", "F", expected_seq=0, kind=kind, payload=payload)
         assert r.status == "invalid_transition"

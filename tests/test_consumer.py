@@ -4,18 +4,18 @@ checks, and an SQL failure injected with a trigger on the effect table."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 import pytest
 
+from engine_reads import allow_inserts, count, integrity_error, reject_inserts, rows
 from reliable_flow import Consumer, EffectRecord, InboxEntry, InvalidEnvelope
 from reliable_flow.reservation import RESERVATION
-from support import canonical_body, envelope, sql_count, sql_execute, sql_rows
+from support import canonical_body, envelope
 
 
 def raw_inbox(path: str) -> list[tuple[Any, ...]]:
-    return sql_rows(path, "SELECT event_id, flow_id, seq, body, state, reason FROM inbox ORDER BY flow_id, seq")
+    return rows(path, "SELECT event_id, flow_id, seq, body, state, reason FROM inbox ORDER BY flow_id, seq")
 
 
 def receive_all(consumer: Consumer, *envelopes: dict[str, Any]) -> None:
@@ -34,7 +34,7 @@ def test_receive_accepted_stores_one_pending_row(consumer: Consumer) -> None:
     r = consumer.receive(envelope("A1", "A", 1))
     assert (r.status, r.event_id, r.flow_id, r.seq, r.reason) == ("accepted", "A1", "A", 1, None)
     assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
-    assert sql_count(consumer.path, "inbox") == 1
+    assert count(consumer.path, "inbox") == 1
     assert consumer.projection("A") is None  # accepted is not applied
     assert consumer.effects("A") == []
 
@@ -77,14 +77,14 @@ def test_receive_id_conflict_creates_no_row(consumer: Consumer, changed: dict[st
     assert (r.status, r.event_id) == ("id_conflict", "A1")
     assert r.reason
     assert raw_inbox(consumer.path) == before
-    assert sql_count(consumer.path, "inbox") == 1
+    assert count(consumer.path, "inbox") == 1
 
 
 def test_receive_id_conflict_wins_over_sequence_conflict(consumer: Consumer) -> None:
     receive_all(consumer, envelope("A1", "A", 1), envelope("A2", "A", 2))
     r = consumer.receive(envelope("A1", "A", 2, kind="confirmed"))  # id A1 known, and seq 2 held by A2
     assert r.status == "id_conflict"
-    assert sql_count(consumer.path, "inbox") == 2
+    assert count(consumer.path, "inbox") == 2
 
 
 def test_receive_sequence_conflict_creates_no_row(consumer: Consumer) -> None:
@@ -94,7 +94,7 @@ def test_receive_sequence_conflict_creates_no_row(consumer: Consumer) -> None:
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("sequence_conflict", "X1", "A", 1)
     assert r.reason is not None and "A1" in r.reason
     assert raw_inbox(consumer.path) == before
-    assert sql_count(consumer.path, "inbox") == 1
+    assert count(consumer.path, "inbox") == 1
     # The same id in another flow's slot is fine.
     assert consumer.receive(envelope("X1", "X", 1)).status == "accepted"
 
@@ -103,8 +103,8 @@ def test_receive_schema_2_is_accepted_and_stored_unchanged(consumer: Consumer) -
     e = {**envelope("A2", "A", 2, schema=2, payload={"units": 3}), "meta": {"trace": "t-9"}}
     r = consumer.receive(e)
     assert r.status == "accepted"
-    rows = raw_inbox(consumer.path)
-    assert rows == [("A2", "A", 2, canonical_body(e), "pending", None)]
+    stored = raw_inbox(consumer.path)
+    assert stored == [("A2", "A", 2, canonical_body(e), "pending", None)]
     assert consumer.receive(e).status == "duplicate"
 
 
@@ -115,8 +115,8 @@ def test_receive_malformed_envelope_stores_nothing(consumer: Consumer) -> None:
     with pytest.raises(InvalidEnvelope) as info:
         consumer.receive({**envelope("A1", "A", 1), "seq": True})
     assert info.value.field == "seq"
-    assert sql_count(consumer.path, "inbox") == 0
-    assert consumer._store._db.conn.in_transaction is False
+    assert count(consumer.path, "inbox") == 0
+    assert consumer.store.in_transaction() is False
 
 
 # -- apply_next -------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_apply_next_blocked_marks_the_row_and_is_reexamined(
         assert consumer.inbox("A")[seq - 1] == InboxEntry(event_id=f"A{seq}", seq=seq, state="blocked", reason=reason)
         assert consumer.projection("A") == projection_before
         assert consumer.effects("A") == effects_before
-    assert sql_count(consumer.path, "effect") == seq - 1
+    assert count(consumer.path, "effect") == seq - 1
 
 
 def test_blocked_row_is_applied_unchanged_by_an_upgraded_consumer(consumer: Consumer) -> None:
@@ -242,7 +242,7 @@ def test_apply_next_bad_flow_id_raises(consumer: Consumer, flow_id: Any) -> None
     with pytest.raises(InvalidEnvelope) as info:
         consumer.apply_next(flow_id)
     assert info.value.field == "flow_id"
-    assert consumer._store._db.conn.in_transaction is False
+    assert consumer.store.in_transaction() is False
 
 
 def test_apply_next_flow_id_of_128_chars_is_fine(consumer: Consumer) -> None:
@@ -357,26 +357,23 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     projection_before = consumer.projection("A")
     effects_before = consumer.effects("A")
     inbox_before = raw_inbox(consumer.path)
-    sql_execute(
-        consumer.path,
-        "CREATE TRIGGER reject_effect BEFORE INSERT ON effect BEGIN SELECT RAISE(ABORT, 'rejected'); END;",
-    )
-    with pytest.raises(sqlite3.IntegrityError, match="rejected"):
+    reject_inserts(consumer.path, "effect", "rejected")
+    with pytest.raises(integrity_error(consumer.path), match="rejected"):
         consumer.apply_next("A")
-    assert consumer._store._db.conn.in_transaction is False
+    assert consumer.store.in_transaction() is False
     assert consumer.projection("A") == projection_before
     assert projection_before == (None if done == 0 else {"state": "reserved", "last_seq": 1, "held": 3})
     assert consumer.effects("A") == effects_before
     assert len(effects_before) == done
     assert consumer.inbox("A")[done] == InboxEntry(event_id=f"A{done + 1}", seq=done + 1, state="pending", reason=None)
     assert raw_inbox(consumer.path) == inbox_before
-    assert sql_count(consumer.path, "effect") == done
+    assert count(consumer.path, "effect") == done
     # drain propagates the error as well, never counting it as applied
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(integrity_error(consumer.path)):
         consumer.drain("A")
     assert consumer.projection("A") == projection_before
 
-    sql_execute(consumer.path, "DROP TRIGGER reject_effect")
+    allow_inserts(consumer.path, "effect")
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("applied", done + 1, f"A{done + 1}")
     assert [e.event_id for e in consumer.effects("A")] == [f"A{n}" for n in range(1, done + 2)]

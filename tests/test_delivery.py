@@ -1,7 +1,8 @@
 """Delivery that runs by itself: several named consumers, leases, backoff with
 full jitter, fairness, backlog caps and operator actions.
 
-Everything runs on real SQLite files under ``tmp_path``.  An unreachable
+Everything runs on both engines (the ``engine`` fixture: SQLite files under
+``tmp_path``, PostgreSQL schemas of the session's server).  An unreachable
 consumer is a small ``Consumer`` subclass whose ``receive`` raises: that is
 the transport failing, not the database.  Time is an injected clock, so no
 test sleeps; a relay that dies mid-send is either a ``BaseException`` out of
@@ -10,10 +11,9 @@ that exits at a crash point.
 
 The tests with real relay processes -- the relay child that dies mid-send at
 a crash point (``children/lease_child.py``) and the six leased relay
-processes -- run on both engines: SQLite files, and PostgreSQL schemas of
-the session's private server (``tests/pg_cluster.py``), the children given
-location strings; the lease columns the public API does not show are read
-through ``engine_reads.rows`` on either engine.
+processes -- give the children location strings; the lease columns the
+public API does not show are read through ``engine_reads.rows`` on either
+engine.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from typing import Any
 import pytest
 
 from children.racers import relay_with_lease
-from engine_reads import new_location, rows
+from engine_reads import execute, new_location, rows
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     DeliveryRecord,
-    InboxFull,
     NotResolvable,
     Producer,
     UnknownEvent,
@@ -54,8 +53,6 @@ from support import (
     outbox_entry,
     relay_log,
     run_script,
-    sql_execute,
-    sql_rows,
     start_on_barrier,
 )
 
@@ -85,8 +82,8 @@ def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, An
 
 
 @pytest.fixture
-def three(tmp_path: Path, producer: Producer) -> Iterator[dict[str, Consumer]]:
-    consumers = {name: Consumer(tmp_path / f"{name}.db", RESERVATION, name=name) for name in NAMES}
+def three(new_store: Any, producer: Producer) -> Iterator[dict[str, Consumer]]:
+    consumers = {name: Consumer(new_store(name), RESERVATION, name=name) for name in NAMES}
     for name in NAMES:  # several consumers: each one registered explicitly
         producer.register_consumer(name, actor="test", reason="one of three consumers")
     yield consumers
@@ -175,13 +172,13 @@ def test_delivery_policy_rejects_bad_values(kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize("lease", [None, 10.0])
 @pytest.mark.parametrize("jitter", [1.0, 0.5])
 def test_failed_sends_back_off_exponentially_with_jitter_and_cap(
-    tmp_path: Path, producer: Producer, lease: float | None, jitter: float
+    new_store: Any, producer: Producer, lease: float | None, jitter: float
 ) -> None:
     clock = Clock(1000.0)
     policy = DeliveryPolicy(
         lease_seconds=lease, backoff_base=2.0, backoff_cap=20.0, clock=clock, random=lambda: jitter, owner="r1"
     )
-    with Unreachable(tmp_path / "c.db", RESERVATION, name="projection") as c:
+    with Unreachable(new_store("c"), RESERVATION, name="projection") as c:
         commit(producer, "A", 1)
         waits = []
         for n in range(1, 7):
@@ -215,11 +212,11 @@ def test_failed_sends_back_off_exponentially_with_jitter_and_cap(
 
 
 def test_a_failed_send_records_the_failure_and_propagates_the_exception(
-    tmp_path: Path, producer: Producer
+    new_store: Any, producer: Producer
 ) -> None:
     clock = Clock()
     policy = DeliveryPolicy(clock=clock, random=lambda: 1.0, backoff_base=1.0)
-    with Unreachable(tmp_path / "c.db", RESERVATION, exc=lambda n: TimeoutError("no answer in 5 s")) as c:
+    with Unreachable(new_store("c"), RESERVATION, exc=lambda n: TimeoutError("no answer in 5 s")) as c:
         commit(producer, "A", 1)
         with pytest.raises(TimeoutError, match="no answer in 5 s"):
             relay(producer, c, policy=policy)
@@ -254,7 +251,7 @@ def test_a_conflict_is_set_aside_and_never_retried_as_time_passes(
     assert (d.state, d.last_status, d.attempts) == ("set_aside", kind, 1)
     assert outbox_entry(producer, "A1").accepted is False
     # The inbox still holds only what was planted.
-    assert sql_rows(consumer.path, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
+    assert rows(consumer.path, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
         (planted["event_id"], json.dumps(planted, sort_keys=True, separators=(",", ":")))
     ]
 
@@ -262,12 +259,12 @@ def test_a_conflict_is_set_aside_and_never_retried_as_time_passes(
 # -- leases -----------------------------------------------------------------------------------
 
 
-def test_a_lease_keeps_other_relays_off_until_it_expires(tmp_path: Path, producer: Producer) -> None:
+def test_a_lease_keeps_other_relays_off_until_it_expires(new_store: Any, producer: Producer) -> None:
     """Relay a claims A1 and dies inside the send (a BaseException: nothing is
     recorded); relay b skips A1 while the lease runs, delivers the rest, and
     sends A1 again once the lease has expired."""
     clock = Clock(1000.0)
-    path = tmp_path / "c.db"
+    path = new_store("c")
     with Unreachable(path, RESERVATION, exc=lambda n: KeyboardInterrupt()) as dying, \
             Consumer(path, RESERVATION) as healthy:
         commit(producer, "A", 1)
@@ -341,10 +338,10 @@ def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path, en
 
 
 def test_an_expired_lease_is_resent_even_while_new_events_keep_coming(
-    tmp_path: Path, producer: Producer
+    new_store: Any, producer: Producer
 ) -> None:
     clock = Clock(1000.0)
-    path = tmp_path / "c.db"
+    path = new_store("c")
     with Unreachable(path, RESERVATION, exc=lambda n: KeyboardInterrupt()) as dying, \
             Consumer(path, RESERVATION) as healthy:
         commit(producer, "A", 1)
@@ -370,12 +367,12 @@ def test_an_expired_lease_is_resent_even_while_new_events_keep_coming(
 
 
 def test_a_flow_whose_sends_always_fail_does_not_hold_back_fifty_others(
-    tmp_path: Path, producer: Producer
+    new_store: Any, producer: Producer
 ) -> None:
     clock = Clock(1000.0)
     policy = DeliveryPolicy(lease_seconds=5, backoff_base=1.0, backoff_cap=60.0, clock=clock, random=lambda: 1.0)
     healthy_flows = [f"H{i:02d}" for i in range(50)]
-    with Unreachable(tmp_path / "c.db", RESERVATION, fail_flows={"STUCK"}) as c:
+    with Unreachable(new_store("c"), RESERVATION, fail_flows={"STUCK"}) as c:
         commit(producer, "STUCK")  # committed first: the oldest events in the outbox
         for i in range(3):  # interleave the healthy flows' steps
             for flow in healthy_flows:
@@ -435,9 +432,9 @@ def test_a_set_aside_conflict_does_not_hold_back_fifty_other_flows(producer: Pro
 # -- backlog caps -----------------------------------------------------------------------------
 
 
-def test_max_backlog_refuses_without_storing_then_commits_after_relaying(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION, max_backlog=3) as producer, \
-            Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+def test_max_backlog_refuses_without_storing_then_commits_after_relaying(new_store: Any) -> None:
+    with Producer(new_store("p"), RESERVATION, max_backlog=3) as producer, \
+            Consumer(new_store("c"), RESERVATION) as consumer:
         for flow in "ABC":
             commit(producer, flow, 1)
         r = producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 3})
@@ -457,10 +454,10 @@ def test_max_backlog_refuses_without_storing_then_commits_after_relaying(tmp_pat
         assert relay_log(producer, consumer) == ["E1 accepted"]
 
 
-def test_max_backlog_counts_pending_deliveries_over_all_consumers(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION, max_backlog=4) as producer, \
-            Consumer(tmp_path / "a.db", RESERVATION, name="a") as a, \
-            Consumer(tmp_path / "b.db", RESERVATION, name="b") as b:
+def test_max_backlog_counts_pending_deliveries_over_all_consumers(new_store: Any) -> None:
+    with Producer(new_store("p"), RESERVATION, max_backlog=4) as producer, \
+            Consumer(new_store("a"), RESERVATION, name="a") as a, \
+            Consumer(new_store("b"), RESERVATION, name="b") as b:
         assert relay(producer, a).status == relay(producer, b, register=True).status == "idle"
         commit(producer, "A", 1)
         commit(producer, "B", 1)  # 2 events x 2 consumers = 4 pending
@@ -470,25 +467,28 @@ def test_max_backlog_counts_pending_deliveries_over_all_consumers(tmp_path: Path
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3"])
-def test_caps_must_be_positive_ints(tmp_path: Path, bad: Any) -> None:
+def test_caps_must_be_positive_ints(new_store: Any, bad: Any) -> None:
     with pytest.raises(ValueError, match="max_backlog"):
-        Producer(tmp_path / "p.db", RESERVATION, max_backlog=bad)
+        Producer(new_store("p"), RESERVATION, max_backlog=bad)
     with pytest.raises(ValueError, match="max_inbox"):
-        Consumer(tmp_path / "c.db", RESERVATION, max_inbox=bad)
+        Consumer(new_store("c"), RESERVATION, max_inbox=bad)
 
 
 def test_max_inbox_refuses_without_storing_and_the_relay_retries_later(
-    producer: Producer, tmp_path: Path
+    producer: Producer, new_store: Any
 ) -> None:
     clock = Clock()
     policy = DeliveryPolicy(lease_seconds=10, backoff_base=1.0, clock=clock, random=lambda: 1.0)
-    with Consumer(tmp_path / "c.db", RESERVATION, name="projection", max_inbox=2) as c:
+    with Consumer(new_store("c"), RESERVATION, name="projection", max_inbox=2) as c:
         commit(producer, "A")
         commit(producer, "B", 1)
         assert relay(producer, c, policy=policy).event_id == "A1"
         assert relay(producer, c, policy=policy).event_id == "A2"
-        with pytest.raises(InboxFull, match="max_inbox=2"):
-            relay(producer, c, policy=policy)  # A3: two unapplied rows, and A3 is not A's next step
+        # A3: two unapplied rows, and A3 is not A's next step: refused, stored nothing.
+        refused = relay(producer, c, policy=policy)
+        assert (refused.status, refused.event_id, refused.flow_id, refused.seq, refused.applied) == (
+            "refused", "A3", "A", 3, False)
+        assert (refused.reason or "").startswith("inbox full (max_inbox 2): ")
         assert [r.event_id for r in c.inbox("A")] == ["A1", "A2"]
         d = delivery(producer, "A3", "projection")
         assert (d.state, d.attempts, d.due_at) == ("pending", 1, 1001.0)
@@ -496,7 +496,7 @@ def test_max_inbox_refuses_without_storing_and_the_relay_retries_later(
         # B1 is B's very next step: let in although the inbox is full.
         r = relay(producer, c, policy=policy)
         assert (r.status, r.event_id) == ("accepted", "B1")
-        assert sql_rows(c.path, "SELECT count(*) FROM inbox WHERE state <> 'applied'") == [(3,)]
+        assert rows(c.path, "SELECT count(*) FROM inbox WHERE state <> 'applied'") == [(3,)]
         assert relay(producer, c, policy=policy).status == "idle"  # A3 waits for its backoff
         assert {f: d.applied for f, d in c.process_all().items()} == {"A": 2, "B": 1}
         clock.t = 1001.0
@@ -505,14 +505,14 @@ def test_max_inbox_refuses_without_storing_and_the_relay_retries_later(
         assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
 
 
-def test_a_full_inbox_of_later_steps_still_lets_the_missing_step_in(producer: Producer, tmp_path: Path) -> None:
-    with Consumer(tmp_path / "c.db", RESERVATION, max_inbox=2) as c:
+def test_a_full_inbox_of_later_steps_still_lets_the_missing_step_in(producer: Producer, new_store: Any) -> None:
+    with Consumer(new_store("c"), RESERVATION, max_inbox=2) as c:
         commit(producer, "A")
         assert relay(producer, c, "A3").status == "accepted"
         assert relay(producer, c, "A2").status == "accepted"
         assert c.apply_next("A").status == "gap"
-        with pytest.raises(InboxFull):  # another flow's later step is refused ...
-            c.receive(envelope("Z2", "Z", 2))
+        full = c.receive(envelope("Z2", "Z", 2))  # another flow's later step is refused ...
+        assert (full.status, full.event_id, full.applied) == ("refused", "Z2", False)
         assert c.inbox("Z") == []
         assert relay(producer, c).event_id == "A1"  # ... but A's missing step gets in: no deadlock
         assert c.drain("A").applied == 3
@@ -520,12 +520,12 @@ def test_a_full_inbox_of_later_steps_still_lets_the_missing_step_in(producer: Pr
         assert c.receive(envelope("A1", "A", 1)).status == "duplicate"
 
 
-def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
+def test_with_both_caps_nothing_is_dropped(new_store: Any) -> None:
     clock = Clock()
     policy = DeliveryPolicy(lease_seconds=10, backoff_base=0.5, backoff_cap=4.0, clock=clock, random=lambda: 1.0)
     flows = [f"F{i:02d}" for i in range(20)]
-    with Producer(tmp_path / "p.db", RESERVATION, max_backlog=6) as producer, \
-            Consumer(tmp_path / "c.db", RESERVATION, max_inbox=4) as c:
+    with Producer(new_store("p"), RESERVATION, max_backlog=6) as producer, \
+            Consumer(new_store("c"), RESERVATION, max_inbox=4) as c:
         todo = [(flow, n) for flow in flows for n in range(3)]  # each flow's steps back to back
         backlog_full = inbox_full = 0
         for step in range(3000):
@@ -540,9 +540,7 @@ def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
                     else:
                         assert r.status == "backlog_full", r
                         backlog_full += 1
-            try:
-                relay(producer, c, policy=policy)
-            except InboxFull:
+            if relay(producer, c, policy=policy).status == "refused":
                 inbox_full += 1
             if step % 4 == 3:
                 c.process_all(limit=1)
@@ -553,8 +551,8 @@ def test_with_both_caps_nothing_is_dropped(tmp_path: Path) -> None:
             pytest.fail("the capped pipeline never finished")
         assert (backlog_full > 0, inbox_full > 0) == (True, True), (backlog_full, inbox_full)  # both caps engaged
         assert all(e.accepted for e in producer.outbox()) and len(producer.outbox()) == 60
-        assert sql_rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
-        assert sql_rows(c.path, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
+        assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
+        assert rows(c.path, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
 
 
 # -- operator actions -------------------------------------------------------------------------
@@ -574,7 +572,7 @@ def set_aside(producer: Producer, three: dict[str, Consumer]) -> dict[str, Consu
 def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_aside: dict[str, Consumer]) -> None:
     projection = set_aside["projection"]
     # The operator repairs the consumer's data: the wrong, never-applied A1 goes.
-    sql_execute(projection.path, "DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
+    execute(projection.path, "DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
     before = time.time()
     action = producer.redeliver("A1", consumer="projection", actor="alice", reason="removed the stray A1 (TICKET-7)")
     after = time.time()
@@ -603,10 +601,10 @@ def test_redeliver_without_a_fix_is_set_aside_again(producer: Producer, set_asid
     assert relay(producer, set_aside["projection"]).status == "idle"
 
 
-def test_redeliver_puts_a_backing_off_event_back_in_line_now(tmp_path: Path, producer: Producer) -> None:
+def test_redeliver_puts_a_backing_off_event_back_in_line_now(new_store: Any, producer: Producer) -> None:
     clock = Clock()
     policy = DeliveryPolicy(clock=clock, random=lambda: 1.0, backoff_base=100.0)
-    with Unreachable(tmp_path / "c.db", RESERVATION) as c:
+    with Unreachable(new_store("c"), RESERVATION) as c:
         commit(producer, "A", 1)
         with pytest.raises(ConnectionError):
             relay(producer, c, policy=policy)

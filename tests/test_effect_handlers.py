@@ -2,21 +2,20 @@
 with the apply, the application's own tables (AppSchema), and every way a
 handler's input can be refused.
 
-Real files in ``tmp_path``, the reservation protocol, an injected clock; no
-sleeping.  The executor side is in ``test_effects.py``.
+Real stores on both engines (a SQLite file in ``tmp_path`` or a PostgreSQL
+schema), the reservation protocol, an injected clock; no sleeping.  The executor side is in ``test_effects.py``.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine_reads import is_pg, new_location, rows
 from reliable_flow import (
     ApplyContext,
     AppSchema,
@@ -36,20 +35,20 @@ from support import EffectWorld
 # -- local helpers ----------------------------------------------------------------------------
 
 
-
-
-def rows(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Raw rows through a separate, short-lived connection."""
-    with closing(sqlite3.connect(path)) as conn:
-        return conn.execute(sql, params).fetchall()
+def has_table(location: Any, name: str) -> bool:
+    """Whether the store (either engine) has a table ``name``."""
+    if is_pg(location):
+        return bool(rows(location, "SELECT 1 FROM information_schema.tables "
+                                   "WHERE table_schema = current_schema() AND table_name = ?", (name,)))
+    return bool(rows(location, "SELECT 1 FROM sqlite_master WHERE name = ?", (name,)))
 
 
 World = EffectWorld
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
+def world(engine: str, tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path, engine=engine)
     yield w
     w.close()
 
@@ -66,9 +65,9 @@ NOTES = AppSchema("shop", [["CREATE TABLE note(flow TEXT NOT NULL, seq INTEGER N
 
 def notes(w: World) -> list[tuple[Any, ...]]:
     """The app's note rows ([] while the consumer has no note table)."""
-    if not rows(w.consumer_path, "SELECT 1 FROM sqlite_master WHERE name = 'note'"):
+    if not has_table(w.consumer_path, "note"):
         return []
-    return rows(w.consumer_path, "SELECT flow, seq, text FROM note ORDER BY rowid")
+    return rows(w.consumer_path, "SELECT flow, seq, text FROM note ORDER BY flow, seq")
 
 
 def assert_nothing_applied(w: World, c: Consumer, flow: str = "A", *, at_seq: int = 0) -> None:
@@ -236,6 +235,14 @@ def test_execute_refuses_transaction_control(world: World, sql: str) -> None:
     c = world.consumer((handler,), registry("notify"), app_schema=NOTES)
     world.push("A", 1)
     world.deliver(c)
+    if world.engine == "postgres" and sql.startswith("\ufeff"):
+        # PostgreSQL reads no byte order mark: the server refuses the statement
+        # (nothing runs) and the apply rolls back.
+        with pytest.raises(Exception, match="syntax error"):
+            c.apply_next("A")
+        assert_nothing_applied(world, c)
+        assert refused == []
+        return
     with pytest.raises(RuntimeError, match="roll the apply back"):
         c.apply_next("A")
     assert_nothing_applied(world, c)
@@ -266,7 +273,7 @@ LOGGED_V2 = ["ALTER TABLE app_log ADD COLUMN extra TEXT", "INSERT INTO app_log(s
 
 
 def app_log(path: Path) -> list[str]:
-    return [r[0] for r in rows(path, "SELECT step FROM app_log ORDER BY rowid")]
+    return [r[0] for r in rows(path, "SELECT step FROM app_log ORDER BY step")]  # v1, v2, ... in order
 
 
 def app_versions(path: Path) -> list[tuple[Any, ...]]:
@@ -282,7 +289,7 @@ def test_app_schema_second_migration_on_existing_file_applies_once(world: World)
         assert app_log(world.consumer_path) == ["v1", "v2"]
         assert app_versions(world.consumer_path) == [("shop", 2)]
     # A second schema name keeps its own version.
-    world.consumer(app_schema=AppSchema("audit", [["CREATE TABLE audit(x)"]])).close()
+    world.consumer(app_schema=AppSchema("audit", [["CREATE TABLE audit(x INTEGER)"]])).close()
     assert app_versions(world.consumer_path) == [("audit", 1), ("shop", 2)]
 
 
@@ -340,12 +347,12 @@ def test_app_schema_with_an_empty_engine_step_records_the_version(world: World) 
     schema = AppSchema("shop", [LOGGED_V1, {"sqlite": [], "postgres": ["CREATE TABLE pg_only(x INTEGER)"]}])
     world.consumer(app_schema=schema).close()
     assert app_versions(world.consumer_path) == [("shop", 2)]
-    assert rows(world.consumer_path, "SELECT name FROM sqlite_master WHERE name = 'pg_only'") == []
+    assert has_table(world.consumer_path, "pg_only") == (world.engine == "postgres")
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_two_consumers_opening_concurrently_apply_app_migrations_once(tmp_path: Path, round_: int) -> None:
-    path = tmp_path / "consumer.db"
+def test_two_consumers_opening_concurrently_apply_app_migrations_once(engine: str, tmp_path: Path, round_: int) -> None:
+    path = new_location(engine, tmp_path, "consumer")
     Consumer(path, RESERVATION, app_schema=AppSchema("shop", [LOGGED_V1])).close()
     schema = AppSchema("shop", [LOGGED_V1, LOGGED_V2, ["INSERT INTO app_log(step) VALUES ('v3')"]])
     barrier = threading.Barrier(2)
@@ -368,8 +375,8 @@ def test_two_consumers_opening_concurrently_apply_app_migrations_once(tmp_path: 
     assert app_versions(path) == [("shop", 3)]
 
 
-def test_two_consumers_creating_a_new_file_concurrently_apply_app_migrations_once(tmp_path: Path) -> None:
-    path = tmp_path / "consumer.db"
+def test_two_consumers_creating_a_new_file_concurrently_apply_app_migrations_once(engine: str, tmp_path: Path) -> None:
+    path = new_location(engine, tmp_path, "consumer")
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 

@@ -1,8 +1,9 @@
 """The effect executor and the effect outbox: every state and transition, the
-operator's actions and reads, ``inspect``, the worker, feedback into a
-producer, and a v1 consumer file upgraded to the effect outbox.
+operator's actions and reads, ``inspect``, the worker and feedback into a
+producer (a v1 consumer file upgraded to the effect outbox is in
+``tests/sqlite/test_effects_upgrade_sqlite.py``).
 
-Real files in ``tmp_path``; one injected clock shared by the consumer and the
+On both engines (a SQLite file in ``tmp_path`` or a PostgreSQL schema); one injected clock shared by the consumer and the
 executor's policy (``random`` fixed at 0.5, so every backoff is exact); no
 sleeping.  Handlers and scheduling are in ``test_effect_handlers.py``, crashes
 in real child processes in ``test_effect_crash_points.py``.
@@ -12,11 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ import pytest
 
 from reliable_flow import (
     ApplyContext,
-    AppSchema,
     Consumer,
     DeliveryPolicy,
     EffectCall,
@@ -41,13 +39,10 @@ from reliable_flow import (
     RetryLater,
     UnknownEffect,
     Worker,
-    envelope,
 )
 from reliable_flow.errors import CommitOutcomeUnknown
 from reliable_flow.protocol import Protocol, by_kind, exact, text
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import CONSUMER, FileKind
-from support import KINDS, EffectWorld
+from support import EffectWorld
 
 T0 = 1000.0
 
@@ -89,8 +84,8 @@ World = EffectWorld
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
+def world(engine: str, tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path, engine=engine)
     yield w
     w.close()
 
@@ -796,7 +791,7 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
     c = build_zoo(world)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_FLOW_")}
     out = subprocess.run(
-        [sys.executable, "-m", "reliable_flow", "inspect", str(world.dir / "producer.db"), str(world.consumer_path),
+        [sys.executable, "-m", "reliable_flow", "inspect", world.producer.path, str(world.consumer_path),
          "--json"], capture_output=True, text=True, env=env, cwd=world.dir, timeout=60, check=False)
     assert out.returncode == 1, out.stderr  # dead, unknown and in doubt effects need attention
     effects = json.loads(out.stdout)["consumer"]["effects"]
@@ -817,7 +812,7 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
     assert attention[zoo_key("X")]["reason"] == "permanent failure"
     assert [(a["key"], a["action"], a["actor"]) for a in effects["actions"]] == [(zoo_key("C"), "cancel", "setup")]
     plain = subprocess.run(
-        [sys.executable, "-m", "reliable_flow", "inspect", str(world.dir / "producer.db"), str(world.consumer_path)],
+        [sys.executable, "-m", "reliable_flow", "inspect", world.producer.path, str(world.consumer_path)],
         capture_output=True, text=True, env=env, cwd=world.dir, timeout=60, check=False)
     assert plain.returncode == 1, plain.stderr
     assert "effects needing attention" in plain.stdout
@@ -882,8 +877,8 @@ TOOL_KEY = "agent:T2:call_tool"
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, TOOL_TASK)
+def agent(engine: str, tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path, TOOL_TASK, engine=engine)
     yield w
     w.close()
 
@@ -924,7 +919,7 @@ def test_feedback_advances_the_result_as_the_next_step_exactly_once(agent: World
     assert ex.stats.fed == 1
     # Re-run: this executor and a new one, with a new producer object on the same file.
     assert ex.run_until_idle() == 0
-    again = Producer(agent.dir / "producer.db", TOOL_TASK)
+    again = Producer(agent.producer.path, TOOL_TASK)
     try:
         assert agent.executor(c, owner="exec-2", producer=again).run_until_idle() == 0
     finally:
@@ -960,12 +955,12 @@ def test_feedback_after_reconcile_happened(agent: World) -> None:
 
 
 class LosingProducer(Producer):
-    """Commits an advance, then reports that the commit outcome is unknown (once)."""
+    """Commits a fed-back advance, then reports that the commit outcome is unknown (once)."""
 
     lose = True
 
-    def advance(self, *args: Any, **kw: Any) -> Any:
-        result = super().advance(*args, **kw)
+    def _advance_at_current(self, *args: Any, **kw: Any) -> Any:
+        result = super()._advance_at_current(*args, **kw)
         if self.lose:
             self.lose = False
             raise CommitOutcomeUnknown("the answer was lost")
@@ -974,7 +969,7 @@ class LosingProducer(Producer):
 
 def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: World) -> None:
     c, tool = tool_flow(agent)
-    losing = LosingProducer(agent.dir / "producer.db", TOOL_TASK)
+    losing = LosingProducer(agent.producer.path, TOOL_TASK)
     try:
         ex = agent.executor(c, producer=losing)
         with pytest.raises(CommitOutcomeUnknown):
@@ -993,7 +988,7 @@ def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: Wor
 @pytest.mark.parametrize("moved_on", [False, True])
 def test_owed_feedback_whose_advance_committed_is_settled(agent: World, moved_on: bool) -> None:
     c, _ = tool_flow(agent)
-    losing = LosingProducer(agent.dir / "producer.db", TOOL_TASK)
+    losing = LosingProducer(agent.producer.path, TOOL_TASK)
     try:
         ex = agent.executor(c, producer=losing)
         with pytest.raises(CommitOutcomeUnknown):
@@ -1033,48 +1028,3 @@ def test_result_resolved_by_an_operator_is_fed_back(agent: World) -> None:
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
     assert agent.producer.flow("T")["output"] == "checked by hand"
     assert c.effect(TOOL_KEY).fed is True
-
-
-# -- 7. a v1 consumer file upgraded in place ----------------------------------------------------
-
-V1 = FileKind("consumer", CONSUMER.application_id, CONSUMER.migrations[:1])
-
-
-def body(flow: str, seq: int) -> str:
-    return envelope.make(event_id=f"{flow}{seq}", flow_id=flow, seq=seq, kind=KINDS[seq - 1], schema=1,
-                         payload={"amount": 3}).body
-
-
-def test_v1_consumer_file_upgrades_in_place_and_effects_work(world: World) -> None:
-    path = world.consumer_path
-    db = Database(path, V1, on_create=lambda conn: conn.executemany(
-        "INSERT INTO meta(key, value) VALUES (?, ?)", [("protocol", "reservation"), ("name", "old"), ("uid", "u-1")]))
-    with db.write() as conn:
-        conn.executemany("INSERT INTO inbox(event_id, flow_id, seq, body, state) VALUES (?, ?, ?, ?, ?)", [
-            ("A1", "A", 1, body("A", 1), "applied"), ("A2", "A", 2, body("A", 2), "pending"),
-            ("B1", "B", 1, body("B", 1), "pending")])
-        conn.execute("INSERT INTO projection VALUES ('A', 'reserved', 1, '{\"amount\":3}', '{\"held\":3}')")
-        conn.execute("INSERT INTO effect(event_id, flow_id, seq, kind) VALUES ('A1', 'A', 1, 'reserved')")
-    db.close()
-    with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
-        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'effect_outbox'").fetchone()[0] == 0
-
-    run = Script({"ok": True})
-    effects = Effects()
-    effects.register("notify", run)
-    c = world.consumer((lambda ctx: ctx.schedule("notify", {"kind": ctx.event.kind}),), effects,
-                       app_schema=AppSchema("shop", [["CREATE TABLE note(x)"]]))
-    with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == CONSUMER.version
-        assert conn.execute("SELECT name, version FROM app_schema").fetchall() == [("shop", 1)]
-    assert (c.name, c.uid) == ("old", "u-1")
-    assert [(e.event_id, e.state) for e in c.inbox("A")] == [("A1", "applied"), ("A2", "pending")]
-    assert [(e.event_id, e.state) for e in c.inbox("B")] == [("B1", "pending")]
-    assert c.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert [e.event_id for e in c.effects("A")] == ["A1"]
-    assert c.effect_counts()["pending"] == 0
-    assert {f: r.applied for f, r in c.process_all().items()} == {"A": 1, "B": 1}
-    assert world.executor(c).run_until_idle() == 2
-    assert sorted(e.key for e in c.effect_outbox(state="succeeded")) == ["old:A2:notify", "old:B1:notify"]
-    assert len(run.calls) == 2

@@ -1,27 +1,33 @@
-"""`reliable-flow inspect`: what an operator sees, in text and JSON, without writing."""
+"""`reliable-flow inspect`: what an operator sees, in text and JSON, without
+writing; on both engines (the ``at`` fixture: a SQLite file or a PostgreSQL
+schema per store)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from engine_reads import contents, is_pg, store_exists
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
-from support import digest, run_cli, troubled_history
+from support import run_cli, troubled_history
+
+At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
 
 
-def _troubled_files(tmp_path: Path) -> tuple[Path, Path]:
+def _troubled_files(at: At) -> tuple[str, str]:
     """A is blocked (schema 2), B has a gap, C1 is set aside, D1 was never relayed."""
-    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    p_path, c_path = at("producer"), at("consumer")
     troubled_history(p_path, c_path)
     return p_path, c_path
 
 
-def test_text_report_names_every_problem(tmp_path: Path) -> None:
-    p_path, c_path = _troubled_files(tmp_path)
-    before = (digest(p_path), digest(c_path))
+def test_text_report_names_every_problem(at: At) -> None:
+    p_path, c_path = _troubled_files(at)
+    before = (contents(p_path), contents(c_path))
     done = run_cli("inspect", str(p_path), str(c_path))
     assert done.returncode == 1, done.stderr  # blocked and set aside: needs attention
     out = done.stdout
@@ -32,11 +38,11 @@ def test_text_report_names_every_problem(tmp_path: Path) -> None:
     assert "inbox 1 pending, 1 blocked, 3 applied" in out
     assert "flow_id=A  seq=2  event_id=A2  reason=unsupported_schema" in out
     assert "flow_id=B  missing_seq=2  waiting=[3]" in out
-    assert (digest(p_path), digest(c_path)) == before
+    assert (contents(p_path), contents(c_path)) == before
 
 
-def test_json_report_is_machine_readable(tmp_path: Path) -> None:
-    p_path, c_path = _troubled_files(tmp_path)
+def test_json_report_is_machine_readable(at: At) -> None:
+    p_path, c_path = _troubled_files(at)
     done = run_cli("inspect", str(p_path), str(c_path), "--json")
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
@@ -53,14 +59,16 @@ def test_json_report_is_machine_readable(tmp_path: Path) -> None:
     assert report["consumer"]["inbox"] == {"pending": 1, "blocked": 1, "applied": 3, "skipped": 0, "replaced": 0}
 
 
-def test_wrong_or_missing_files_are_a_clear_error(tmp_path: Path) -> None:
-    p_path, c_path = _troubled_files(tmp_path)
+def test_wrong_or_missing_files_are_a_clear_error(at: At) -> None:
+    p_path, c_path = _troubled_files(at)
     swapped = run_cli("inspect", str(c_path), str(p_path))
     assert swapped.returncode == 2
-    assert "is a reliable_flow consumer file, not a producer file" in swapped.stderr
-    missing = run_cli("inspect", str(p_path), str(tmp_path / "absent.db"))
-    assert missing.returncode == 2 and "absent.db" in missing.stderr
-    assert not (tmp_path / "absent.db").exists()
+    thing = "store" if is_pg(p_path) else "file"
+    assert f"is a reliable_flow consumer {thing}, not a producer {thing}" in swapped.stderr
+    absent = at("absent")
+    missing = run_cli("inspect", str(p_path), absent)
+    assert missing.returncode == 2 and absent.rpartition("#")[2] in missing.stderr  # the file, or the schema
+    assert not store_exists(absent)
 
 
 class _Killed(BaseException):
@@ -72,10 +80,10 @@ class _DiesWhileSending(Consumer):
         raise _Killed
 
 
-def test_a_lease_held_by_a_dead_relay_is_shown_with_its_holder_and_end(tmp_path: Path) -> None:
+def test_a_lease_held_by_a_dead_relay_is_shown_with_its_holder_and_end(tmp_path: Path, at: At) -> None:
     from reliable_flow import DeliveryPolicy
 
-    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    p_path, c_path = at("producer"), at("consumer")
     with Producer(p_path, RESERVATION) as producer, _DiesWhileSending(c_path, RESERVATION) as consumer:
         producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         policy = DeliveryPolicy(lease_seconds=600, owner="relay-host:4242:dead")

@@ -1,7 +1,9 @@
 """Observability: the component loggers and their structured fields, ``meta``
 on inbox rows, the metrics snapshots (``Producer.metrics()``,
 ``Consumer.metrics()``, ``reliable-flow metrics`` with ``--prometheus``), and
-the optional OpenTelemetry spans (``reliable_flow.tracing``)."""
+the optional OpenTelemetry spans (``reliable_flow.tracing``).  The store tests
+run on both engines (the ``at`` fixture); the spans test's child script on
+SQLite files."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import reliable_flow
+from engine_reads import contents, is_pg, store_exists
 from reliable_flow import (
     ApplyContext,
     Consumer,
@@ -34,7 +37,9 @@ from reliable_flow import (
 )
 from reliable_flow.metrics import ConsumerMetrics, DeliveryMetrics, ProducerMetrics, prometheus_text
 from reliable_flow.reservation import RESERVATION
-from support import TESTS, Clock, Unreachable, child_env, digest, run_cli
+from support import TESTS, Clock, Unreachable, child_env, run_cli
+
+At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
 
 META = {"correlation_id": "corr-7", "causation_id": "cause-3", "trace": "t-1"}
 LOGGERS = ("producer", "relay", "consumer", "executor", "worker")
@@ -60,9 +65,9 @@ def test_every_component_has_its_named_logger_and_the_library_prints_nothing_by_
     assert [type(h) for h in handlers] == [logging.NullHandler]
 
 
-def test_records_carry_the_ids_and_the_meta_as_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_records_carry_the_ids_and_the_meta_as_fields(at: At, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="reliable_flow")
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+    with Producer(at("p"), RESERVATION) as producer, Consumer(at("c"), RESERVATION) as consumer:
         producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}, meta=META)
         relay(producer, consumer)
         consumer.apply_next("A")
@@ -78,9 +83,9 @@ def test_records_carry_the_ids_and_the_meta_as_fields(tmp_path: Path, caplog: py
         assert "event_id=A1" in record.getMessage() and "correlation_id=corr-7" in record.getMessage()
 
 
-def test_an_event_without_meta_has_the_meta_fields_as_none(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_event_without_meta_has_the_meta_fields_as_none(at: At, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="reliable_flow")
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+    with Producer(at("p"), RESERVATION) as producer, Consumer(at("c"), RESERVATION) as consumer:
         producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         relay(producer, consumer)
         consumer.drain("A")
@@ -98,11 +103,11 @@ def _notify(ctx: ApplyContext) -> None:
     ctx.schedule("notify", {"flow": ctx.event.flow_id})
 
 
-def test_a_clean_run_logs_nothing_at_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_clean_run_logs_nothing_at_warning(at: At, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="reliable_flow")
     calls: list[str] = []
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, \
-            Consumer(tmp_path / "c.db", RESERVATION, handlers=[_notify], effects=_effects(calls)) as consumer:
+    with Producer(at("p"), RESERVATION) as producer, \
+            Consumer(at("c"), RESERVATION, handlers=[_notify], effects=_effects(calls)) as consumer:
         for flow in "AB":
             producer.advance(f"{flow}1", flow, expected_seq=0, kind="reserved", payload={"amount": 3}, meta=META)
             producer.advance(f"{flow}2", flow, expected_seq=1, kind="confirmed", payload={"amount": 3})
@@ -116,10 +121,10 @@ def test_a_clean_run_logs_nothing_at_warning(tmp_path: Path, caplog: pytest.LogC
 
 
 def test_problems_are_warnings_and_a_repeated_block_is_only_debug(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    at: At, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="reliable_flow")
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+    with Producer(at("p"), RESERVATION) as producer, Consumer(at("c"), RESERVATION) as consumer:
         producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2, meta=META)
         producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
@@ -143,9 +148,9 @@ def test_problems_are_warnings_and_a_repeated_block_is_only_debug(
     assert "schema 2" in blocked[0].detail
 
 
-def test_a_gap_names_the_waiting_event_and_its_meta(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_gap_names_the_waiting_event_and_its_meta(at: At, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="reliable_flow")
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+    with Producer(at("p"), RESERVATION) as producer, Consumer(at("c"), RESERVATION) as consumer:
         producer.advance("B1", "B", expected_seq=0, kind="reserved", payload={"amount": 3})
         producer.advance("B2", "B", expected_seq=1, kind="confirmed", payload={"amount": 3}, meta=META)
         relay(producer, consumer, event_id="B2")
@@ -156,18 +161,18 @@ def test_a_gap_names_the_waiting_event_and_its_meta(tmp_path: Path, caplog: pyte
 
 
 def test_failed_sends_effect_trouble_operator_actions_and_worker_errors_are_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    at: At, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="reliable_flow")
     clock = Clock()
     effects = Effects()
     effects.register("charge", lambda call: (_ for _ in ()).throw(PermanentFailure("card declined")))
     # Two producers, each with its one consumer.
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, \
-            Consumer(tmp_path / "c.db", RESERVATION, handlers=[lambda ctx: ctx.schedule("charge", {})],
+    with Producer(at("p"), RESERVATION) as producer, \
+            Consumer(at("c"), RESERVATION, handlers=[lambda ctx: ctx.schedule("charge", {})],
                      effects=effects, clock=clock) as consumer, \
-            Producer(tmp_path / "p2.db", RESERVATION) as producer2, \
-            Unreachable(tmp_path / "down.db", RESERVATION, name="down") as down:
+            Producer(at("p2"), RESERVATION) as producer2, \
+            Unreachable(at("down"), RESERVATION, name="down") as down:
         for p in (producer, producer2):
             p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}, meta=META)
         with pytest.raises(ConnectionError):
@@ -197,7 +202,7 @@ def test_failed_sends_effect_trouble_operator_actions_and_worker_errors_are_logg
 
 
 def test_with_info_off_the_hot_path_builds_no_record(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    at: At, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Default levels (WARNING): a clean advance / relay / apply / effect run
     builds no field dict at all; the control shows the stub does fire."""
@@ -213,8 +218,8 @@ def test_with_info_off_the_hot_path_builds_no_record(
         monkeypatch.setattr(module, "fields", counting)
     caplog.set_level(logging.WARNING, logger="reliable_flow")
     calls: list[str] = []
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, \
-            Consumer(tmp_path / "c.db", RESERVATION, handlers=[_notify], effects=_effects(calls)) as consumer:
+    with Producer(at("p"), RESERVATION) as producer, \
+            Consumer(at("c"), RESERVATION, handlers=[_notify], effects=_effects(calls)) as consumer:
         producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}, meta=META)
         with producer.batch() as batch:
             batch.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3})
@@ -233,12 +238,12 @@ def test_with_info_off_the_hot_path_builds_no_record(
 # -- meta on inbox rows ----------------------------------------------------------------------
 
 
-def _troubled(tmp_path: Path) -> tuple[Path, Path]:
+def _troubled(at: At) -> tuple[str, str]:
     """A: A1 applied, A2 blocked (schema 2, with meta); B: B2 waits at a gap
     (with meta); C1 set aside; D1 never relayed; E1 applied with effects
     succeeded, dead, unknown and pending; A1 received twice."""
     clock = Clock(1000.0)
-    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    p_path, c_path = at("producer"), at("consumer")
     effects = Effects()
     effects.register("ok", lambda call: {"done": True})
     effects.register("bad", lambda call: (_ for _ in ()).throw(PermanentFailure("no")))
@@ -281,8 +286,8 @@ def _troubled(tmp_path: Path) -> tuple[Path, Path]:
     return p_path, c_path
 
 
-def test_inbox_rows_carry_their_meta_to_readers_snapshot_and_inspect(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_inbox_rows_carry_their_meta_to_readers_snapshot_and_inspect(at: At) -> None:
+    p_path, c_path = _troubled(at)
     seen: list[dict[str, str]] = []
     with Consumer(c_path, RESERVATION, schemas={1, 2}, handlers=[lambda ctx: seen.append(ctx.event.meta)],
                   effects=Effects()) as consumer:
@@ -313,8 +318,8 @@ def test_the_experiment_output_keeps_its_frozen_shape() -> None:
 # -- metrics ---------------------------------------------------------------------------------
 
 
-def test_metrics_count_pending_set_aside_blocked_gaps_and_effects(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_metrics_count_pending_set_aside_blocked_gaps_and_effects(at: At) -> None:
+    p_path, c_path = _troubled(at)
     with Producer(p_path, RESERVATION) as producer, Consumer(c_path, RESERVATION) as consumer:
         p = producer.metrics(now=5000.0)
         c = consumer.metrics()
@@ -334,13 +339,13 @@ def test_metrics_count_pending_set_aside_blocked_gaps_and_effects(tmp_path: Path
     assert c.as_dict()["effects"]["unknown"] == 1
 
 
-def test_failing_leased_and_oldest_pending_age(tmp_path: Path) -> None:
+def test_failing_leased_and_oldest_pending_age(at: At) -> None:
     class Died(BaseException):
         """The relay's process "dies" mid-send: nothing is recorded, the lease stays."""
 
     clock = Clock(1000.0)
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, \
-            Unreachable(tmp_path / "down.db", RESERVATION, name="down") as down:
+    with Producer(at("p"), RESERVATION) as producer, \
+            Unreachable(at("down"), RESERVATION, name="down") as down:
         for flow in "AB":
             producer.advance(f"{flow}1", flow, expected_seq=0, kind="reserved", payload={"amount": 1})
         failing = DeliveryPolicy(clock=clock, random=lambda: 0.5, backoff_base=1000)
@@ -357,8 +362,8 @@ def test_failing_leased_and_oldest_pending_age(tmp_path: Path) -> None:
         assert producer.metrics(now=1051.0).consumers["down"].leased == 0
 
 
-def test_applied_per_second_is_counted_since_the_object_was_opened(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+def test_applied_per_second_is_counted_since_the_object_was_opened(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as producer, Consumer(at("c"), RESERVATION) as consumer:
         for flow in "ABC":
             producer.advance(f"{flow}1", flow, expected_seq=0, kind="reserved", payload={"amount": 1})
             relay(producer, consumer)
@@ -370,8 +375,8 @@ def test_applied_per_second_is_counted_since_the_object_was_opened(tmp_path: Pat
     assert m.applied_per_second == pytest.approx(3 / m.seconds_open, rel=0.5)
 
 
-def test_duplicates_are_counted_through_receive_and_receive_many(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as producer, Consumer(tmp_path / "c.db", RESERVATION) as consumer:
+def test_duplicates_are_counted_through_receive_and_receive_many(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as producer, Consumer(at("c"), RESERVATION) as consumer:
         for flow in "AB":
             producer.advance(f"{flow}1", flow, expected_seq=0, kind="reserved", payload={"amount": 1})
         bodies = [json.dumps(producer.event(e)) for e in ("A1", "B1")]
@@ -379,7 +384,7 @@ def test_duplicates_are_counted_through_receive_and_receive_many(tmp_path: Path)
         consumer.receive_many(bodies)
         consumer.receive(bodies[0])
         assert consumer.metrics().duplicates == 3
-    with Consumer(tmp_path / "c.db", RESERVATION) as reopened:
+    with Consumer(at("c"), RESERVATION) as reopened:
         assert reopened.metrics().duplicates == 0  # in-process only: a new object starts at 0
 
 
@@ -423,9 +428,9 @@ def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return samples[(name, frozenset(labels.items()))]
 
 
-def test_metrics_command_text_json_and_prometheus_read_only(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
-    before = (digest(p_path), digest(c_path))
+def test_metrics_command_text_json_and_prometheus_read_only(at: At) -> None:
+    p_path, c_path = _troubled(at)
+    before = (contents(p_path), contents(c_path))
     text = run_cli("metrics", str(p_path), str(c_path))
     assert text.returncode == 0, text.stderr
     assert "producer: 7 events, 5 flows" in text.stdout
@@ -448,16 +453,18 @@ def test_metrics_command_text_json_and_prometheus_read_only(tmp_path: Path) -> N
     assert value(samples, "reliable_flow_effects", consumer="default", state="unknown") == 1
     assert value(samples, "reliable_flow_effects", consumer="default", state="dead") == 1
     assert not any(name == "reliable_flow_applied_total" for name, _ in samples)  # in-process only
-    assert (digest(p_path), digest(c_path)) == before
+    assert (contents(p_path), contents(c_path)) == before
 
 
-def test_metrics_command_refuses_missing_or_swapped_files(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_metrics_command_refuses_missing_or_swapped_files(at: At) -> None:
+    p_path, c_path = _troubled(at)
     swapped = run_cli("metrics", str(c_path), str(p_path))
-    assert swapped.returncode == 2 and "not a producer file" in swapped.stderr
-    missing = run_cli("metrics", str(p_path), str(tmp_path / "absent.db"), "--prometheus")
-    assert missing.returncode == 2 and "absent.db" in missing.stderr
-    assert not (tmp_path / "absent.db").exists()
+    thing = "store" if is_pg(p_path) else "file"
+    assert swapped.returncode == 2 and f"not a producer {thing}" in swapped.stderr
+    absent = at("absent")
+    missing = run_cli("metrics", str(p_path), absent, "--prometheus")
+    assert missing.returncode == 2 and absent.rpartition("#")[2] in missing.stderr  # the file, or the schema
+    assert not store_exists(absent)
 
 
 def test_prometheus_text_escapes_labels_and_includes_live_counts() -> None:
@@ -536,7 +543,7 @@ print(json.dumps([tracing.ACTIVE] + [[s.name, dict(s.attributes)] for s in expor
 
 def test_with_opentelemetry_spans_wrap_advance_relay_apply_and_effects(tmp_path: Path) -> None:
     if not _otel_importable():
-        pytest.skip("opentelemetry-sdk is not installed (pip install '.[otel]' opentelemetry-sdk)")
+        pytest.skip('opentelemetry-sdk is not installed: pip install -e ".[test]"')
     script = tmp_path / "spans.py"
     script.write_text(_SPANS_CHILD, encoding="utf-8")
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=child_env(), capture_output=True,

@@ -4,28 +4,28 @@ code), the recorded ways out of a bad accepted event (``skip_event``,
 ``replace_event``), the comparison of both sides (``reliable-flow compare``),
 consumers as a registry (``Producer.consumers`` / ``register_consumer`` /
 ``remove_consumer``, ``relay(register=...)``, ``Worker(register=...)``,
-``run --register``), the upgrade of older files, and the runbooks of
-docs/operations.md.
+``run --register``), and the runbooks of docs/operations.md; on both engines
+(a SQLite file or a PostgreSQL schema per store).  The restored-backup runbook
+and the upgrade of older files are SQLite's: ``tests/sqlite/test_operations_sqlite.py``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine_reads import contents, rows
 from reliable_flow import (
     BlockReason,
     Consumer,
     DeliveryPolicy,
     FlowWait,
-    InboxState,
     InvalidEnvelope,
     NotResolvable,
     Producer,
@@ -38,11 +38,9 @@ from reliable_flow import (
 )
 from reliable_flow.protocol import exact, integer
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from reliable_flow.tools.drilldown import event_report
 from reliable_flow.tools.inspection import inspect_files
-from support import Clock, commit, digest, relay_log, run_cli, sql_execute, sql_pragma, sql_rows
+from support import Clock, commit, relay_log, run_cli
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 
@@ -73,21 +71,20 @@ def cli_json(*args: str) -> tuple[int, dict[str, Any]]:
     return done.returncode, json.loads(done.stdout)
 
 
-def digests(*paths: Path) -> dict[str, str]:
-    """The database files' bytes, and that no write-ahead log holds a frame (a
-    read-only reader of a WAL file may leave an empty -wal and a -shm behind)."""
-    for path in paths:
-        wal = path.with_name(path.name + "-wal")
-        assert not wal.exists() or wal.stat().st_size == 0, f"{wal} holds writes"
-    return {path.name: digest(path) for path in paths}
+At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
+
+
+def digests(*locations: str) -> dict[str, Any]:
+    """What the stores hold (``engine_reads.contents``), to show a read wrote nothing."""
+    return {location: contents(location) for location in locations}
 
 
 # -- 1. why is it stuck -----------------------------------------------------------------------
 
 
-def test_stuck_names_each_wait_with_its_time_reason_and_stored_detail(tmp_path: Path) -> None:
+def test_stuck_names_each_wait_with_its_time_reason_and_stored_detail(at: At) -> None:
     clock = Clock(5000.0)
-    with Consumer(tmp_path / "c.db", RESERVATION, clock=clock) as c:
+    with Consumer(at("c"), RESERVATION, clock=clock) as c:
         assert c.stuck("A").wait == FlowWait.IDLE  # nothing at all
         c.receive(envelope("A1", "A", 1, "reserved"))
         clock.t = 5010.0
@@ -102,7 +99,7 @@ def test_stuck_names_each_wait_with_its_time_reason_and_stored_detail(tmp_path: 
         c.process_all()
         clock.t = 5050.0
         c.process_all()  # the block is examined again: its time stays the first one
-    with Consumer(tmp_path / "c.db", RESERVATION) as c:  # stored, not kept in memory
+    with Consumer(at("c"), RESERVATION) as c:  # stored, not kept in memory
         blocked = c.stuck("A")
         assert (blocked.wait, blocked.state, blocked.last_seq, blocked.next_seq) == ("blocked", "reserved", 1, 2)
         assert blocked.reason == BlockReason.UNSUPPORTED_SCHEMA
@@ -117,9 +114,9 @@ def test_stuck_names_each_wait_with_its_time_reason_and_stored_detail(tmp_path: 
             c.stuck("")
 
 
-def _troubled(tmp_path: Path) -> tuple[Path, Path]:
+def _troubled(at: At) -> tuple[str, str]:
     """A blocked with its detail (schema 2), B at a gap, C1 set aside, D fully applied."""
-    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    p_path, c_path = at("producer"), at("consumer")
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
         p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}, meta={"trace": "t-7"})
         p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2)
@@ -134,8 +131,8 @@ def _troubled(tmp_path: Path) -> tuple[Path, Path]:
     return p_path, c_path
 
 
-def test_inspect_exits_1_for_a_block_a_set_aside_event_or_a_flow_stuck_too_long(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_inspect_exits_1_for_a_block_a_set_aside_event_or_a_flow_stuck_too_long(at: At) -> None:
+    p_path, c_path = _troubled(at)
     before = digests(p_path, c_path)
     code, report = cli_json("inspect", str(p_path), str(c_path))
     assert code == 1
@@ -152,8 +149,8 @@ def test_inspect_exits_1_for_a_block_a_set_aside_event_or_a_flow_stuck_too_long(
     assert digests(p_path, c_path) == before  # read only
 
 
-def test_inspect_exits_0_when_everything_is_through_and_1_when_a_step_waits_too_long(tmp_path: Path) -> None:
-    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
+def test_inspect_exits_0_when_everything_is_through_and_1_when_a_step_waits_too_long(at: At) -> None:
+    p_path, c_path = at("p"), at("c")
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
         commit(p, "A")
         relay_log(p, c)
@@ -174,8 +171,8 @@ def test_inspect_exits_0_when_everything_is_through_and_1_when_a_step_waits_too_
     assert cli_json("inspect", str(p_path), str(c_path), "--stuck-after", "5000")[0] == 0
 
 
-def test_inspect_flow_shows_both_sides_and_the_block_with_its_detail(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_inspect_flow_shows_both_sides_and_the_block_with_its_detail(at: At) -> None:
+    p_path, c_path = _troubled(at)
     before = digests(p_path, c_path)
     code, report = cli_json("inspect", str(p_path), str(c_path), "--flow", "A")
     assert code == 1
@@ -198,8 +195,8 @@ def test_inspect_flow_shows_both_sides_and_the_block_with_its_detail(tmp_path: P
     assert digests(p_path, c_path) == before
 
 
-def test_inspect_event_shows_body_deliveries_operator_actions_and_the_inbox_row(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_inspect_event_shows_body_deliveries_operator_actions_and_the_inbox_row(at: At) -> None:
+    p_path, c_path = _troubled(at)
     code, report = cli_json("inspect", str(p_path), str(c_path), "--event", "A1")
     assert code == 0  # applied: nothing about this event needs attention
     assert report["producer"]["event"]["meta"] == {"trace": "t-7"}
@@ -220,12 +217,12 @@ def test_inspect_event_shows_body_deliveries_operator_actions_and_the_inbox_row(
     assert "another body under this id" in text and "last answer id_conflict" in text
 
 
-def test_a_lease_held_by_a_dead_relay_shows_its_owner_and_expiry(tmp_path: Path) -> None:
+def test_a_lease_held_by_a_dead_relay_shows_its_owner_and_expiry(at: At) -> None:
     class DiesMidSend(Consumer):
         def accept(self, body: str) -> Any:
             raise KeyboardInterrupt  # the relay process is killed while sending
 
-    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
+    p_path, c_path = at("p"), at("c")
     clock = Clock(1000.0)
     with Producer(p_path, RESERVATION) as p:
         commit(p, "A", 1)
@@ -245,18 +242,8 @@ def test_a_lease_held_by_a_dead_relay_shows_its_owner_and_expiry(tmp_path: Path)
     assert (after["state"], after["lease_owner"]) == ("accepted", None)
 
 
-def test_inspect_refuses_a_file_that_needs_an_upgrade_without_writing(tmp_path: Path) -> None:
-    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
-    Producer(p_path, RESERVATION).close()
-    _make_v2_consumer(c_path)
-    before = digests(c_path)
-    done = run_cli("inspect", str(p_path), str(c_path), "--flow", "A")
-    assert done.returncode == 2 and "upgrade" in done.stderr
-    assert digests(c_path) == before and sql_pragma(c_path, "user_version") == 2
-
-
-def test_the_documented_json_keys_are_the_real_ones(tmp_path: Path) -> None:
-    p_path, c_path = _troubled(tmp_path)
+def test_the_documented_json_keys_are_the_real_ones(at: At) -> None:
+    p_path, c_path = _troubled(at)
     doc = DOCS.read_text(encoding="utf-8")
     summary = inspect_files(p_path, c_path, stuck_after=0)
     flow = cli_json("inspect", str(p_path), str(c_path), "--flow", "A")[1]
@@ -276,10 +263,10 @@ def test_the_documented_json_keys_are_the_real_ones(tmp_path: Path) -> None:
 # -- 2. a way out for a bad accepted event ----------------------------------------------------------
 
 
-def _buggy_files(tmp_path: Path, bad_seq: int) -> tuple[Path, Path]:
+def _buggy_files(at: At, bad_seq: int) -> tuple[str, str]:
     """Flow A from a buggy producer: step ``bad_seq`` carries amount 9 instead of 3;
     everything relayed and applied up to the block."""
-    p_path, c_path = tmp_path / "producer.db", tmp_path / "consumer.db"
+    p_path, c_path = at("producer"), at("consumer")
     with Producer(p_path, BUGGY) as p, Consumer(c_path, RESERVATION) as c:
         for seq, kind in enumerate(("reserved", "confirmed", "released")[:bad_seq], start=1):
             amount = 9 if seq == bad_seq else 3
@@ -291,8 +278,8 @@ def _buggy_files(tmp_path: Path, bad_seq: int) -> tuple[Path, Path]:
     return p_path, c_path
 
 
-def test_skip_event_moves_the_flow_past_it_without_an_effect_and_is_recorded(tmp_path: Path) -> None:
-    _, c_path = _buggy_files(tmp_path, bad_seq=3)
+def test_skip_event_moves_the_flow_past_it_without_an_effect_and_is_recorded(at: At) -> None:
+    _, c_path = _buggy_files(at, bad_seq=3)
     clock = Clock(7000.0)
     with Consumer(c_path, RESERVATION, clock=clock) as c:
         before = c.projection("A")
@@ -308,12 +295,12 @@ def test_skip_event_moves_the_flow_past_it_without_an_effect_and_is_recorded(tmp
         # A later step applies after the skipped one.
         c.receive(envelope("A4", "A", 4, "released"))
         assert c.apply_next("A").status == "applied"
-    assert sql_rows(c_path, "SELECT action, actor, reason FROM consumer_action") == [
+    assert rows(c_path, "SELECT action, actor, reason FROM consumer_action") == [
         ("skip", "alice", "release was sent twice by mistake (INC-12)")]
 
 
-def test_skip_and_replace_refuse_what_they_cannot_do_and_write_nothing(tmp_path: Path) -> None:
-    _, c_path = _buggy_files(tmp_path, bad_seq=2)
+def test_skip_and_replace_refuse_what_they_cannot_do_and_write_nothing(at: At) -> None:
+    _, c_path = _buggy_files(at, bad_seq=2)
     with Consumer(c_path, RESERVATION) as c:
         c.receive(envelope("B2", "B", 2, "confirmed"))  # waits behind a gap
     before = digests(c_path)
@@ -340,9 +327,9 @@ def test_skip_and_replace_refuse_what_they_cannot_do_and_write_nothing(tmp_path:
     assert digests(c_path) == before
 
 
-def test_runbook_a_a_bad_accepted_event_is_replaced_by_a_corrected_one(tmp_path: Path) -> None:
+def test_runbook_a_a_bad_accepted_event_is_replaced_by_a_corrected_one(at: At) -> None:
     """docs/operations.md, runbook (a): a producer bug committed a bad event."""
-    p_path, c_path = _buggy_files(tmp_path, bad_seq=2)
+    p_path, c_path = _buggy_files(at, bad_seq=2)
     # Reveal: inspect exits 1 and names the block with its detail.
     code, report = cli_json("inspect", str(p_path), str(c_path), "--event", "A2")
     assert code == 1
@@ -373,8 +360,8 @@ def test_runbook_a_a_bad_accepted_event_is_replaced_by_a_corrected_one(tmp_path:
     assert [a["action"] for a in report["consumer"]["actions"]] == ["replace"]
 
 
-def test_compare_lists_a_difference_a_recorded_skip_explains_without_failing(tmp_path: Path) -> None:
-    p_path, c_path = _buggy_files(tmp_path, bad_seq=3)
+def test_compare_lists_a_difference_a_recorded_skip_explains_without_failing(at: At) -> None:
+    p_path, c_path = _buggy_files(at, bad_seq=3)
     before = digests(p_path, c_path)
     code, report = cli_json("compare", str(p_path), str(c_path))
     assert code == 1
@@ -393,118 +380,29 @@ def test_compare_lists_a_difference_a_recorded_skip_explains_without_failing(tmp
     assert "explained: skip of A3 by alice" in text and "no unexplained differences" in text
 
 
-def test_compare_finds_flows_missing_on_either_side_and_checks_every_consumer(tmp_path: Path) -> None:
-    p_path = tmp_path / "p.db"
-    with Producer(p_path, RESERVATION) as p, Consumer(tmp_path / "a.db", RESERVATION, name="a") as a, \
-            Consumer(tmp_path / "b.db", RESERVATION, name="b") as b:
+def test_compare_finds_flows_missing_on_either_side_and_checks_every_consumer(at: At) -> None:
+    p_path = at("p")
+    with Producer(p_path, RESERVATION) as p, Consumer(at("a"), RESERVATION, name="a") as a, \
+            Consumer(at("b"), RESERVATION, name="b") as b:
         commit(p, "A", 2)
         relay_log(p, a)
         a.process_all()
         p.register_consumer("b", actor="ops", reason="second consumer")
         b.receive(envelope("X1", "X", 1, "reserved"))  # a flow the producer never had
         b.process_all()
-    code, report = cli_json("compare", str(p_path), str(tmp_path / "a.db"), str(tmp_path / "b.db"))
+    code, report = cli_json("compare", str(p_path), str(at("a")), str(at("b")))
     assert code == 1
     by_name = {c["name"]: {d["flow_id"]: d["kind"] for d in c["differences"]} for c in report["consumers"]}
     assert by_name == {"a": {}, "b": {"A": "missing_on_consumer", "X": "missing_on_producer"}}
     assert report["differences"] == 2
 
 
-# -- the restored backup runbook ---------------------------------------------------------------------
-
-
-def _backup(source: Path, target: Path) -> None:
-    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
-        src.backup(dst)
-
-
-def test_runbook_b_a_producer_restored_from_a_backup_catches_up_from_the_consumer(tmp_path: Path) -> None:
-    """docs/operations.md, runbook (b): the consumer has events the producer lost."""
-    p_path, c_path, backup = tmp_path / "producer.db", tmp_path / "consumer.db", tmp_path / "backup.db"
-    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        commit(p, "A", 1)
-        relay_log(p, c)
-        _backup(p_path, backup)  # last night's backup: A1 only
-        p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3}, meta={"by": "web"})
-        commit(p, "B", 1)
-        relay_log(p, c)
-        c.process_all()
-    # The producer's disk dies; the backup is restored.
-    for f in tmp_path.glob("producer.db*"):
-        f.unlink()
-    backup.rename(p_path)
-    # Reveal, before any writer starts again.
-    code, report = cli_json("compare", str(p_path), str(c_path))
-    assert code == 1
-    kinds = {d["flow_id"]: d["kind"] for d in report["consumers"][0]["differences"]}
-    assert kinds == {"A": "ahead", "B": "missing_on_producer"}
-    # Fix: re-commit, from the consumer's copies, every event the producer lost.
-    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        for flow in c.flows():
-            for entry in c.inbox(flow):
-                if entry.state == InboxState.REPLACED or p.event(entry.event_id) is not None:
-                    continue
-                e = c.event(entry.event_id)
-                assert e is not None
-                result = p.advance(e["event_id"], e["flow_id"], expected_seq=e["seq"] - 1, kind=e["kind"],
-                                   payload=e["payload"], schema=e["schema"], meta=e.get("meta"))
-                assert result.status == "committed", result
-        assert sorted(relay_log(p, c)) == ["A2 duplicate", "B1 duplicate"]
-        assert p.event("A2") == c.event("A2")
-    assert run_cli("compare", str(p_path), str(c_path)).returncode == 0
-    assert run_cli("inspect", str(p_path), str(c_path)).returncode == 0
-
-
-def test_runbook_b_when_writers_already_went_on_the_conflict_is_set_aside_and_skipped(tmp_path: Path) -> None:
-    p_path, c_path, backup = tmp_path / "producer.db", tmp_path / "consumer.db", tmp_path / "backup.db"
-    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        commit(p, "A", 1)
-        relay_log(p, c)
-        _backup(p_path, backup)
-        p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3})
-        relay_log(p, c)
-        c.process_all()
-    for f in tmp_path.glob("producer.db*"):
-        f.unlink()
-    backup.rename(p_path)
-    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        # The application wrote again before anyone looked: another event at seq 2.
-        p.advance("A2-again", "A", expected_seq=1, kind="confirmed", payload={"amount": 3})
-        assert relay_log(p, c) == ["A2-again sequence_conflict"]
-    code, report = cli_json("inspect", str(p_path), str(c_path))
-    assert code == 1 and [a["kind"] for a in report["attention"]] == ["set_aside"]
-    code, report = cli_json("compare", str(p_path), str(c_path))
-    assert code == 1 and report["consumers"][0]["differences"][0]["kind"] == "event_differs"
-    # Both steps meant the same; the consumer keeps its own: never deliver the copy.
-    with Producer(p_path, RESERVATION) as p:
-        p.skip("A2-again", consumer="default", actor="carol", reason="restored backup; consumer has A2")
-    assert run_cli("inspect", str(p_path), str(c_path)).returncode == 0
-    code, report = cli_json("compare", str(p_path), str(c_path))
-    assert code == 0
-    assert report["consumers"][0]["differences"][0]["explained_by"][0]["actor"] == "carol"
-
-
-def test_a_restored_producer_lost_a_registration_and_refuses_the_name_until_registered_again(
-    tmp_path: Path,
-) -> None:
-    p_path, backup = tmp_path / "producer.db", tmp_path / "backup.db"
-    with Producer(p_path, RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c:
-        commit(p, "A", 1)
-        relay_log(p, c)
-        _backup(p_path, backup)
-    with Producer(backup, RESERVATION) as p, Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
-        with pytest.raises(UnknownConsumer, match="'audit'"):
-            relay(p, audit)
-        p.register_consumer("audit", actor="ops", reason="lost with the restore")
-        assert relay_log(p, audit) == ["A1 accepted"]
-
-
 # -- 3. consumers as a registry ----------------------------------------------------------------------
 
 
-def test_the_first_consumer_is_registered_implicitly_and_a_second_name_is_refused(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c, \
-            Consumer(tmp_path / "typo.db", RESERVATION, name="defualt") as typo:
+def test_the_first_consumer_is_registered_implicitly_and_a_second_name_is_refused(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("c"), RESERVATION) as c, \
+            Consumer(at("typo"), RESERVATION, name="defualt") as typo:
         commit(p, "A", 2)
         assert relay_log(p, c) == ["A1 accepted", "A2 accepted"]
         [entry] = p.consumers()
@@ -522,9 +420,9 @@ def test_the_first_consumer_is_registered_implicitly_and_a_second_name_is_refuse
         assert typo.flows() == [] and all(set(e.deliveries) == {"default"} for e in p.outbox())
 
 
-def test_relay_register_true_registers_a_new_name_from_the_first_event_and_records_it(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c, \
-            Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
+def test_relay_register_true_registers_a_new_name_from_the_first_event_and_records_it(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("c"), RESERVATION) as c, \
+            Consumer(at("audit"), RESERVATION, name="audit") as audit:
         commit(p, "A", 2)
         relay_log(p, c)
         assert [r.event_id for r in relay_batch(p, audit, register=True).results] == ["A1", "A2"]
@@ -532,10 +430,10 @@ def test_relay_register_true_registers_a_new_name_from_the_first_event_and_recor
             ("audit", "relay", "relay(register=True)")]
 
 
-def test_register_consumer_from_the_first_event_or_from_now(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, \
-            Consumer(tmp_path / "full.db", RESERVATION, name="full") as full, \
-            Consumer(tmp_path / "late.db", RESERVATION, name="late") as late:
+def test_register_consumer_from_the_first_event_or_from_now(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p, \
+            Consumer(at("full"), RESERVATION, name="full") as full, \
+            Consumer(at("late"), RESERVATION, name="late") as late:
         commit(p, "A", 2)
         before = time.time()
         full_action = p.register_consumer("full", actor="alice", reason="new reporting service")
@@ -560,10 +458,10 @@ def test_register_consumer_from_the_first_event_or_from_now(tmp_path: Path) -> N
         assert len(p.registry_actions()) == 2
 
 
-def test_remove_consumer_drops_its_deliveries_and_refuses_it_afterwards(tmp_path: Path) -> None:
-    p_path = tmp_path / "p.db"
-    with Producer(p_path, RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c, \
-            Consumer(tmp_path / "typo.db", RESERVATION, name="defualt") as typo:
+def test_remove_consumer_drops_its_deliveries_and_refuses_it_afterwards(at: At) -> None:
+    p_path = at("p")
+    with Producer(p_path, RESERVATION) as p, Consumer(at("c"), RESERVATION) as c, \
+            Consumer(at("typo"), RESERVATION, name="defualt") as typo:
         commit(p, "A", 2)
         relay_log(p, c)
         relay(p, typo, register=True)  # the typo was registered by mistake
@@ -578,13 +476,13 @@ def test_remove_consumer_drops_its_deliveries_and_refuses_it_afterwards(tmp_path
             p.remove_consumer("defualt", actor="dave", reason="twice")
         commit(p, "B", 1)
         assert relay_log(p, c) == ["B1 accepted"]
-    assert [r[0] for r in sql_rows(p_path, "SELECT action FROM registry_action ORDER BY id")] == [
+    assert [r[0] for r in rows(p_path, "SELECT action FROM registry_action ORDER BY id")] == [
         "register", "register", "remove"]
-    assert sql_rows(p_path, "SELECT count(*) FROM delivery WHERE consumer = 'defualt'") == [(0,)]
+    assert rows(p_path, "SELECT count(*) FROM delivery WHERE consumer = 'defualt'") == [(0,)]
 
 
-def test_inspect_shows_a_registered_name_no_relay_reached(tmp_path: Path) -> None:
-    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
+def test_inspect_shows_a_registered_name_no_relay_reached(at: At) -> None:
+    p_path, c_path = at("p"), at("c")
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
         commit(p, "A", 1)
         relay_log(p, c)
@@ -599,9 +497,9 @@ def test_inspect_shows_a_registered_name_no_relay_reached(tmp_path: Path) -> Non
     assert {r["name"]: r["bound"] for r in report["producer"]["registry"]} == {"default": True, "biling": False}
 
 
-def test_a_worker_refuses_an_unregistered_second_consumer_unless_asked_to_register(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "a.db", RESERVATION, name="a") as a, \
-            Consumer(tmp_path / "b.db", RESERVATION, name="b") as b:
+def test_a_worker_refuses_an_unregistered_second_consumer_unless_asked_to_register(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("a"), RESERVATION, name="a") as a, \
+            Consumer(at("b"), RESERVATION, name="b") as b:
         commit(p, "A", 1)
         with pytest.raises(UnknownConsumer, match="'b'"):
             Worker(p, [a, b])
@@ -614,14 +512,14 @@ def test_a_worker_refuses_an_unregistered_second_consumer_unless_asked_to_regist
         assert [e.name for e in p.consumers()] == ["a", "b"]
 
 
-def test_cli_run_refuses_a_typo_and_registers_with_register(tmp_path: Path) -> None:
-    p_path = tmp_path / "p.db"
-    with Producer(p_path, RESERVATION) as p, Consumer(tmp_path / "a.db", RESERVATION, name="a") as a:
+def test_cli_run_refuses_a_typo_and_registers_with_register(at: At) -> None:
+    p_path = at("p")
+    with Producer(p_path, RESERVATION) as p, Consumer(at("a"), RESERVATION, name="a") as a:
         commit(p, "A", 1)
         relay_log(p, a)
-    Consumer(tmp_path / "b.db", RESERVATION, name="billing").close()
-    files = ["--producer", str(p_path), "--consumer", f"a={tmp_path / 'a.db'}",
-             "--consumer", f"billing={tmp_path / 'b.db'}", "--once"]
+    Consumer(at("b"), RESERVATION, name="billing").close()
+    files = ["--producer", str(p_path), "--consumer", f"a={at('a')}",
+             "--consumer", f"billing={at('b')}", "--once"]
     refused = run_cli("run", *files)
     assert refused.returncode == 2
     assert "no consumer named 'billing'" in refused.stderr and "--register" in refused.stderr
@@ -630,94 +528,6 @@ def test_cli_run_refuses_a_typo_and_registers_with_register(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     with Producer(p_path, RESERVATION) as p:
         assert [(e.name, e.backlog) for e in p.consumers()] == [("a", 0), ("billing", 0)]
-
-
-# -- upgrades of older files ---------------------------------------------------------------------------
-
-
-def _make_v2_consumer(path: Path) -> None:
-    """A consumer file as the release with schema v2 wrote it: A1 applied, A2
-    blocked, B2 waiting at a gap."""
-    kind = FileKind("consumer", CONSUMER.application_id, CONSUMER.migrations[:2])
-    db = Database(path, kind, on_create=lambda conn: conn.executemany(
-        "INSERT INTO meta(key, value) VALUES (?, ?)",
-        [("protocol", "reservation"), ("name", "default"), ("uid", "u-old")]))
-    body = json.dumps  # the bodies only need to be JSON for these checks
-    with db.write() as conn:
-        conn.executemany("INSERT INTO inbox(event_id, flow_id, seq, body, state, reason) VALUES (?, ?, ?, ?, ?, ?)", [
-            ("A1", "A", 1, body(envelope("A1", "A", 1, "reserved")), "applied", None),
-            ("A2", "A", 2, body(envelope("A2", "A", 2, "confirmed", amount=9)), "blocked", "invalid_payload"),
-            ("B2", "B", 2, body(envelope("B2", "B", 2, "confirmed")), "pending", None)])
-        conn.execute("INSERT INTO projection VALUES ('A', 'reserved', 1, '{\"amount\":3}', '{\"held\":3}')")
-        conn.execute("INSERT INTO effect(event_id, flow_id, seq, kind) VALUES ('A1', 'A', 1, 'reserved')")
-    db.close()
-    assert sql_pragma(path, "user_version") == 2
-
-
-def test_a_v2_consumer_file_upgrades_in_place_and_its_rows_can_be_skipped_or_replaced(tmp_path: Path) -> None:
-    path = tmp_path / "c.db"
-    _make_v2_consumer(path)
-    with Consumer(path, RESERVATION, clock=lambda: 9000.0) as c:
-        assert sql_pragma(path, "user_version") == CONSUMER.version
-        assert sql_rows(path, "SELECT event_id, state, reason, detail, received_at, blocked_at FROM inbox "
-                              "ORDER BY event_id") == [
-            ("A1", "applied", None, None, None, None), ("A2", "blocked", "invalid_payload", None, None, None),
-            ("B2", "pending", None, None, None, None)]
-        stuck = c.stuck("A")
-        assert (stuck.wait, stuck.reason, stuck.detail, stuck.since) == ("blocked", "invalid_payload", None, None)
-        assert c.stuck("B").since is None  # arrived before arrival times were kept
-        c.apply_next("A")  # examined again: now the detail is stored; blocked_at stays unknown
-        assert c.stuck("A").detail == "payload.amount: must stay 3 as reserved, got 9"
-        c.replace_event("A2", envelope("A2-fix", "A", 2, "confirmed"), actor="ops", reason="after the upgrade")
-        assert c.apply_next("A").status == "applied"
-        assert (c.name, c.uid) == ("default", "u-old")
-    schema = sql_rows(path, "SELECT sql FROM sqlite_master WHERE name = 'inbox'")[0][0]
-    assert "'skipped','replaced'" in schema and "received_at" in schema
-
-
-def test_a_v3_consumer_migration_that_fails_leaves_the_v2_file_intact(tmp_path: Path) -> None:
-    path = tmp_path / "c.db"
-    _make_v2_consumer(path)
-    sql_execute(path, "CREATE TABLE consumer_action(note TEXT)")  # left there by someone: the last statement fails
-    before = sql_rows(path, "SELECT * FROM inbox ORDER BY event_id")
-    with pytest.raises(Exception, match="already exists"):
-        Consumer(path, RESERVATION)
-    assert sql_pragma(path, "user_version") == 2
-    assert sql_rows(path, "SELECT * FROM inbox ORDER BY event_id") == before
-    sql_execute(path, "DROP TABLE consumer_action")
-    with Consumer(path, RESERVATION) as c:
-        assert [e.state for e in c.inbox("A")] == ["applied", "blocked"]
-
-
-def test_a_v2_producer_file_upgrades_keeping_its_bound_consumers(tmp_path: Path) -> None:
-    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
-    with Consumer(c_path, RESERVATION) as c:
-        uid = c.uid
-    kind = FileKind("producer", PRODUCER.application_id, PRODUCER.migrations[:2])
-    db = Database(p_path, kind, on_create=lambda conn: conn.execute(
-        "INSERT INTO meta(key, value) VALUES ('protocol', 'reservation')"))
-    from reliable_flow.envelope import make
-    bodies = [make(event_id=f"A{n}", flow_id="A", seq=n, kind=k, schema=1, payload={"amount": 3}).body
-              for n, k in ((1, "reserved"), (2, "confirmed"))]
-    with db.write() as conn:
-        conn.execute("INSERT INTO flow VALUES ('A', 2, 'confirmed', '{\"amount\":3}')")
-        conn.executemany("INSERT INTO outbox(event_id, flow_id, seq, body) VALUES (?, 'A', ?, ?)",
-                         [("A1", 1, bodies[0]), ("A2", 2, bodies[1])])
-        conn.execute("INSERT INTO consumer(name, uid) VALUES ('default', ?)", (uid,))
-        conn.execute("INSERT INTO delivery(consumer, pos, state, last_status, attempts) VALUES "
-                     "('default', 1, 'accepted', 'accepted', 1), ('default', 2, 'pending', NULL, 0)")
-    db.close()
-    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c, \
-            Consumer(tmp_path / "new.db", RESERVATION, name="new") as new:
-        assert sql_pragma(p_path, "user_version") == PRODUCER.version
-        [entry] = p.consumers()
-        assert (entry.name, entry.uid, entry.bound, entry.registered_at, entry.backlog) == (
-            "default", uid, True, None, 1)
-        assert p.registry_actions() == []
-        assert relay_log(p, c) == ["A2 accepted"]
-        with pytest.raises(UnknownConsumer):
-            relay(p, new)  # the upgraded file has a consumer: a new name is no longer implicit
-    assert sql_rows(p_path, "SELECT name, uid FROM consumer") == [("default", uid)]
 
 
 # -- the operations page -------------------------------------------------------------------------------

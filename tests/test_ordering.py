@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from engine_reads import rows
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.reservation import RESERVATION
-from support import KINDS, sql_rows
+from support import KINDS
 
 ORDERS = list(itertools.permutations(("A1", "A2", "A3")))
 ORDER_IDS = ["".join(e[1] for e in order) for order in ORDERS]
@@ -24,7 +25,7 @@ def commit_flow(producer: Producer, flow: str, *, schemas: tuple[int, int, int] 
 
 
 def raw_bodies(path: str) -> list[tuple[str, str]]:
-    return sql_rows(path, "SELECT event_id, body FROM inbox ORDER BY event_id")
+    return rows(path, "SELECT event_id, body FROM inbox ORDER BY event_id")
 
 
 def assert_released_once(consumer: Consumer) -> None:

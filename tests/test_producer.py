@@ -5,14 +5,13 @@ with a trigger."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 import pytest
 
+from engine_reads import allow_inserts, count, integrity_error, reject_inserts, rows
 from reliable_flow import InvalidEnvelope, Producer
 from reliable_flow.statuses import AdvanceResult
-from support import sql_count, sql_execute, sql_rows
 
 BODY_FIELDS = ("flow_id", "kind", "schema", "payload", "meta", "expected_seq")
 STEPS = (("A1", 0, "reserved"), ("A2", 1, "confirmed"), ("A3", 2, "released"))
@@ -22,13 +21,13 @@ Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 def raw_rows(path: str) -> Rows:
     """Every flow row and outbox row, read through connections of their own."""
-    flows = sql_rows(path, "SELECT flow_id, seq, state, data FROM flow ORDER BY flow_id")
-    events = sql_rows(path, "SELECT pos, event_id, flow_id, seq, body FROM outbox ORDER BY pos")
+    flows = rows(path, "SELECT flow_id, seq, state, data FROM flow ORDER BY flow_id")
+    events = rows(path, "SELECT pos, event_id, flow_id, seq, body FROM outbox ORDER BY pos")
     return flows, events
 
 
 def raw_counts(path: str) -> tuple[int, int]:
-    return sql_count(path, "flow"), sql_count(path, "outbox")
+    return count(path, "flow"), count(path, "outbox")
 
 
 def step(producer: Producer, n: int, *, amount: int = 3, meta: dict[str, str] | None = None) -> AdvanceResult:
@@ -368,7 +367,7 @@ def test_malformed_arguments_raise_before_any_check(
         advance_a1(producer, **changes)
     assert info.value.field == field
     assert raw_rows(producer.path) == before
-    assert producer._store._db.conn.in_transaction is False
+    assert producer.store.in_transaction() is False
 
 
 # -- SQL failure injected with a trigger -------------------------------------------------
@@ -386,14 +385,10 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
     flow_before = producer.flow("A")
     outbox_before = producer.outbox("A")
     before = raw_rows(producer.path)
-    sql_execute(
-        producer.path,
-        "CREATE TRIGGER reject_outbox BEFORE INSERT ON outbox "
-        "BEGIN SELECT RAISE(ABORT, 'rejected by test'); END;",
-    )
-    with pytest.raises(sqlite3.IntegrityError, match="rejected by test"):
+    reject_inserts(producer.path, "outbox", "rejected by test")
+    with pytest.raises(integrity_error(producer.path), match="rejected by test"):
         producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
-    assert producer._store._db.conn.in_transaction is False
+    assert producer.store.in_transaction() is False
     assert producer.flow("A") == flow_before
     assert flow_before == (
         {"state": "reserved", "seq": 1, "amount": 3} if existing_flow else None
@@ -401,7 +396,7 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
     assert producer.outbox("A") == outbox_before
     assert raw_rows(producer.path) == before
 
-    sql_execute(producer.path, "DROP TRIGGER reject_outbox")
+    allow_inserts(producer.path, "outbox")
     r = producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
     assert (r.status, r.seq) == ("committed", expected + 1)
     assert producer.flow("A") == {"state": kind, "seq": expected + 1, "amount": 3}

@@ -54,7 +54,6 @@ PUBLIC_NAMES = [
     "Happened",
     "InboxAction",
     "InboxEntry",
-    "InboxFull",
     "InboxRow",
     "InboxState",
     "InvalidEnvelope",
@@ -73,7 +72,6 @@ PUBLIC_NAMES = [
     "ReceiveResult",
     "ReceiveStatus",
     "Receiver",
-    "Refused",
     "RegistryAction",
     "RelayBatchResult",
     "RelayResult",
@@ -103,8 +101,8 @@ PUBLIC_NAMES = [
 # Statuses the SPEC fixes (section 2); an enum may have more members, never fewer.
 SPEC_STATUSES = {
     "AdvanceStatus": {"committed", "existing", "conflict", "stale", "invalid_transition", "invalid_payload"},
-    "ReceiveStatus": {"accepted", "duplicate", "id_conflict", "sequence_conflict"},
-    "RelayStatus": {"accepted", "duplicate", "id_conflict", "sequence_conflict", "idle"},
+    "ReceiveStatus": {"accepted", "duplicate", "id_conflict", "sequence_conflict", "refused"},
+    "RelayStatus": {"accepted", "duplicate", "id_conflict", "sequence_conflict", "refused", "idle"},
     "ApplyStatus": {"applied", "gap", "blocked", "idle"},
     "BlockReason": {"unsupported_schema", "invalid_payload", "invalid_transition"},
     "DrainStop": {"gap", "blocked", "idle", "limit"},

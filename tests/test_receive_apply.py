@@ -11,22 +11,31 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reliable_flow import AppSchema, ApplyContext, Consumer, Effects, Producer, RetryLater, relay, relay_batch
+from engine_reads import rows, store_exists
+from reliable_flow import (
+    ApplyContext,
+    AppSchema,
+    Consumer,
+    Effects,
+    Producer,
+    RetryLater,
+    relay,
+    relay_batch,
+)
 from reliable_flow.protocol import PayloadError
 from reliable_flow.reservation import RESERVATION
-from support import commit, envelope, sql_rows
+from support import commit, envelope
 
 A1, A2, A3 = envelope("A1", "A", 1), envelope("A2", "A", 2), envelope("A3", "A", 3)
 
 
 @pytest.fixture
-def applying(tmp_path: Path) -> Any:
-    c = Consumer(tmp_path / "applying.db", RESERVATION, apply_on_receive=True)
+def applying(new_store: Any) -> Any:
+    c = Consumer(new_store("applying"), RESERVATION, apply_on_receive=True)
     yield c
     c.close()
 
@@ -80,9 +89,9 @@ def test_a_duplicate_and_conflicts_are_answered_as_without_the_mode(applying: Co
     (envelope("A1", "A", 1, kind="released"), "invalid_transition"),
 ])
 def test_an_event_that_would_block_is_stored_pending_and_blocks_in_apply_next(
-    tmp_path: Path, event: dict[str, Any], reason: str
+    new_store: Any, event: dict[str, Any], reason: str
 ) -> None:
-    with Consumer(tmp_path / "c.db", RESERVATION, schemas=[1], apply_on_receive=True) as c:
+    with Consumer(new_store("c"), RESERVATION, schemas=[1], apply_on_receive=True) as c:
         r = c.receive(event)
         assert (r.status, r.applied) == ("accepted", False)
         assert [(e.state, e.reason) for e in c.inbox("A")] == [("pending", None)]
@@ -91,7 +100,7 @@ def test_an_event_that_would_block_is_stored_pending_and_blocks_in_apply_next(
         assert c.projection("A") is None and c.effects("A") == []
 
 
-def test_a_handler_payload_error_leaves_nothing_of_the_apply_and_blocks_later(tmp_path: Path) -> None:
+def test_a_handler_payload_error_leaves_nothing_of_the_apply_and_blocks_later(new_store: Any) -> None:
     calls: list[str] = []
 
     def picky(ctx: ApplyContext) -> None:
@@ -101,18 +110,18 @@ def test_a_handler_payload_error_leaves_nothing_of_the_apply_and_blocks_later(tm
             raise PayloadError("amount", "too large for this handler")
 
     app = AppSchema("seen", [["CREATE TABLE seen(id TEXT)"]])
-    with Consumer(tmp_path / "c.db", RESERVATION, handlers=[picky], app_schema=app, apply_on_receive=True) as c:
+    with Consumer(new_store("c"), RESERVATION, handlers=[picky], app_schema=app, apply_on_receive=True) as c:
         assert c.receive(envelope("A1", "A", 1, amount=9)).applied is False
         assert calls == ["A1"]
-        assert sql_rows(c.path, "SELECT count(*) FROM seen") == [(0,)]  # the handler's write rolled back
+        assert rows(c.path, "SELECT count(*) FROM seen") == [(0,)]  # the handler's write rolled back
         assert c.inbox("A")[0].state == "pending" and c.projection("A") is None
         blocked = c.apply_next("A")
         assert (blocked.status, blocked.reason) == ("blocked", "invalid_payload")
         assert c.receive(envelope("B1", "B", 1)).applied is True
-        assert sql_rows(c.path, "SELECT id FROM seen") == [("B1",)]
+        assert rows(c.path, "SELECT id FROM seen") == [("B1",)]
 
 
-def test_effects_scheduled_by_a_handler_on_arrival_are_in_the_same_commit(tmp_path: Path) -> None:
+def test_effects_scheduled_by_a_handler_on_arrival_are_in_the_same_commit(new_store: Any) -> None:
     effects = Effects()
 
     def notify(ctx: Any) -> None:
@@ -122,7 +131,7 @@ def test_effects_scheduled_by_a_handler_on_arrival_are_in_the_same_commit(tmp_pa
     def schedule(ctx: ApplyContext) -> None:
         ctx.schedule("notify", {"flow": ctx.event.flow_id})
 
-    with Consumer(tmp_path / "c.db", RESERVATION, handlers=[schedule], effects=effects,
+    with Consumer(new_store("c"), RESERVATION, handlers=[schedule], effects=effects,
                   apply_on_receive=True) as c:
         assert c.receive(A1).applied is True
         listed = c.effect_outbox()
@@ -155,8 +164,8 @@ def test_applying_view_turns_the_mode_on_for_one_receiver(producer: Producer, co
     assert consumer.receive(A2).applied is False  # the consumer itself is still two-step
 
 
-def test_a_full_inbox_still_lets_the_next_step_in_and_applies_it(tmp_path: Path) -> None:
-    with Consumer(tmp_path / "c.db", RESERVATION, max_inbox=1, apply_on_receive=True) as c:
+def test_a_full_inbox_still_lets_the_next_step_in_and_applies_it(new_store: Any) -> None:
+    with Consumer(new_store("c"), RESERVATION, max_inbox=1, apply_on_receive=True) as c:
         assert c.receive(envelope("B2", "B", 2)).applied is False  # fills the inbox
         r = c.receive(A1)  # A's next step: let in, and applied at once
         assert (r.status, r.applied) == ("accepted", True)
@@ -164,14 +173,15 @@ def test_a_full_inbox_still_lets_the_next_step_in_and_applies_it(tmp_path: Path)
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])
-def test_the_flag_must_be_a_bool_and_nothing_is_created(tmp_path: Path, value: Any) -> None:
+def test_the_flag_must_be_a_bool_and_nothing_is_created(new_store: Any, value: Any) -> None:
+    location = new_store("c")
     with pytest.raises(TypeError, match="apply_on_receive"):
-        Consumer(tmp_path / "c.db", RESERVATION, apply_on_receive=value)
-    assert not (tmp_path / "c.db").exists()
+        Consumer(location, RESERVATION, apply_on_receive=value)
+    assert not store_exists(location)
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_any_arrival_order_ends_in_the_same_state_as_the_two_step_consumer(tmp_path: Path, seed: int) -> None:
+def test_any_arrival_order_ends_in_the_same_state_as_the_two_step_consumer(new_store: Any, seed: int) -> None:
     """Shuffled arrivals with duplicates, a conflict and an unknown schema,
     into both consumers; after process_all the files agree row for row."""
     rng = random.Random(seed)
@@ -179,8 +189,8 @@ def test_any_arrival_order_ends_in_the_same_state_as_the_two_step_consumer(tmp_p
     events += [envelope("C2", "C", 2), envelope("X1", "D", 1), envelope("E9", "F", 1, schema=2)]
     rng.shuffle(events)
     flows = sorted({e["flow_id"] for e in events})
-    with Consumer(tmp_path / "two.db", RESERVATION, schemas=[1]) as two, \
-            Consumer(tmp_path / "one.db", RESERVATION, schemas=[1], apply_on_receive=True) as one:
+    with Consumer(new_store("two"), RESERVATION, schemas=[1]) as two, \
+            Consumer(new_store("one"), RESERVATION, schemas=[1], apply_on_receive=True) as one:
         for start in range(0, len(events), 4):
             chunk = events[start:start + 4]
             assert [r.status for r in two.receive_many(chunk)] == [r.status for r in one.receive_many(chunk)]

@@ -4,25 +4,24 @@ flows, explicit delivery, per-consumer delivery state, and snapshot()."""
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import reliable_flow
+from engine_reads import allow_inserts, integrity_error, reject_inserts, rows
 from reliable_flow import Consumer, Producer, relay, snapshot
 from reliable_flow.reservation import RESERVATION
-from support import commit, envelope, outbox_entry, sql_execute, sql_rows
+from support import commit, envelope, outbox_entry
 
 
 def raw_inbox(path: str) -> list[tuple[Any, ...]]:
-    return sql_rows(path, "SELECT event_id, flow_id, seq, body, state FROM inbox ORDER BY event_id")
+    return rows(path, "SELECT event_id, flow_id, seq, body, state FROM inbox ORDER BY event_id")
 
 
 def raw_delivery(path: str) -> list[tuple[Any, ...]]:
-    return sql_rows(
+    return rows(
         path,
         "SELECT d.consumer, o.event_id, d.state, d.last_status, d.attempts "
         "FROM delivery d JOIN outbox o ON o.pos = d.pos ORDER BY d.consumer, d.pos",
@@ -30,8 +29,8 @@ def raw_delivery(path: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture
-def audit(tmp_path: Path) -> Iterator[Consumer]:
-    c = Consumer(tmp_path / "audit.db", RESERVATION, name="audit")
+def audit(new_store: Any) -> Iterator[Consumer]:
+    c = Consumer(new_store("audit"), RESERVATION, name="audit")
     yield c
     c.close()
 
@@ -64,20 +63,17 @@ def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, cons
 
 def test_relay_does_not_mark_when_the_consumer_fails_to_store(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A", 1)
-    sql_execute(
-        consumer.path,
-        "CREATE TRIGGER reject_inbox BEFORE INSERT ON inbox BEGIN SELECT RAISE(ABORT, 'no room'); END;",
-    )
-    with pytest.raises(sqlite3.IntegrityError):
+    reject_inserts(consumer.path, "inbox", "no room")
+    with pytest.raises(integrity_error(consumer.path)) as failed:
         relay(producer, consumer)
     assert raw_inbox(consumer.path) == []
     e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "pending", None)
     assert e.deliveries["default"].attempts == 1  # the failed send is recorded
-    assert "IntegrityError" in (e.deliveries["default"].last_error or "")
-    assert producer._store._db.conn.in_transaction is False
-    assert consumer._store._db.conn.in_transaction is False
-    sql_execute(consumer.path, "DROP TRIGGER reject_inbox")
+    assert (e.deliveries["default"].last_error or "").startswith(f"{type(failed.value).__name__}: ")
+    assert producer.store.in_transaction() is False
+    assert consumer.store.in_transaction() is False
+    allow_inserts(consumer.path, "inbox")
     # (a plain relay may wait out a backoff; an explicit one sends now)
     r = relay(producer, consumer, event_id="A1")
     assert (r.status, r.event_id) == ("accepted", "A1")
@@ -174,23 +170,23 @@ def test_explicit_relay_of_an_unknown_event_raises(producer: Producer, consumer:
     assert isinstance(info.value, LookupError)
     assert raw_inbox(consumer.path) == []
     assert outbox_entry(producer, "A1").accepted is False
-    assert producer._store._db.conn.in_transaction is False
+    assert producer.store.in_transaction() is False
 
 
 # -- several consumers ------------------------------------------------------------------
 
 
 def test_two_files_with_the_default_name_are_a_mismatch(
-    producer: Producer, consumer: Consumer, tmp_path: Path
+    producer: Producer, consumer: Consumer, new_store: Any
 ) -> None:
     commit(producer, "A", 2)
     assert relay(producer, consumer).status == "accepted"
     delivery_before = raw_delivery(producer.path)
-    with Consumer(tmp_path / "other.db", RESERVATION) as other:
+    with Consumer(new_store("other"), RESERVATION) as other:
         assert other.name == consumer.name == "default"
         with pytest.raises(reliable_flow.ConsumerMismatch):
             relay(producer, other)
-        assert producer._store._db.conn.in_transaction is False
+        assert producer.store.in_transaction() is False
         # a second Producer object on the same file knows the binding too
         with Producer(producer.path, RESERVATION) as again, pytest.raises(reliable_flow.ConsumerMismatch):
             relay(again, other, event_id="A2")

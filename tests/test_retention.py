@@ -5,23 +5,26 @@ body), so after pruning a re-sent event is still ``duplicate`` /
 ``id_conflict`` (consumer) or ``existing`` / ``conflict`` (producer), and a
 new event for a pruned slot is ``sequence_conflict``.  Nothing still
 pending, set aside, blocked or unapplied is ever pruned; a big backlog is
-pruned in bounded steps; v3 files of both kinds upgrade and can be pruned.
+pruned in bounded steps.  On both engines (the ``at`` fixture); v3 files of
+both kinds upgrading and the SQLite query plans are in
+``tests/sqlite/test_retention_sqlite.py``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from engine_reads import new_location, rows
+from engine_reads import count, new_location, rows
 from reliable_flow import Consumer, Producer, PruneResult, envelope, relay
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
-from support import KINDS, Clock, commit, relay_log, sql_count, sql_pragma, sql_rows
+from support import KINDS, Clock, commit, relay_log
 from support import envelope as env
+
+At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
 
 LATER = 10_000.0  # seconds after the events were written: every one is old
 
@@ -36,9 +39,9 @@ def body(event_id: str, flow_id: str, seq: int, amount: int = 3) -> str:
 
 
 @pytest.fixture
-def pair(tmp_path: Path):  # type: ignore[no-untyped-def]
+def pair(at: At):  # type: ignore[no-untyped-def]
     clock = Clock(1000.0)
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION, clock=clock) as c:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("c"), RESERVATION, clock=clock) as c:
         yield p, c, clock
 
 
@@ -59,7 +62,7 @@ def test_consumer_answers_duplicate_id_conflict_and_sequence_conflict_after_prun
     assert (result.events, result.effect_records, result.complete) == (3, 3, True)
     assert c.inbox("A") == [] and c.effects("A") == []
     assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-    assert sql_count(c.path, "inbox_tombstone") == 3
+    assert count(c.path, "inbox_tombstone") == 3
 
     same = c.receive(body("A2", "A", 2))
     assert same.status == "duplicate"
@@ -76,9 +79,9 @@ def test_consumer_answers_duplicate_id_conflict_and_sequence_conflict_after_prun
         "duplicate", "sequence_conflict"]
 
 
-def test_capped_consumer_answers_from_tombstones_too(tmp_path: Path) -> None:
+def test_capped_consumer_answers_from_tombstones_too(at: At) -> None:
     clock = Clock(1000.0)
-    with Consumer(tmp_path / "c.db", RESERVATION, clock=clock, max_inbox=2) as c:
+    with Consumer(at("c"), RESERVATION, clock=clock, max_inbox=2) as c:
         for seq in (1, 2, 3):
             assert c.receive(body(f"A{seq}", "A", seq)).status == "accepted"
             assert c.apply_next("A").status == "applied"
@@ -121,9 +124,9 @@ def test_in_a_batch_a_pruned_id_is_existing(pair) -> None:  # type: ignore[no-un
 # -- what is never pruned --------------------------------------------------------------------------
 
 
-def test_the_producer_never_prunes_what_a_consumer_still_waits_for(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c, \
-            Consumer(tmp_path / "d.db", RESERVATION, name="d") as d:
+def test_the_producer_never_prunes_what_a_consumer_still_waits_for(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("c"), RESERVATION) as c, \
+            Consumer(at("d"), RESERVATION, name="d") as d:
         commit(p, "A")
         assert p.prune(0, now=later()).events == 0  # no consumer registered yet: all owed to the first
         relay_log(p, c)
@@ -136,7 +139,7 @@ def test_the_producer_never_prunes_what_a_consumer_still_waits_for(tmp_path: Pat
         assert [e.event_id for e in p.outbox()] == ["A1"]
         p.skip("A1", consumer="d", actor="ops", reason="d is wrong")
         assert p.prune(0, now=later()).events == 1
-        assert p.outbox() == [] and sql_count(p.path, "outbox_tombstone") == 3
+        assert p.outbox() == [] and count(p.path, "outbox_tombstone") == 3
 
 
 def test_the_producer_keeps_events_younger_than_the_horizon(pair) -> None:  # type: ignore[no-untyped-def]
@@ -181,7 +184,7 @@ def test_a_skipped_and_a_replaced_row_are_pruned_once_their_flow_is_past_them(pa
     assert c.receive(body("A3", "A", 3, amount=8)).status == "duplicate"
 
 
-def test_pruned_effect_outbox_rows_are_only_finished_ones(tmp_path: Path) -> None:
+def test_pruned_effect_outbox_rows_are_only_finished_ones(at: At) -> None:
     from reliable_flow import EffectExecutor, Effects, PermanentFailure
 
     effects = Effects()
@@ -195,7 +198,7 @@ def test_pruned_effect_outbox_rows_are_only_finished_ones(tmp_path: Path) -> Non
         ctx.schedule("ok", {})
         ctx.schedule("bad", {})
     clock = Clock(1000.0)
-    with Consumer(tmp_path / "c.db", RESERVATION, handlers=[handler], effects=effects, clock=clock) as c:
+    with Consumer(at("c"), RESERVATION, handlers=[handler], effects=effects, clock=clock) as c:
         c.receive(env("A1", "A", 1))
         c.drain("A")
         EffectExecutor(c).run_once()
@@ -216,10 +219,10 @@ def test_a_big_backlog_is_pruned_in_bounded_steps_and_recorded(pair) -> None:  #
     assert (first.events, first.transactions, first.complete) == (10, 2, False)
     rest = p.prune(0, now=later(), batch_size=7)
     assert (rest.events, rest.transactions, rest.complete) == (20, 3, True)
-    assert sql_rows(p.path, "SELECT sum(events), count(*) FROM prune_action") == [(30, 5)]
+    assert rows(p.path, "SELECT sum(events), count(*) FROM prune_action") == [(30, 5)]
     done = c.prune(0, now=clock.t + 1, batch_size=8)
     assert (done.events, done.transactions, done.complete) == (30, 4, True)
-    assert sql_rows(c.path, "SELECT sum(events), sum(effect_records) FROM prune_action") == [(30, 30)]
+    assert rows(c.path, "SELECT sum(events), sum(effect_records) FROM prune_action") == [(30, 30)]
     assert isinstance(done, PruneResult)
     nothing = c.prune(0, now=clock.t + 1)
     assert (nothing.events, nothing.transactions, nothing.complete) == (0, 1, True)
@@ -235,65 +238,7 @@ def test_prune_refuses_bad_arguments(pair, bad) -> None:  # type: ignore[no-unty
     for side in (p, c):
         with pytest.raises(ValueError, match=named):
             side.prune(**bad)
-        assert sql_count(side.path, "prune_action") == 0  # refused before anything was written
-
-
-# -- upgrades of v3 files ----------------------------------------------------------------------------
-
-
-def _v3(path: Path, kind: FileKind, meta: list[tuple[str, str]]) -> Database:
-    old = FileKind(kind.name, kind.application_id, kind.migrations[:3])
-    return Database(path, old, on_create=lambda conn: conn.executemany(
-        "INSERT INTO meta(key, value) VALUES (?, ?)", meta))
-
-
-def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: Path) -> None:
-    p_path, c_path = tmp_path / "p.db", tmp_path / "c.db"
-    with Consumer(c_path, RESERVATION) as c:
-        uid = c.uid
-    db = _v3(p_path, PRODUCER, [("protocol", "reservation")])
-    with db.write() as conn:
-        conn.execute("INSERT INTO flow VALUES ('A', 2, 'confirmed', '{\"amount\":3}')")
-        conn.executemany("INSERT INTO outbox(event_id, flow_id, seq, body) VALUES (?, 'A', ?, ?)",
-                         [("A1", 1, body("A1", "A", 1)), ("A2", 2, body("A2", "A", 2))])
-        conn.execute("INSERT INTO consumer(name, uid) VALUES ('default', ?)", (uid,))
-        conn.execute("INSERT INTO delivery(consumer, pos, state, last_status, attempts) VALUES "
-                     "('default', 1, 'accepted', 'accepted', 1), ('default', 2, 'pending', NULL, 0)")
-    db.close()
-    assert sql_pragma(p_path, "user_version") == 3
-    with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 4
-        assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
-            ("A1", None), ("A2", None)]
-        assert p.prune(3600).events == 1  # A1: no commit time counts as old; A2 is still pending
-        assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
-        relay_log(p, c)
-        assert p.prune(3600).events == 1
-        r = p.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3})
-        assert r.status == "committed"
-        assert p.prune(3600).events == 0  # A3 has a commit time: young
-
-
-def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Path) -> None:
-    path = tmp_path / "c.db"
-    db = _v3(path, CONSUMER, [("protocol", "reservation"), ("name", "default"), ("uid", "u-old")])
-    with db.write() as conn:
-        conn.executemany(
-            "INSERT INTO inbox(event_id, flow_id, seq, body, state, received_at) VALUES (?, ?, ?, ?, ?, ?)", [
-                ("A1", "A", 1, body("A1", "A", 1), "applied", None),
-                ("A2", "A", 2, body("A2", "A", 2), "applied", 500.0),
-                ("A3", "A", 3, body("A3", "A", 3), "pending", 500.0)])
-        conn.execute("INSERT INTO projection VALUES ('A', 'confirmed', 2, '{\"amount\":3}', '{\"held\":3}')")
-        conn.executemany("INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, 'A', ?, ?)",
-                         [("A1", 1, "reserved"), ("A2", 2, "confirmed")])
-    db.close()
-    with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
-        assert sql_pragma(path, "user_version") == CONSUMER.version == 4
-        assert c.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
-        assert c.receive(body("A1", "A", 1)).status == "duplicate"
-        assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"
-        assert c.apply_next("A").status == "applied"
-        assert [e.event_id for e in c.effects("A")] == ["A3"]
+        assert count(side.path, "prune_action") == 0  # refused before anything was written
 
 
 # -- the tombstone itself ------------------------------------------------------------------------------
@@ -307,28 +252,11 @@ def test_a_tombstone_keeps_the_sha256_of_the_canonical_body(pair) -> None:  # ty
     p.prune(0, now=later())
     c.prune(0, now=clock.t + 1)
     for path, table in ((p.path, "outbox_tombstone"), (c.path, "inbox_tombstone")):
-        rows = sql_rows(path, f"SELECT event_id, flow_id, seq, body_hash FROM {table} ORDER BY seq")
-        assert [(r[0], r[1], r[2]) for r in rows] == [("A1", "A", 1), ("A2", "A", 2), ("A3", "A", 3)]
-        assert [r[3] for r in rows] == [
+        stored = rows(path, f"SELECT event_id, flow_id, seq, body_hash FROM {table} ORDER BY seq")
+        assert [(r[0], r[1], r[2]) for r in stored] == [("A1", "A", 1), ("A2", "A", 2), ("A3", "A", 3)]
+        assert [bytes(r[3]) for r in stored] == [
             hashlib.sha256(body(f"A{seq}", "A", seq).encode()).digest() for seq in (1, 2, 3)]
     assert relay(p, c).status == "idle"
-
-
-def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_path: Path) -> None:
-    from reliable_flow.store.sqlite import inbox, retention
-
-    Producer(tmp_path / "p.db", RESERVATION).close()
-    Consumer(tmp_path / "c.db", RESERVATION).close()
-
-    def plan(path: Path, sql: str, params: tuple[object, ...]) -> str:
-        return " | ".join(str(r[3]) for r in sql_rows(path, "EXPLAIN QUERY PLAN " + sql, params))
-
-    insert = plan(tmp_path / "c.db", inbox.INSERT_NEW, ("e", "f", 1, "b", 1.0))
-    assert "SEARCH inbox_tombstone USING PRIMARY KEY" in insert and "SEARCH projection" in insert
-    outbox = plan(tmp_path / "p.db", retention.OUTBOX_PRUNABLE, (1.0, "pending", "set_aside", 10))
-    assert "SEARCH o USING INTEGER PRIMARY KEY" in outbox and "SEARCH d USING PRIMARY KEY" in outbox
-    assert "SEARCH i USING INTEGER PRIMARY KEY" in plan(tmp_path / "c.db", retention.INBOX_PRUNABLE, (1.0, 10))
-    assert "USING INDEX effect_by_state" in plan(tmp_path / "c.db", retention.EFFECTS_PRUNABLE, (1.0, 10))
 
 
 def test_compare_matches_an_event_the_producer_pruned_through_its_tombstone(pair) -> None:  # type: ignore[no-untyped-def]
@@ -351,12 +279,12 @@ def test_forgotten_tombstones_stop_the_growth_and_a_resent_event_is_still_refuse
     first = c.prune(10, now=clock.t + 100)
     assert (first.events, first.tombstones_forgotten) == (3, 0)
     producer_first = p.prune(10, now=later())
-    assert producer_first.events == 3 and sql_count(p.path, "outbox_tombstone") == 3
+    assert producer_first.events == 3 and count(p.path, "outbox_tombstone") == 3
     # Much later, a second prune forgets what was pruned more than forget_after ago.
     result = c.prune(10, now=clock.t + 100_000, forget_after=1_000)
-    assert result.tombstones_forgotten == 3 and sql_count(c.path, "inbox_tombstone") == 0
+    assert result.tombstones_forgotten == 3 and count(c.path, "inbox_tombstone") == 0
     assert p.prune(10, now=later() + 100_000, forget_after=1_000).tombstones_forgotten == 3
-    assert sql_count(p.path, "outbox_tombstone") == 0
+    assert count(p.path, "outbox_tombstone") == 0
     # A re-sent old event is no longer "duplicate", but it is never stored or applied again.
     again = c.receive(body("A2", "A", 2))
     assert again.status == "sequence_conflict"

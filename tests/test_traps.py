@@ -3,7 +3,10 @@
 Every bad input raises an exception that names the argument or field, and
 stores nothing; every misuse that used to surface as a raw ``sqlite3`` error
 (or, worse, as a silent wrong answer) now says what happened and what to do.
-The section titles give the trap's number in the issue.
+The section titles give the trap's number in the issue.  On both engines
+(the ``at`` fixture); the traps of SQLite files (a relative path, a directory,
+a non-UTF-8 directory name, a locked file) are in
+``tests/sqlite/test_traps_sqlite.py``.
 """
 
 from __future__ import annotations
@@ -19,82 +22,53 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import reliable_flow
+from engine_reads import rows, store_exists
 from reliable_flow import (
     Consumer,
     ConsumerMismatch,
     DatabaseBusy,
     DeliveryPolicy,
     Effects,
-    InboxFull,
     Producer,
     Protocol,
     RetryLater,
     SchemaTooNew,
     StorageError,
-    StorageFull,
     Worker,
     WrongFile,
     WrongThread,
     relay,
     relay_batch,
-    snapshot,
 )
 from reliable_flow.protocol import exact, integer
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite import SqliteOutboxStore
 from reliable_flow.tools.cli import main as cli_main
-from support import CHILD_TIMEOUT, child_env, commit, envelope, outbox_entry, run_cli, sql_rows
+from support import CHILD_TIMEOUT, child_env, commit, envelope, outbox_entry, run_cli
+
+At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RELEASED = {"state": "released", "last_seq": 3, "held": 0}
 
 
-def listing(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
-
-
 def outbox_rows(path: str | os.PathLike[str]) -> int:
-    return int(sql_rows(path, "SELECT count(*) FROM outbox")[0][0])
+    return int(rows(path, "SELECT count(*) FROM outbox")[0][0])
 
 
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[Producer, Consumer]]:
-    with Producer(tmp_path / "producer.db", RESERVATION) as p, Consumer(tmp_path / "consumer.db", RESERVATION) as c:
+def pair(at: At) -> Iterator[tuple[Producer, Consumer]]:
+    with Producer(at("producer"), RESERVATION) as p, Consumer(at("consumer"), RESERVATION) as c:
         yield p, c
 
 
 # -- 1. a relative path, os.chdir, reopen() ------------------------------------------------
-
-
-def test_a_relative_path_is_made_absolute_so_reopen_after_chdir_opens_the_same_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
-    first.mkdir()
-    elsewhere.mkdir()
-    monkeypatch.chdir(first)
-    with Producer("producer.db", RESERVATION) as p, Consumer("consumer.db", RESERVATION) as c:
-        assert (p.path, c.path, c.location) == (
-            str(first / "producer.db"), str(first / "consumer.db"), str(first / "consumer.db"))
-        commit(p, "A", upto=1)
-        relay(p, c)
-        os.chdir(elsewhere)
-        p.reopen()
-        c.reopen()
-        # Before: reopen() created an empty producer.db here and this answered "stale".
-        assert p.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3}).status == "committed"
-        assert relay(p, c).status == "accepted"
-        assert c.drain("A").applied == 2
-    assert listing(elsewhere) == []
-    assert SqliteOutboxStore("x.db", "p").location == str(elsewhere / "x.db")
-    assert snapshot("../first/producer.db", "../first/consumer.db")["producer"]["flows"]["A"]["seq"] == 2
+# (a SQLite file's: tests/sqlite/test_traps_sqlite.py)
 
 
 # -- 2. one object, two threads -----------------------------------------------------------
@@ -168,7 +142,7 @@ def test_relay_with_swapped_or_wrong_arguments_is_a_clear_type_error(
     with pytest.raises(TypeError, match=r"consumer must be a Consumer .*got str"):
         call(producer, "consumer.db")
     # Nothing was bound, sent or stored.
-    assert sql_rows(producer.path, "SELECT count(*) FROM consumer") == [(0,)]
+    assert rows(producer.path, "SELECT count(*) FROM consumer") == [(0,)]
     assert consumer.flows() == []
 
 
@@ -218,22 +192,22 @@ def test_every_protocol_argument_is_checked_with_a_message_naming_it(
 
 
 @pytest.mark.parametrize("schemas", [{True}, {1.0}, [1, True], (1.0, 2)], ids=["true", "1.0", "1-true", "floats"])
-def test_consumer_schemas_must_be_ints_not_bools_or_floats(tmp_path: Path, schemas: Any) -> None:
-    path = tmp_path / "c.db"
+def test_consumer_schemas_must_be_ints_not_bools_or_floats(at: At, schemas: Any) -> None:
+    path = at("c")
     with pytest.raises(ValueError, match="schemas must hold int versions"):
         Consumer(path, RESERVATION, schemas=schemas)
-    assert listing(tmp_path) == []
+    assert not store_exists(path)
 
 
-# -- 6. InboxFull names the event ----------------------------------------------------------
+# -- 6. A full inbox's refusal names the event ----------------------------------------------
 
 
-def test_inbox_full_names_the_event_id_the_flow_and_the_seq(tmp_path: Path) -> None:
-    with Consumer(tmp_path / "c.db", RESERVATION, max_inbox=1) as c:
+def test_inbox_full_names_the_event_id_the_flow_and_the_seq(at: At) -> None:
+    with Consumer(at("c"), RESERVATION, max_inbox=1) as c:
         assert c.receive(envelope("ev-A2", "flowA", 2)).status == "accepted"
-        with pytest.raises(InboxFull) as raised:
-            c.receive(envelope("ev-B2", "flowB", 2))
-        message = str(raised.value)
+        refused = c.receive(envelope("ev-B2", "flowB", 2))
+        assert refused.status == "refused"
+        message = refused.reason or ""
         assert "event 'ev-B2' (flow 'flowB', seq 2) refused" in message, message
         assert c.inbox("flowB") == []
 
@@ -259,22 +233,22 @@ def _cli_command() -> list[str]:
     return [script] if script else [sys.executable, "-m", "reliable_flow"]
 
 
-def test_run_imports_the_protocol_module_from_the_current_directory(tmp_path: Path) -> None:
+def test_run_imports_the_protocol_module_from_the_current_directory(tmp_path: Path, at: At) -> None:
     (tmp_path / "tickets.py").write_text(TICKETS, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("tickets_for_the_test", tmp_path / "tickets.py")
     assert spec is not None and spec.loader is not None
     tickets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tickets)
-    with Producer(tmp_path / "p.db", tickets.X) as p:
+    with Producer(at("p"), tickets.X) as p:
         assert p.advance("T1", "T", expected_seq=0, kind="open", payload={"n": 1}).status == "committed"
         assert p.advance("T2", "T", expected_seq=1, kind="closed", payload={"n": 2}).status == "committed"
     done = subprocess.run(
-        [*_cli_command(), "run", "--producer", "p.db", "--consumer", "desk=c.db", "--protocol", "tickets:X",
+        [*_cli_command(), "run", "--producer", at("p"), "--consumer", f"desk={at('c')}", "--protocol", "tickets:X",
          "--until-idle", "--report-every", "0"],
         cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False,
     )
     assert done.returncode == 0, done.stderr
-    with Consumer(tmp_path / "c.db", tickets.X) as c:
+    with Consumer(at("c"), tickets.X) as c:
         assert c.projection("T") == {"state": "closed", "last_seq": 2, "n": 2}
 
 
@@ -310,30 +284,30 @@ def test_worker_idle_sleep_must_be_a_finite_number(pair: tuple[Producer, Consume
     + [(o, v) for o in ("--idle-sleep", "--report-every") for v in ("-1", "-0.5", "nan", "inf", "-inf", "1e999")],
 )
 def test_run_duration_options_must_be_finite(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
+    at: At, capsys: pytest.CaptureFixture[str], option: str, value: str
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        cli_main(["run", "--producer", str(tmp_path / "p.db"), "--consumer", f"a={tmp_path / 'a.db'}",
+        cli_main(["run", "--producer", str(at("p")), "--consumer", f"a={at('a')}",
                   "--once", f"{option}={value}"])  # "=": a value like -1 is not taken for an option
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "usage:" in err and f"argument {option}: must be a finite number of seconds" in err, err
-    assert listing(tmp_path) == []
+    assert not store_exists(at("p")) and not store_exists(at("a"))
 
 
-def test_a_bad_duration_on_the_command_line_is_a_usage_error_without_traceback(tmp_path: Path) -> None:
-    done = run_cli("run", "--producer", "p.db", "--consumer", "a=a.db", "--lease", "nan", "--once", cwd=tmp_path)
+def test_a_bad_duration_on_the_command_line_is_a_usage_error_without_traceback(tmp_path: Path, at: At) -> None:
+    done = run_cli("run", "--producer", at("p"), "--consumer", f"a={at('a')}", "--lease", "nan", "--once", cwd=tmp_path)
     assert done.returncode == 2
     assert "usage:" in done.stderr and "--lease" in done.stderr and "Traceback" not in done.stderr
-    assert listing(tmp_path) == []
+    assert not store_exists(at("p")) and not store_exists(at("a"))
 
 
 @pytest.mark.parametrize("cls", [Producer, Consumer])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=repr)
-def test_busy_timeout_must_be_finite(tmp_path: Path, cls: Callable[..., Any], value: float) -> None:
+def test_busy_timeout_must_be_finite(at: At, cls: Callable[..., Any], value: float) -> None:
     with pytest.raises(ValueError, match="busy_timeout"):
-        cls(tmp_path / "x.db", RESERVATION, busy_timeout=value)
-    assert listing(tmp_path) == []
+        cls(at("x"), RESERVATION, busy_timeout=value)
+    assert not store_exists(at("x"))
 
 
 # -- 9. run until idle ---------------------------------------------------------------------
@@ -351,8 +325,8 @@ class FailsFirst(Consumer):
         return super().receive(envelope_in)
 
 
-def test_run_until_idle_waits_out_backoffs_and_returns_when_all_is_done(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, FailsFirst(tmp_path / "c.db", RESERVATION) as c:
+def test_run_until_idle_waits_out_backoffs_and_returns_when_all_is_done(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p, FailsFirst(at("c"), RESERVATION) as c:
         commit(p, "A")
         commit(p, "B")
         policy = DeliveryPolicy(backoff_base=0.2, backoff_cap=0.2, random=lambda: 1.0)
@@ -362,7 +336,7 @@ def test_run_until_idle_waits_out_backoffs_and_returns_when_all_is_done(tmp_path
         took = time.monotonic() - started
     assert stats.errors == 2 and "briefly unreachable" in (stats.last_error or "")
     assert 0.2 <= took < 10, took  # the backoffs of 0.2 s were waited out, and no idle sleep of 30 s
-    with Consumer(tmp_path / "c.db", RESERVATION) as again:
+    with Consumer(at("c"), RESERVATION) as again:
         assert again.projection("A") == again.projection("B") == RELEASED
 
 
@@ -374,14 +348,14 @@ class DiesMidSend(Consumer):
         raise KeyboardInterrupt
 
 
-def test_run_until_idle_waits_out_a_lease_left_by_a_dead_relay(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p:
+def test_run_until_idle_waits_out_a_lease_left_by_a_dead_relay(at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p:
         commit(p, "A", upto=1)
-        with DiesMidSend(tmp_path / "c.db", RESERVATION) as dying, pytest.raises(KeyboardInterrupt):
+        with DiesMidSend(at("c"), RESERVATION) as dying, pytest.raises(KeyboardInterrupt):
             relay(p, dying, policy=DeliveryPolicy(lease_seconds=0.4, owner="dead-relay"))
         leased = outbox_entry(p, "A1").deliveries["default"]
         assert (leased.state, leased.lease_owner) == ("pending", "dead-relay")
-        with Consumer(tmp_path / "c.db", RESERVATION) as c:
+        with Consumer(at("c"), RESERVATION) as c:
             started = time.monotonic()
             Worker(p, [c], policy=DeliveryPolicy(lease_seconds=30), idle_sleep=30).run(
                 until_idle=True, handle_signals=False)
@@ -390,7 +364,7 @@ def test_run_until_idle_waits_out_a_lease_left_by_a_dead_relay(tmp_path: Path) -
     assert 0.2 < took < 10, took
 
 
-def test_run_until_idle_waits_for_an_effect_backing_off(tmp_path: Path) -> None:
+def test_run_until_idle_waits_for_an_effect_backing_off(at: At) -> None:
     calls: list[int] = []
 
     def notify(call: Any) -> dict[str, int]:
@@ -405,8 +379,8 @@ def test_run_until_idle_waits_for_an_effect_backing_off(tmp_path: Path) -> None:
     def schedule(ctx: Any) -> None:
         ctx.schedule("notify", {"flow": ctx.event.flow_id})
 
-    with Producer(tmp_path / "p.db", RESERVATION) as p, \
-            Consumer(tmp_path / "c.db", RESERVATION, handlers=[schedule], effects=effects) as c:
+    with Producer(at("p"), RESERVATION) as p, \
+            Consumer(at("c"), RESERVATION, handlers=[schedule], effects=effects) as c:
         commit(p, "A", upto=1)
         executor = reliable_flow.EffectExecutor(
             c, policy=DeliveryPolicy(lease_seconds=30, backoff_base=0.3, backoff_cap=0.3, random=lambda: 1.0))
@@ -429,14 +403,14 @@ def test_run_until_idle_does_not_wait_for_what_waits_for_a_person(pair: tuple[Pr
     assert consumer.projection("G") is None
 
 
-def test_run_until_idle_from_the_command_line_exits_0_when_done(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p:
+def test_run_until_idle_from_the_command_line_exits_0_when_done(tmp_path: Path, at: At) -> None:
+    with Producer(at("p"), RESERVATION) as p:
         for flow in "ABC":
             commit(p, flow)
-    done = run_cli("run", "--producer", "p.db", "--consumer", "a=a.db", "--until-idle", "--idle-sleep", "30",
+    done = run_cli("run", "--producer", at("p"), "--consumer", f"a={at('a')}", "--until-idle", "--idle-sleep", "30",
                    cwd=tmp_path, timeout=CHILD_TIMEOUT)
     assert done.returncode == 0, done.stderr
-    with Consumer(tmp_path / "a.db", RESERVATION) as c:
+    with Consumer(at("a"), RESERVATION) as c:
         assert [c.projection(f) for f in "ABC"] == [RELEASED] * 3
 
 
@@ -454,19 +428,19 @@ def test_once_is_documented_as_one_pass_not_until_idle(capsys: pytest.CaptureFix
 # -- 10. errors that retrying cannot heal stop run ------------------------------------------
 
 
-def _name_bound_to_another_file(tmp_path: Path) -> tuple[Path, Path]:
+def _name_bound_to_another_file(at: At) -> tuple[str, str]:
     """A producer whose consumer name "a" is bound to a.db, and b.db, another file named "a"."""
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "a.db", RESERVATION, name="a") as a:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("a"), RESERVATION, name="a") as a:
         commit(p, "A")
         assert relay(p, a).status == "accepted"
-    with Consumer(tmp_path / "b.db", RESERVATION, name="a"):
+    with Consumer(at("b"), RESERVATION, name="a"):
         pass
-    return tmp_path / "p.db", tmp_path / "b.db"
+    return at("p"), at("b")
 
 
 @pytest.mark.parametrize("mode", ["--once", "--until-idle"])
-def test_run_stops_with_exit_2_on_a_consumer_name_bound_to_another_file(tmp_path: Path, mode: str) -> None:
-    producer, other = _name_bound_to_another_file(tmp_path)
+def test_run_stops_with_exit_2_on_a_consumer_name_bound_to_another_file(tmp_path: Path, at: At, mode: str) -> None:
+    producer, other = _name_bound_to_another_file(at)
     done = run_cli("run", "--producer", str(producer), "--consumer", f"a={other}", mode, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "run: cannot go on: ConsumerMismatch" in done.stderr and "another file" in done.stderr
@@ -475,8 +449,8 @@ def test_run_stops_with_exit_2_on_a_consumer_name_bound_to_another_file(tmp_path
         assert c.flows() == []
 
 
-def test_worker_run_raises_consumer_mismatch_after_recording_it(tmp_path: Path) -> None:
-    producer, other = _name_bound_to_another_file(tmp_path)
+def test_worker_run_raises_consumer_mismatch_after_recording_it(at: At) -> None:
+    producer, other = _name_bound_to_another_file(at)
     with Producer(producer, RESERVATION) as p, Consumer(other, RESERVATION) as c:
         worker = Worker(p, [c], idle_sleep=0)
         with pytest.raises(ConsumerMismatch, match="another file"):
@@ -495,8 +469,8 @@ class Raises(Consumer):
 
 @pytest.mark.parametrize("error", [SchemaTooNew("c.db was written by a newer reliable_flow"),
                                    WrongFile("c.db is not a consumer file")], ids=type)
-def test_worker_run_raises_what_retrying_cannot_heal(tmp_path: Path, error: Exception) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Raises(tmp_path / "c.db", RESERVATION) as c:
+def test_worker_run_raises_what_retrying_cannot_heal(at: At, error: Exception) -> None:
+    with Producer(at("p"), RESERVATION) as p, Raises(at("c"), RESERVATION) as c:
         commit(p, "A", upto=1)
         c.error = error
         with pytest.raises(type(error)):
@@ -505,8 +479,8 @@ def test_worker_run_raises_what_retrying_cannot_heal(tmp_path: Path, error: Exce
 
 @pytest.mark.parametrize("error", [StorageError("disk I/O error"), DatabaseBusy("locked"),
                                    ConnectionError("down")], ids=type)
-def test_worker_records_and_retries_transient_errors(tmp_path: Path, error: Exception) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Raises(tmp_path / "c.db", RESERVATION) as c:
+def test_worker_records_and_retries_transient_errors(at: At, error: Exception) -> None:
+    with Producer(at("p"), RESERVATION) as p, Raises(at("c"), RESERVATION) as c:
         commit(p, "A", upto=1)
         c.error = error
         policy = DeliveryPolicy(backoff_base=0)  # due again at once: every pass retries
@@ -529,10 +503,10 @@ def _hooked(hook: Callable[[], Any]) -> Protocol:
                     schemas=RESERVATION.schemas, step=step)
 
 
-def test_relay_from_a_protocol_hook_says_it_is_inside_a_transaction_of_the_producer(tmp_path: Path) -> None:
+def test_relay_from_a_protocol_hook_says_it_is_inside_a_transaction_of_the_producer(at: At) -> None:
     objects: dict[str, Any] = {}
     protocol = _hooked(lambda: relay(objects["producer"], objects["consumer"]))
-    with Producer(tmp_path / "p.db", protocol) as p, Consumer(tmp_path / "c.db", protocol) as c:
+    with Producer(at("p"), protocol) as p, Consumer(at("c"), protocol) as c:
         objects.update(producer=p, consumer=c)
         with pytest.raises(RuntimeError) as raised:
             p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
@@ -570,9 +544,9 @@ def test_calls_on_the_producer_inside_its_batch_raise_a_clear_runtime_error(
     assert [e.event_id for e in producer.outbox()] == ["A1"]
 
 
-def test_a_read_from_a_protocol_hook_during_advance_raises_the_same_clear_error(tmp_path: Path) -> None:
+def test_a_read_from_a_protocol_hook_during_advance_raises_the_same_clear_error(at: At) -> None:
     objects: dict[str, Producer] = {}
-    with Producer(tmp_path / "p.db", _hooked(lambda: objects["p"].outbox())) as p:
+    with Producer(at("p"), _hooked(lambda: objects["p"].outbox())) as p:
         objects["p"] = p
         with pytest.raises(RuntimeError, match=r"\(a batch, or a protocol hook during advance\)"):
             p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
@@ -580,96 +554,19 @@ def test_a_read_from_a_protocol_hook_during_advance_raises_the_same_clear_error(
 
 
 # -- 13. a directory as the file path -------------------------------------------------------
-
-
-def test_a_directory_as_the_path_says_it_is_a_directory(tmp_path: Path) -> None:
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for open_it in (lambda: Producer(folder, RESERVATION), lambda: Consumer(folder, RESERVATION),
-                    lambda: snapshot(folder, folder)):
-        with pytest.raises(WrongFile, match=re.escape(f"{folder} is a directory, not a")):
-            open_it()
-    assert listing(folder) == []
-    done = run_cli("inspect", str(folder), str(folder))
-    assert done.returncode == 2 and "is a directory" in done.stderr and "Traceback" not in done.stderr
+# (a SQLite file's: tests/sqlite/test_traps_sqlite.py)
 
 
 # -- 14. a directory whose name is not valid UTF-8 ------------------------------------------
-
-
-def test_snapshot_and_inspect_read_files_under_a_non_utf8_directory_name(tmp_path: Path) -> None:
-    raw = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
-    try:
-        os.mkdir(raw)
-    except OSError as exc:  # a file system that only takes UTF-8 names
-        pytest.skip(f"cannot create a non-UTF-8 name here: {exc}")
-    folder = Path(os.fsdecode(raw))
-    with Producer(folder / "p.db", RESERVATION) as p, Consumer(folder / "c.db", RESERVATION) as c:
-        commit(p, "A")
-        while relay(p, c).status != "idle":
-            pass
-        c.process_all()
-        p_path, c_path = p.path, c.path
-    assert "\udce9" in p_path  # the undecodable byte, as os.fsdecode keeps it
-    snap = snapshot(p_path, c_path)
-    assert snap["consumer"]["projections"]["A"] == RELEASED
-    done = run_cli("inspect", p_path, c_path, "--json")
-    assert done.returncode == 0, done.stderr
-    assert '"flows": 1' in done.stdout
+# (a SQLite file's: tests/sqlite/test_traps_sqlite.py)
 
 
 # -- 15. the storage-faults page names the error a broken batch raises ---------------------
-
-
-def test_advances_after_a_failed_one_in_a_batch_raise_storage_error_as_documented(producer: Producer) -> None:
-    conn = producer._store._db.conn
-    conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
-    big = {f"k{i}": "x" * 1800 for i in range(8)}
-    later: list[BaseException] = []
-    try:
-        with pytest.raises(StorageError), producer.batch() as b:
-            b.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-            with pytest.raises(StorageFull):
-                b.advance("B1", "B", expected_seq=0, kind="reserved", payload={"amount": 3}, meta=big)
-            try:
-                b.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 3})
-            except Exception as exc:  # noqa: BLE001 - examined below
-                later.append(exc)
-    finally:
-        conn.execute("PRAGMA max_page_count = 1073741823")
-    [error] = later
-    assert type(error) is StorageError and not isinstance(error, RuntimeError)
-    row = next(line for line in (DOCS / "storage-faults.md").read_text(encoding="utf-8").splitlines()
-               if "test_advances_after_a_storage_error_inside_a_batch" in line)
-    assert "`StorageError`" in row and "RuntimeError" not in row
-    assert str(error).split(";")[0] in row
+# (a SQLite file's: tests/sqlite/test_traps_sqlite.py)
 
 
 # -- 16. a consumer whose file is locked ----------------------------------------------------
-
-
-def test_a_locked_consumer_file_is_recorded_and_the_worker_goes_on_with_the_others(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, \
-            Consumer(tmp_path / "locked.db", RESERVATION, name="locked", busy_timeout=0.05) as locked, \
-            Consumer(tmp_path / "free.db", RESERVATION, name="free") as free:
-        for flow in ("A", "B"):
-            commit(p, flow)
-        for c in (locked, free):  # in both inboxes, not applied yet
-            assert relay_batch(p, c, register=True).counts == {"accepted": 6}
-        commit(p, "C")
-        with closing(sqlite3.connect(tmp_path / "locked.db", isolation_level=None)) as holder:
-            holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-            worker = Worker(p, [locked, free], idle_sleep=0)
-            stats = worker.run(max_passes=1, handle_signals=False)  # before the fix: raised DatabaseBusy
-            holder.execute("ROLLBACK")
-        # The first consumer failed (relay of C1, and the apply of each flow), the second did everything.
-        assert stats.errors == 3 and "DatabaseBusy" in (stats.last_error or ""), stats
-        assert [free.projection(f) for f in "ABC"] == [RELEASED] * 3
-        assert [locked.projection(f) for f in "ABC"] == [None] * 3
-        assert "DatabaseBusy" in (outbox_entry(p, "C1").deliveries["locked"].last_error or "")
-        # Once the lock is gone, the next run catches up (waiting out C1's backoff).
-        Worker(p, [locked, free], idle_sleep=0).run(until_idle=True, handle_signals=False)
-        assert [locked.projection(f) for f in "ABC"] == [RELEASED] * 3
+# (a SQLite file's: tests/sqlite/test_traps_sqlite.py)
 
 
 # -- 17. the worker's lease default --------------------------------------------------------
@@ -698,8 +595,8 @@ def test_worker_and_run_share_one_30_s_lease_default_documented_once(pair: tuple
 
 
 @pytest.mark.parametrize("value", ["no", 1, 0, None])
-def test_register_and_from_now_must_be_real_bools(tmp_path: Path, value: object) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION) as c:
+def test_register_and_from_now_must_be_real_bools(at: At, value: object) -> None:
+    with Producer(at("p"), RESERVATION) as p, Consumer(at("c"), RESERVATION) as c:
         with pytest.raises(TypeError, match="register"):
             relay(p, c, register=value)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="register"):
@@ -710,8 +607,8 @@ def test_register_and_from_now_must_be_real_bools(tmp_path: Path, value: object)
 
 
 @pytest.mark.parametrize("name", ["", "   "])
-def test_a_blank_consumer_name_is_refused(tmp_path: Path, name: str) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p:
+def test_a_blank_consumer_name_is_refused(at: At, name: str) -> None:
+    with Producer(at("p"), RESERVATION) as p:
         with pytest.raises(ValueError, match="name"):
             p.register_consumer(name, actor="ops", reason="new")
         assert p.consumers() == []

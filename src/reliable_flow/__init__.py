@@ -16,6 +16,8 @@ Quick tour::
 
 from __future__ import annotations
 
+from typing import Any
+
 from .consumer import Consumer
 from .effects import (
     EffectCall,
@@ -57,11 +59,20 @@ __all__ = [
     "DeliveryPolicy", "DeliveryRecord", "DeliveryState", "DrainResult", "DrainStop", "Effect",
     "EffectAction", "EffectCall", "EffectExecutor", "EffectKeyConflict", "EffectRecord",
     "EffectState", "Effects", "Event", "ExecutorStats", "Feedback", "FlowWait", "Happened", "InboxAction", "InboxEntry",
-    "InboxFull", "InboxRow", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
+    "InboxRow", "InboxState", "InvalidEnvelope", "NotHappened", "NotResolvable",
     "OperatorAction", "OutboxEntry", "OutcomeUnknown", "PayloadError", "PermanentFailure", "PostgresLocation",
     "Producer", "Protocol", "PruneResult", "ReadOnlyStorage", "ReceiveResult", "ReceiveStatus", "Receiver",
-    "Refused", "RegistryAction", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
+    "RegistryAction", "RelayBatchResult", "RelayResult", "RelayStatus", "ReliableFlowError",
     "RetryLater", "SQLiteTooOld", "SchemaTooNew", "StorageError", "StorageFull", "StuckFlow",
     "TransactionConflict", "UnknownConsumer", "UnknownEffect", "UnknownEvent", "Worker", "WorkerStats", "WrongFile", "WrongProcess", "WrongThread",
     "__version__", "relay", "relay_batch", "snapshot",
 ]
+
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("InboxFull", "Refused"):  # deprecated, for one release
+        from .deprecated import old_name
+
+        return old_name(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import envelope
 from .checks import check_count, check_flag, check_optional_count
-from .core.apply import ApplyRules, apply_in, drain_flows
+from .core.apply import ApplyRules, Source, apply_in, drain_flows
 from .core.conflicts import rerun_on_conflict
 from .crash import crash_point
 from .effect_admin import EffectAdmin
@@ -22,7 +22,7 @@ from .errors import InvalidEnvelope
 from .handlers import AppSchema, Handler
 from .inbox_admin import InboxAdmin
 from .metrics import ConsumerMetrics, consumer_metrics
-from .observe import CONSUMER, WARNING, Note, Observer
+from .observe import Observer
 from .operations import PruneResult
 from .protocol import Protocol
 from .receiving import Receiving
@@ -68,7 +68,7 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
     ``"default"``).  One object per thread; after ``fork()`` call
     :meth:`reopen` in the child.
 
-    ``max_inbox``: if set, ``receive`` raises :class:`InboxFull` (storing
+    ``max_inbox``: if set, ``receive`` answers ``refused`` (storing
     nothing) for a new event while that many rows are unapplied, unless the
     event is the next step of its flow (so a full inbox cannot deadlock).
 
@@ -149,7 +149,11 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         self._on_arrival = self._rules if apply_on_receive else None
         self._observed = Observer()  # in-process counts (metrics) and logs
         if app_schema is not None:
-            self._migrate_app(app_schema)
+            try:
+                self._migrate_app(app_schema)
+            except BaseException:
+                self._store.close()  # the caller gets no consumer to close
+                raise
 
     def _migrate_app(self, app: AppSchema) -> None:
         if not isinstance(app, AppSchema):
@@ -202,19 +206,17 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         the step had committed, the retry looks at the following seq.
         """
         flow_id = _check_flow_id(flow_id)
-        notes: list[Note] | None = [] if CONSUMER.isEnabledFor(WARNING) else None
 
-        def once() -> ApplyResult:
-            if notes:
-                notes.clear()  # of a run the engine aborted
+        def once() -> tuple[ApplyResult, Source]:
             with self._store.write() as unit:
-                return apply_in(unit, self._rules, flow_id, None, notes)[0]
+                result, _, source = apply_in(unit, self._rules, flow_id)
+                return result, source
 
-        result = rerun_on_conflict(once)
+        result, source = rerun_on_conflict(once)
         if result.status == ApplyStatus.APPLIED:
             crash_point("apply.after_commit")
             self._observed.applied += 1
-        self._observed.emit(notes)
+        self._observed.applies(self._name, [(result, source)])
         return result
 
     @traced("reliable_flow.drain", lambda self, flow_id, *a, **k: {"reliable_flow.flow_id": str(flow_id)})
@@ -242,7 +244,12 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
     def _drain_flows(self, flows: list[str], limit: int, batch_size: int) -> dict[str, DrainResult]:
         limit = check_count("limit", limit)
         batch_size = check_count("batch_size", batch_size)
-        return drain_flows(self._store.write, self._rules, flows, limit, batch_size, self._observed)
+        results: dict[str, DrainResult] = {}
+        for committed in drain_flows(self._store.write, self._rules, flows, limit, batch_size):
+            results.update(committed.finished)
+            self._observed.applied += committed.applied
+            self._observed.applies(self._name, committed.outcomes)
+        return results
 
     # -- retention ------------------------------------------------------------------
 

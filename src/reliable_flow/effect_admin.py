@@ -8,24 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import check_text
+from .core.admin import effect_action_in
 from .core.effects import with_waits
 from .effects import check_json_value
-from .errors import NotResolvable, UnknownEffect
 from .observe import CONSUMER, operator_action
 from .statuses import Effect, EffectAction, EffectState
 from .store import InboxStore
 
 __all__ = ["EffectAdmin"]
-
-_S = EffectState
-# Which states each operator action may leave from.
-_FROM = {
-    # in_doubt is left out: it is reconciled (or re-run by key) automatically.
-    "retry": (_S.DEAD, _S.UNKNOWN),
-    "resolve": (_S.DEAD, _S.UNKNOWN, _S.IN_DOUBT, _S.PENDING),
-    "cancel": (_S.PENDING, _S.DEAD, _S.UNKNOWN, _S.IN_DOUBT),
-}
-
 
 
 class EffectAdmin:
@@ -70,37 +60,23 @@ class EffectAdmin:
         For an ``unknown`` effect only after checking by hand that it did
         not happen: this is the one way an effect in doubt is re-run blindly.
         """
-        return self._act("retry", key, actor, reason, {"state": _S.PENDING, "due_at": 0.0, "failures": 0,
-                                                         "attempts": 0, "lease_owner": None, "reason": None})
+        return self._act("retry", key, actor, reason)
 
     def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> EffectAction:
         """Record that the effect did take place (checked by hand), with its result."""
-        text = check_json_value("result", result)
-        # fed=False: an executor whose registry feeds this effect back does so;
-        # one that does not clears it.
-        return self._act("resolve", key, actor, reason, {"state": _S.SUCCEEDED, "result": text, "fed": False,
-                                                           "lease_owner": None, "reason": None})
+        return self._act("resolve", key, actor, reason, check_json_value("result", result))
 
     def cancel_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:
         """Decide that the effect will never run; recorded, never automatic."""
-        return self._act("cancel", key, actor, reason, {"state": _S.CANCELLED, "lease_owner": None,
-                                                          "reason": reason})
+        return self._act("cancel", key, actor, reason)
 
-    def _act(self, action: str, key: str, actor: str, reason: str, changes: dict[str, Any]) -> EffectAction:
+    def _act(self, action: str, key: str, actor: str, reason: str, result: str | None = None) -> EffectAction:
         check_text("key", key)
         check_text("actor", actor)
         check_text("reason", reason)
         now = self.clock()
         with self.store.write() as unit:
-            effect = unit.effect(key)
-            if effect is None:
-                raise UnknownEffect(f"no effect with key {key!r} in {self.store.location}")
-            if effect.state not in _FROM[action]:
-                allowed = ", ".join(s.value for s in _FROM[action])
-                raise NotResolvable(f"effect {key!r} is {effect.state}; {action} needs one of: {allowed}")
-            unit.update_effect(key, changes, now)
-            record = EffectAction(now, key, action, actor, reason)
-            unit.record_effect_action(record)
+            record, effect = effect_action_in(unit, action, key, actor, reason, now, self.store.location, result)
         operator_action(CONSUMER, record, getattr(self, "name", None), key=key, event_id=effect.event_id,
                         flow_id=effect.flow_id, previous_state=str(effect.state))
         return record

@@ -15,7 +15,6 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      +-- WrongFile                             not a file of the expected kind
      |    +-- SchemaTooNew                     written by a newer reliable_flow
      +-- ConsumerMismatch                      two consumer files share one name
-     +-- InboxFull                             receive() refused: the inbox is at max_inbox
      +-- NotResolvable (also ValueError)       operator action on something in the wrong state
      +-- EffectKeyConflict (also ValueError)   an effect key reused for another effect
      +-- UnknownEffect (also LookupError)      no such effect (name not registered, key not stored)
@@ -32,12 +31,13 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CommitOutcomeUnknown",
     "ConsumerMismatch",
     "DatabaseBusy",
     "EffectKeyConflict",
-    "InboxFull",
     "InvalidEnvelope",
     "NotResolvable",
     "ReadOnlyStorage",
@@ -104,14 +104,6 @@ class ConsumerMismatch(ReliableFlowError):
 
     Delivery state is kept per consumer name; letting a second file use the
     name would make events look accepted by a file that never stored them.
-    """
-
-
-class InboxFull(ReliableFlowError):
-    """``receive`` refused a new event because the inbox holds ``max_inbox``
-    unapplied rows.  Nothing was stored; the relay records the refusal and
-    sends the event again after a backoff.  An event that is the very next
-    step of its flow is always let in, so a full inbox cannot deadlock.
     """
 
 
@@ -188,3 +180,11 @@ class CommitOutcomeUnknown(StorageError):
     ``existing`` / ``duplicate`` / the already-applied state if the first
     attempt did reach the disk, and does the work once if it did not.
     """
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InboxFull":  # deprecated, for one release
+        from .deprecated import old_name
+
+        return old_name(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,9 @@ from .core.effects import (
     after_run,
     claim_changes,
     feedback_event_id,
+    feedback_refusal,
     plan,
+    record_outcome_in,
 )
 from .crash import crash_point
 from .delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, error_text, own_claims
@@ -40,7 +42,7 @@ from .effects import EffectCall, Effects, EffectSpec, OutcomeUnknown, PermanentF
 from .loop import CANNOT_HEAL, Loop, until_due
 from .observe import EXECUTOR, INFO, WARNING, fields, log
 from .producer import Producer
-from .statuses import AdvanceStatus, Effect, EffectState
+from .statuses import Effect, EffectState
 from .tracing import traced
 
 __all__ = ["EffectExecutor", "ExecutorStats"]
@@ -251,15 +253,11 @@ class EffectExecutor:
             now = max(now_before, self.policy.clock())
             changes = after_run(effect, spec, self.policy, now, outcome, value)
         with self.consumer.store.write() as unit:
-            held = unit.effect(effect.key)
-            if held is None or held.state is not EffectState.RUNNING or held.lease_owner != self.policy.owner:
-                # The lease ran out during the call and another executor took
-                # the effect up: keep its record (lease_seconds must exceed the
-                # function's own timeout).
-                self.stats.outcomes["lease_lost"] += 1
-                self._observe(effect, None, "lease_lost", level=WARNING)
-                return None
-            unit.update_effect(effect.key, changes, now)
+            recorded = record_outcome_in(unit, effect.key, self.policy.owner, changes, now)
+        if not recorded:  # another executor took the effect up: its record is kept
+            self.stats.outcomes["lease_lost"] += 1
+            self._observe(effect, None, "lease_lost", level=WARNING)
+            return None
         crash_point("executor.after_commit")
         state = EffectState(changes["state"])
         self.stats.outcomes[state.value if chosen is Plan.RUN else f"reconciled_{state.value}"] += 1
@@ -284,21 +282,11 @@ class EffectExecutor:
 
     def _advance_result(self, event_id: str, flow_id: str, kind: str, payload: Any,
                         meta: dict[str, str]) -> str | None:
-        """Advance once; None when the step is in the flow (now or before), else why not."""
+        """Advance in one producer transaction at the flow's current seq; None
+        when the step is in the flow (now or before), else why not."""
         assert self.producer is not None
-        if self.producer.event(event_id) is not None:
-            return None  # advanced before a crash; the flow may have moved on since
-        for _ in range(5):  # another writer may move the flow on between read and advance
-            flow = self.producer.flow(flow_id)
-            result = self.producer.advance(
-                event_id, flow_id, expected_seq=0 if flow is None else int(flow["seq"]), kind=kind,
-                payload=payload, meta=meta or None,
-            )
-            if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
-                return None
-            if result.status != AdvanceStatus.STALE:
-                break
-        return f"feedback {result.status}: {result.reason}"
+        return feedback_refusal(self.producer._advance_at_current(
+            event_id, flow_id, kind=kind, payload=payload, meta=meta or None))
 
     def _spec(self, effect: Effect) -> EffectSpec:
         spec = self.effects.get(effect.name)

@@ -39,11 +39,10 @@ from typing import Any
 
 from . import envelope
 from .checks import check_finite, check_optional_count, check_text
-from .core.effects import default_key, schedule_in
+from .core.effects import cancel_in, default_key, schedule_in
 from .effects import Effects, check_json_object
-from .errors import NotResolvable, UnknownEffect
+from .errors import UnknownEffect
 from .protocol import PayloadError
-from .statuses import EffectState
 from .store.effects import EffectUnit, NewEffect
 
 __all__ = ["ENGINES", "AppSchema", "ApplyContext", "Event", "Handler", "Migration"]
@@ -210,12 +209,7 @@ class ApplyContext:
         """Cancel a pending effect (e.g. one this flow scheduled earlier and no
         longer needs), with a reason; it will never run."""
         check_text("reason", reason)
-        effect = self._unit.effect(key)
-        if effect is None:
-            raise UnknownEffect(f"no effect with key {key!r}")
-        if effect.state is not EffectState.PENDING:
-            raise NotResolvable(f"effect {key!r} is {effect.state}; only a pending effect can be cancelled here")
-        self._unit.update_effect(key, {"state": EffectState.CANCELLED, "reason": reason}, self._now)
+        cancel_in(self._unit, key, reason, self._now)
 
 
 Handler = Callable[[ApplyContext], None]

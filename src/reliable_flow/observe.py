@@ -33,12 +33,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from .statuses import ApplyResult, ApplyStatus
 
 __all__ = [
     "CONSUMER", "DEBUG", "EXECUTOR", "INFO", "PRODUCER", "RELAY", "WARNING", "WORKER",
-    "Note", "Observer", "advanced", "body_fields", "fields", "log", "operator_action",
+    "Observer", "advanced", "body_fields", "fields", "log", "operator_action",
 ]
 
 DEBUG, INFO, WARNING = logging.DEBUG, logging.INFO, logging.WARNING
@@ -53,10 +55,6 @@ EXECUTOR = logging.getLogger("reliable_flow.executor")
 
 #: The meta keys copied onto every record (None when the event has none).
 META_FIELDS = ("correlation_id", "causation_id", "trace")
-
-#: A log record decided inside a transaction and written after it committed:
-#: (logger, level, message, fields, once-key or None).
-Note = tuple[logging.Logger, int, str, dict[str, Any], tuple[Any, ...] | None]
 
 
 def fields(
@@ -131,11 +129,31 @@ class Observer:
         self.duplicates = 0
         self._seen: set[tuple[Any, ...]] = set()
 
-    def emit(self, notes: list[Note] | None) -> None:
-        """Write records decided in a transaction that has now committed."""
-        if not notes:
+    def applies(self, consumer: str, outcomes: Iterable[tuple[ApplyResult, Any]]) -> None:
+        """Log apply outcomes of a transaction that has now committed: applied
+        and gap at INFO, blocked at WARNING (idle: nothing).  Each comes with
+        what it is about: the event (a dict with its ``meta``), or at a gap the
+        body of the row waiting after it (a str, parsed only here, when the
+        record is wanted).  A block or a gap already logged drops to DEBUG."""
+        if not CONSUMER.isEnabledFor(WARNING):
             return
-        for logger, level, message, extra, once in notes:
+        for result, source in outcomes:
+            status = result.status
+            if status is ApplyStatus.IDLE:
+                continue
+            level = INFO if status is ApplyStatus.APPLIED or status is ApplyStatus.GAP else WARNING
+            if not CONSUMER.isEnabledFor(level):
+                continue
+            event = json.loads(source) if isinstance(source, str) else source or {}
+            extra = fields(result.event_id, result.flow_id, result.seq, status, consumer, event.get("meta"))
+            once: tuple[Any, ...] | None = None
+            if status is ApplyStatus.BLOCKED:
+                extra.update(reason=None if result.reason is None else str(result.reason), detail=result.detail)
+                once = ("blocked", result.event_id, result.reason)
+            elif status is ApplyStatus.GAP:  # the meta is the waiting event's
+                extra.update(detail=result.detail, waiting_event_id=event.get("event_id"),
+                             waiting_seq=event.get("seq"))
+                once = ("gap", result.flow_id, result.seq)
             if once is not None:
                 if once in self._seen:
                     level = DEBUG  # found again on a later pass: not news
@@ -143,16 +161,15 @@ class Observer:
                     if len(self._seen) >= self._SEEN_CAP:
                         self._seen.clear()
                     self._seen.add(once)
-            log(logger, level, message, extra)
-        notes.clear()
+            log(CONSUMER, level, str(status), extra)
 
     def received(self, consumer: str, meta: Mapping[str, Any] | None, result: Any) -> None:
-        """Count a duplicate and log a receive: accepted / duplicate at INFO,
-        a conflict at WARNING."""
+        """Count a duplicate and log a receive: accepted / duplicate / refused
+        (a full inbox) at INFO, a conflict at WARNING."""
         status = result.status
         if status == "duplicate":
             self.duplicates += 1
-        level = INFO if status in ("accepted", "duplicate") else WARNING
+        level = INFO if status in ("accepted", "duplicate", "refused") else WARNING
         if CONSUMER.isEnabledFor(level):
             log(CONSUMER, level, f"received: {status}",
                 fields(result.event_id, result.flow_id, result.seq, status, consumer, meta, reason=result.reason))

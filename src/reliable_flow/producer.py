@@ -13,18 +13,19 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from .checks import check_optional_count, check_text
-from .core.advance import advance_in, build
+from .core.admin import delivery_action_in
+from .core.advance import advance_at_current_in, advance_in, build
 from .core.conflicts import rerun_on_conflict
 from .crash import crash_point
 from .envelope import Envelope
-from .errors import NotResolvable, StorageError, UnknownEvent
+from .errors import StorageError
 from .metrics import ProducerMetrics, producer_metrics
 from .observe import INFO, PRODUCER, WARNING, advanced, operator_action
 from .operations import PruneResult
 from .protocol import Protocol
 from .registry import ConsumerRegistry
 from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
-from .statuses import AdvanceResult, AdvanceStatus, DeliveryState, OperatorAction, OutboxEntry
+from .statuses import AdvanceResult, AdvanceStatus, OperatorAction, OutboxEntry
 from .store import OutboxStore, OutboxUnit
 from .store.open import Location, open_outbox
 from .store.owner import StoreOwner
@@ -158,11 +159,34 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
             with self._store.write() as unit:
                 return advance_in(unit, self.protocol, env, self.max_backlog, time.time())
 
-        result = rerun_on_conflict(once)
+        return self._advanced(rerun_on_conflict(once), env.meta)
+
+    @traced("reliable_flow.advance", lambda self, event_id, flow_id, **_: {
+        "reliable_flow.event_id": str(event_id), "reliable_flow.flow_id": str(flow_id)})
+    def _advance_at_current(
+        self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+        meta: dict[str, str] | None = None,
+    ) -> AdvanceResult:
+        """``advance`` at the seq the flow is at now, read in the advance's own
+        transaction (one transaction, never ``stale``): how the effect
+        executor feeds a result back.  Every other check and status of
+        :meth:`advance`; an event id already committed answers ``existing``
+        (same body at its seq) or ``conflict``."""
+
+        def once() -> tuple[AdvanceResult, Envelope]:
+            with self._store.write() as unit:
+                return advance_at_current_in(unit, self.protocol, event_id, flow_id, kind, payload, schema, meta,
+                                             self.max_backlog, time.time())
+
+        result, env = rerun_on_conflict(once)
+        return self._advanced(result, env.meta)
+
+    def _advanced(self, result: AdvanceResult, meta: dict[str, str]) -> AdvanceResult:
+        """After the commit: the crash point and the log record."""
         if result.status == AdvanceStatus.COMMITTED:
             crash_point("advance.after_commit")
         if result.status is AdvanceStatus.CONFLICT or PRODUCER.isEnabledFor(INFO):
-            advanced(result, env.meta)
+            advanced(result, meta)
         return result
 
     def batch(self) -> AbstractContextManager[Batch]:
@@ -220,17 +244,9 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
             check_text(name, value)
         now = time.time()
         with self._store.write() as unit:
-            found = unit.delivery_state(event_id, consumer)
-            if found is None:
-                raise UnknownEvent(f"no delivery of event {event_id!r} to consumer {consumer!r} in {self.path}")
-            pos, state = found
-            if state not in (DeliveryState.SET_ASIDE, DeliveryState.PENDING):
-                raise NotResolvable(f"event {event_id!r} is {state} for consumer {consumer!r}; cannot {action} it")
-            unit.resolve(consumer, pos, DeliveryState.PENDING if action == "redeliver" else DeliveryState.SKIPPED, now)
-            record = OperatorAction(now, consumer, event_id, action, actor, reason)
-            unit.record_action(record)
-        operator_action(PRODUCER, record, previous_state=str(state))
-        return OperatorAction(now, consumer, event_id, action, actor, reason, previous_state=state)
+            record = delivery_action_in(unit, action, event_id, consumer, actor, reason, now, self.path)
+        operator_action(PRODUCER, record, previous_state=str(record.previous_state))
+        return record
 
     def prune(
         self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from .statuses import ReceiveResult, Refused
+from .statuses import ReceiveResult
 
 __all__ = ["Answer", "Receiver"]
 
-#: A receiver's answer to one event: the receive result, or :class:`Refused`
-#: when its inbox is full.
-Answer = ReceiveResult | Refused
+#: A receiver's answer to one event: a :class:`ReceiveResult` (status
+#: ``refused`` when its inbox is full).  Kept as a name for one release;
+#: use :class:`ReceiveResult`.
+Answer = ReceiveResult
 
 
 @runtime_checkable
@@ -30,9 +31,13 @@ class Receiver(Protocol):
 
     ``accept(body)`` must store the event durably before it answers
     ``accepted`` (or report ``duplicate`` / ``id_conflict`` /
-    ``sequence_conflict`` having stored nothing), answer :class:`Refused`
-    when it has no room, and raise for anything else (nothing stored, the
-    relay records the failure and retries after a backoff).
+    ``sequence_conflict`` having stored nothing), answer ``refused`` when
+    it has no room (nothing stored; the relay retries after a backoff), and
+    raise for anything else (nothing stored, the relay records the failure
+    and retries after a backoff).  ``applied=True`` says the event was also
+    applied in the commit that stored it.  (A receiver that still answers
+    the deprecated ``Refused`` object is taken as ``refused`` for one
+    release, with a ``DeprecationWarning``.)
     ``accept_many`` answers a list of bodies in one durable step, one
     answer per body, in order.
     """
@@ -49,8 +54,8 @@ class Receiver(Protocol):
     def location(self) -> str:
         """Where the consumer is (a path, an address), for messages."""
 
-    def accept(self, body: str) -> Answer:
+    def accept(self, body: str) -> ReceiveResult:
         """Store one canonical event body durably, or say why not (see the class)."""
 
-    def accept_many(self, bodies: Sequence[str]) -> list[Answer]:
+    def accept_many(self, bodies: Sequence[str]) -> list[ReceiveResult]:
         """Store several bodies in one durable step; one answer per body, in order."""

@@ -13,25 +13,13 @@ from .core.apply import ApplyRules
 from .core.conflicts import rerun_on_conflict
 from .core.receive import receive_in
 from .crash import crash_point
-from .errors import InboxFull
-from .observe import CONSUMER, INFO, Note, Observer
-from .receiver import Answer
-from .statuses import ReceiveResult, ReceiveStatus, Refused
+from .envelope import Envelope
+from .observe import CONSUMER, INFO, Observer
+from .statuses import ApplyResult, ApplyStatus, ReceiveResult, ReceiveStatus
 from .store import InboxStore
 from .tracing import traced
 
 __all__ = ["Applying", "Receiving"]
-
-
-def _accept(call: Callable[[], ReceiveResult]) -> Answer:
-    try:
-        return call()
-    except InboxFull as exc:
-        return Refused(str(exc))
-
-
-def _refused_as_answers(results: list[ReceiveResult | None]) -> list[Answer]:
-    return [Refused("inbox full (max_inbox)") if r is None else r for r in results]
 
 
 class Receiving:
@@ -70,7 +58,8 @@ class Receiving:
         ``id_conflict``; a new id in a (flow, seq) slot already taken is
         ``sequence_conflict``.  A schema this consumer cannot decode is still
         accepted, unchanged.  Malformed input raises ``InvalidEnvelope``; a
-        full inbox (``max_inbox``) raises ``InboxFull``.  In the
+        full inbox (``max_inbox``) answers ``refused``, storing nothing (the
+        flow's very next step is always let in).  In the
         receive-and-apply mode ``applied=True`` says the same commit also
         applied the event.
         """
@@ -78,42 +67,39 @@ class Receiving:
 
     def _receive(self, envelope_in: dict[str, Any] | str | bytes, arrival: ApplyRules | None) -> ReceiveResult:
         env = envelope.parse(envelope_in)
-        notes = self._arrival_notes(arrival)
 
         def once() -> ReceiveResult:
-            if notes:
-                notes.clear()  # of a run the engine aborted
             with self.store.write() as unit:
-                return receive_in(unit, env, self.max_inbox, self.store.location, self.clock(), arrival, notes)
+                return receive_in(unit, env, self.max_inbox, self.store.location, self.clock(), arrival)
 
         result = rerun_on_conflict(once)
         if result.status == ReceiveStatus.ACCEPTED:
             crash_point("receive.after_commit")
             if result.applied:
-                self._applied_on_arrival(1, notes)
+                self._applied_on_arrival([(env, result)])
         if result.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO):
             self._observed.received(self._name, env.meta, result)
         return result
 
-    @staticmethod
-    def _arrival_notes(arrival: ApplyRules | None) -> list[Note] | None:
-        """Where the receive-and-apply mode puts its log records until the commit."""
-        return [] if arrival is not None and CONSUMER.isEnabledFor(INFO) else None
-
-    def _applied_on_arrival(self, count: int, notes: list[Note] | None) -> None:
+    def _applied_on_arrival(self, applied: list[tuple[Envelope, ReceiveResult]]) -> None:
+        """Count and log the events the receive commit also applied."""
         crash_point("receive_apply.after_commit")
-        self._observed.applied += count
-        self._observed.emit(notes)
+        self._observed.applied += len(applied)
+        if CONSUMER.isEnabledFor(INFO):
+            self._observed.applies(self._name, [
+                (ApplyResult(ApplyStatus.APPLIED, r.flow_id, r.seq, r.event_id), {"meta": env.meta})
+                for env, r in applied
+            ])
 
     def receive_many(
         self, envelopes: Sequence[dict[str, Any] | str | bytes]
-    ) -> list[ReceiveResult | None]:
+    ) -> list[ReceiveResult]:
         """Receive several events in one transaction; one entry per event, in order.
 
         Same checks and statuses as :meth:`receive`.  Every envelope is
         validated before anything is stored: one malformed envelope raises
         ``InvalidEnvelope`` and stores none.  An event that a full inbox
-        (``max_inbox``) refuses gets ``None`` and is not stored; the others
+        (``max_inbox``) refuses is answered ``refused`` and not stored; the others
         are still examined, exactly as separate ``receive`` calls would be
         (so a flow's next step still gets in).
         """
@@ -121,43 +107,34 @@ class Receiving:
 
     def _receive_many(
         self, envelopes: Sequence[dict[str, Any] | str | bytes], arrival: ApplyRules | None
-    ) -> list[ReceiveResult | None]:
+    ) -> list[ReceiveResult]:
         parsed = [envelope.parse(e) for e in envelopes]
-        notes = self._arrival_notes(arrival)
 
-        def once() -> list[ReceiveResult | None]:
-            if notes:
-                notes.clear()  # of a run the engine aborted
-            answers: list[ReceiveResult | None] = []
+        def once() -> list[ReceiveResult]:
             with self.store.write() as unit:
                 now = self.clock()
-                for env in parsed:
-                    try:
-                        answers.append(receive_in(unit, env, self.max_inbox, self.store.location, now, arrival, notes))
-                    except InboxFull:
-                        answers.append(None)
-            return answers
+                return [receive_in(unit, env, self.max_inbox, self.store.location, now, arrival) for env in parsed]
 
         results = rerun_on_conflict(once)
-        if any(r is not None and r.status == ReceiveStatus.ACCEPTED for r in results):
+        if any(r.status == ReceiveStatus.ACCEPTED for r in results):
             crash_point("receive.after_commit")
-            applied = sum(1 for r in results if r is not None and r.applied)
+            applied = [(env, r) for env, r in zip(parsed, results) if r.applied]
             if applied:
-                self._applied_on_arrival(applied, notes)
+                self._applied_on_arrival(applied)
         for env, r in zip(parsed, results):
-            if r is not None and (r.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO)):
+            if r.status is not ReceiveStatus.ACCEPTED or CONSUMER.isEnabledFor(INFO):
                 self._observed.received(self._name, env.meta, r)
         return results
 
     # -- as a Receiver (what relay() calls) -------------------------------------------
 
-    def accept(self, body: str) -> Answer:
-        """:meth:`receive`, with a full inbox answered as :class:`Refused`."""
-        return _accept(lambda: self.receive(body))
+    def accept(self, body: str) -> ReceiveResult:
+        """:meth:`receive`, as a :class:`~reliable_flow.receiver.Receiver` answers."""
+        return self.receive(body)
 
-    def accept_many(self, bodies: Sequence[str]) -> list[Answer]:
-        """:meth:`receive_many`, with each event a full inbox turned away answered as :class:`Refused`."""
-        return _refused_as_answers(self.receive_many(bodies))
+    def accept_many(self, bodies: Sequence[str]) -> list[ReceiveResult]:
+        """:meth:`receive_many`, as a :class:`~reliable_flow.receiver.Receiver` answers."""
+        return self.receive_many(bodies)
 
     def applying(self) -> Applying:
         """This consumer as a :class:`Receiver` in the receive-and-apply mode,
@@ -189,17 +166,16 @@ class Applying:
     def location(self) -> str:
         return self.consumer.location
 
-    def accept(self, body: str) -> Answer:
-        consumer = self.consumer
-        answer = _accept(lambda: consumer._receive(body, consumer._rules))
-        if isinstance(answer, ReceiveResult) and answer.applied:
+    def accept(self, body: str) -> ReceiveResult:
+        result = self.consumer._receive(body, self.consumer._rules)
+        if result.applied:
             self.applied += 1
-        return answer
+        return result
 
-    def accept_many(self, bodies: Sequence[str]) -> list[Answer]:
+    def accept_many(self, bodies: Sequence[str]) -> list[ReceiveResult]:
         results = self.consumer._receive_many(bodies, self.consumer._rules)
-        self.applied += sum(1 for r in results if r is not None and r.applied)
-        return _refused_as_answers(results)
+        self.applied += sum(1 for r in results if r.applied)
+        return results
 
     def __repr__(self) -> str:
         return f"{self.consumer!r}.applying()"

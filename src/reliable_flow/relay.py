@@ -54,9 +54,13 @@ def relay(
     the consumer committed it.  On ``id_conflict`` / ``sequence_conflict`` the
     event is set aside (never accepted, never retried automatically).
     ``idle``: nothing pending (with a policy: nothing due now) for this
-    consumer.  If ``consumer.receive`` raises (or the inbox is full), the
-    failure is recorded (attempts, last error, next due time after
-    backoff) and the exception propagates.
+    consumer.  ``refused``: the consumer's inbox is full (``max_inbox``);
+    the event stays pending and the refusal is recorded like a failed send
+    (attempts, ``last_error`` "InboxFull: ...", next due time after
+    backoff).  ``applied``: the consumer also applied the event in the
+    commit that received it (``Consumer.applying()``).  If
+    ``consumer.receive`` raises, the failure is recorded the same way and
+    the exception propagates.
 
     A consumer name the producer has not registered raises
     :class:`UnknownConsumer` (nothing sent), unless ``register=True``
@@ -85,8 +89,8 @@ def relay_batch(
     The same choice of events, statuses and marks as ``limit`` calls of
     :func:`relay`, at the cost of two commits instead of ``2 * limit``.
     Events a full inbox (``max_inbox``) refuses stay pending, with a backoff
-    recorded, and are counted in ``refused``; the rest of the batch is still
-    delivered.  If ``receive_many`` raises, nothing of the batch was stored,
+    recorded, and are counted in ``refused`` (their results say
+    ``refused``); the rest of the batch is still delivered.  If ``receive_many`` raises, nothing of the batch was stored,
     the failure is recorded on every event of the batch, and the exception
     propagates.  An unregistered consumer name: as for :func:`relay`
     (``register=True`` registers it).

@@ -31,7 +31,6 @@ __all__ = [
     "OutboxEntry",
     "ReceiveResult",
     "ReceiveStatus",
-    "Refused",
     "RelayBatchResult",
     "RelayResult",
     "RelayStatus",
@@ -62,12 +61,14 @@ class AdvanceStatus(_StrEnum):
 
 
 class ReceiveStatus(_StrEnum):
-    """What ``Consumer.receive`` answered; only ``accepted`` stored a row."""
+    """What ``Consumer.receive`` answered; only ``accepted`` stored a row
+    (``refused``: a full inbox, ``max_inbox``; the relay retries later)."""
 
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     ID_CONFLICT = "id_conflict"
     SEQUENCE_CONFLICT = "sequence_conflict"
+    REFUSED = "refused"
 
 
 class RelayStatus(_StrEnum):
@@ -77,6 +78,7 @@ class RelayStatus(_StrEnum):
     DUPLICATE = "duplicate"
     ID_CONFLICT = "id_conflict"
     SEQUENCE_CONFLICT = "sequence_conflict"
+    REFUSED = "refused"
     IDLE = "idle"
 
 
@@ -181,7 +183,8 @@ class AdvanceResult:
 class ReceiveResult:
     """Outcome of ``Consumer.receive``; only ``accepted`` stored a new row.
 
-    ``applied``: the event was also applied in the same transaction (only
+    ``reason`` explains every other status.  ``applied``: the event was
+    also applied in the same transaction (only
     with ``Consumer(..., apply_on_receive=True)``, when it was its flow's
     next step and applied cleanly)."""
 
@@ -195,20 +198,23 @@ class ReceiveResult:
 
 @dataclass(frozen=True, slots=True)
 class RelayResult:
-    """Outcome of one ``relay`` step; ``idle`` carries no event."""
+    """Outcome of one ``relay`` step; ``idle`` carries no event.  ``applied``:
+    the consumer also applied it in the commit that received it."""
 
     status: RelayStatus
     event_id: str | None = None
     flow_id: str | None = None
     seq: int | None = None
     reason: str | None = None
+    applied: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RelayBatchResult:
     """Outcome of ``relay_batch``: one result per event sent, and counts by status.
 
-    ``refused`` counts events the consumer's full inbox turned away; they
+    ``refused`` counts events the consumer's full inbox turned away (their
+    results have status ``refused``, and ``counts`` has them too); they
     stay pending and are retried after a backoff.  Nothing sent: ``idle``.
     """
 
@@ -327,15 +333,6 @@ class EffectRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
-    """A :class:`~reliable_flow.receiver.Receiver`'s answer when its inbox is
-    full (``max_inbox``): nothing was stored; the relay records the refusal
-    and sends the event again after a backoff."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class Effect:
     """One side effect in the effect outbox (see ``Consumer.effect_outbox``).
 
@@ -386,3 +383,11 @@ class EffectAction:
     action: str
     actor: str
     reason: str
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Refused":  # deprecated, for one release
+        from .deprecated import old_name
+
+        return old_name(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

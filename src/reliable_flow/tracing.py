@@ -46,10 +46,10 @@ _tracer: Any = None
 def _get_tracer() -> Any:
     global _tracer
     if _tracer is None:
-        from opentelemetry import trace
+        from opentelemetry.trace import get_tracer
 
         # A proxy until the application sets a provider; it follows the provider then.
-        _tracer = trace.get_tracer("reliable_flow")
+        _tracer = get_tracer("reliable_flow")
     return _tracer
 
 

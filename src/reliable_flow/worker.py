@@ -15,7 +15,6 @@ from .executor import EffectExecutor
 from .loop import CANNOT_HEAL, Loop, until_due
 from .observe import WARNING, WORKER, fields, log
 from .producer import Producer
-from .receiving import Applying
 from .relay import DeliveryPolicy, relay
 from .statuses import DrainStop, RelayStatus
 
@@ -65,7 +64,10 @@ class Worker:
     skipped, the others go on);
     then each of ``executors`` runs up to ``apply_limit`` due effects.
     When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
-    early by :meth:`stop`).  A consumer that raises is recorded by the relay
+    early by :meth:`stop`).  A full inbox (``max_inbox``) answers
+    ``refused``: counted in ``stats.relayed["refused"]``, the event waits
+    for its backoff and the worker moves on to applying, which makes room.
+    A consumer that raises is recorded by the relay
     (attempts, error, backoff) and the worker goes on with the others; so is
     any failure of a pass (``stats.errors``, ``stats.last_error``), except
     one that retrying cannot heal (:data:`~reliable_flow.loop.CANNOT_HEAL`: ``ConsumerMismatch``,
@@ -164,12 +166,11 @@ class Worker:
                     self._failed(consumer.name, exc)
                     break
                 self.stats.relayed[result.status.value] += 1
-                if isinstance(receiver, Applying) and receiver.applied:  # applied on arrival: a step too
-                    self.stats.applied += receiver.applied
-                    work += receiver.applied
-                    receiver.applied = 0
-                if result.status == RelayStatus.IDLE:
-                    break
+                if result.applied:  # applied on arrival: a step too
+                    self.stats.applied += 1
+                    work += 1
+                if result.status == RelayStatus.IDLE or result.status == RelayStatus.REFUSED:
+                    break  # nothing due, or a full inbox: it waits for its backoff
                 work += 1
             if self.stopping:
                 return work

@@ -9,7 +9,9 @@ the test with an explicit environment and a timeout::
     python tests/children/worker_child.py signal-in-wait DIR  # SIGTERM inside the idle wait
 
 DIR holds ``producer.db`` and one consumer file per name (``projection.db``,
-``audit.db``; ``c.db`` for ``signal-in-wait``).
+``audit.db``; ``c.db`` for ``signal-in-wait``); or DIR is a JSON object
+naming the store of each label (``{"producer": LOCATION, "projection": ...}``),
+a SQLite file or a PostgreSQL location.
 """
 
 from __future__ import annotations
@@ -34,9 +36,16 @@ def amount(flow: str) -> int:
     return 1 + int(flow[1:])
 
 
+def at(d: str, label: str) -> str:
+    """The store of ``label``: named in DIR's JSON object, or ``DIR/<label>.db``."""
+    if d.startswith("{"):
+        return str(json.loads(d)[label])
+    return os.path.join(d, label + ".db")
+
+
 def open_all(d: str) -> tuple[Producer, list[Consumer]]:
-    producer = Producer(os.path.join(d, "producer.db"), RESERVATION)
-    consumers = [Consumer(os.path.join(d, name + ".db"), RESERVATION, name=name) for name in ("projection", "audit")]
+    producer = Producer(at(d, "producer"), RESERVATION)
+    consumers = [Consumer(at(d, name), RESERVATION, name=name) for name in ("projection", "audit")]
     return producer, consumers
 
 
@@ -113,7 +122,7 @@ def kill_mode(d: str, seed: int, finish: bool) -> int:
 def signal_in_wait(d: str) -> int:
     """SIGTERM lands while the main thread holds the stop event's lock inside
     Event.wait() (the idle sleep); prints whether the worker noticed."""
-    with Producer(d + "/producer.db", RESERVATION) as p, Consumer(d + "/c.db", RESERVATION) as c:
+    with Producer(at(d, "producer"), RESERVATION) as p, Consumer(at(d, "c"), RESERVATION) as c:
         installed: list[Any] = []
         worker = Worker(p, [c], idle_sleep=0, on_pass=lambda s: installed.append(signal.getsignal(signal.SIGTERM)))
         worker.run(max_passes=1)

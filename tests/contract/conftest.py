@@ -1,7 +1,9 @@
 """Engines under the storage contract.
 
-Everything engine-specific lives here, in :data:`ENGINES`: a new engine
-(PostgreSQL, ...) adds one entry and every contract test runs against it.
+Everything engine-specific lives here, in :data:`ENGINES`: how to make one
+engine's stores, keyed by the engine names of the one list of engines,
+``tests/engine_reads.ENGINES`` (a new engine adds its name there and its
+record here, and every contract test runs against it).
 The tests themselves only use the store interface
 (:mod:`reliable_flow.store.outbox`, :mod:`reliable_flow.store.inbox`).
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from engine_reads import ENGINES as ENGINE_PARAMS
 from reliable_flow.store import InboxStore, OutboxStore
 from reliable_flow.store.sqlite import SqliteInboxStore, SqliteOutboxStore
 
@@ -67,7 +70,7 @@ except ImportError:  # pragma: no cover - only without the postgres extra
         """Stands in when psycopg is not installed."""
 
 
-ENGINES: dict[str, Engine] = {
+_RECORDS: dict[str, Engine] = {
     "sqlite": Engine(
         new_location=_sqlite_location,
         open_outbox=lambda location, protocol: SqliteOutboxStore(location, protocol),
@@ -84,6 +87,11 @@ ENGINES: dict[str, Engine] = {
         marks=("postgres",),
     ),
 }
+
+#: The engine names, in the order (and with the marks) of ``engine_reads.ENGINES``.
+ENGINE_NAMES: list[str] = [p if isinstance(p, str) else str(p.values[0]) for p in ENGINE_PARAMS]
+assert sorted(ENGINE_NAMES) == sorted(_RECORDS), "tests/engine_reads.ENGINES and the contract's records disagree"
+ENGINES: dict[str, Engine] = {name: _RECORDS[name] for name in ENGINE_NAMES}
 
 
 class StoreFactory:
@@ -122,9 +130,7 @@ def _named(engine: Engine, tmp_path: Path, side: str, label: str) -> str:
     return engine.new_location(tmp_path, f"{side}-{label}")
 
 
-@pytest.fixture(params=[
-    pytest.param(name, marks=[getattr(pytest.mark, m) for m in ENGINES[name].marks]) for name in sorted(ENGINES)
-])
+@pytest.fixture(params=ENGINE_PARAMS)
 def engine(request: pytest.FixtureRequest) -> str:
     if "postgres" in ENGINES[request.param].marks:
         _pg().get_pg_cluster()  # skips (or fails under CI) when no server can start

@@ -9,9 +9,9 @@ from .. import envelope
 from ..crash import crash_point
 from ..protocol import Protocol, Rejected
 from ..statuses import AdvanceResult, AdvanceStatus, BlockReason
-from ..store import OutboxUnit
+from ..store import FlowState, OutboxUnit
 
-__all__ = ["advance_in", "build"]
+__all__ = ["advance_at_current_in", "advance_in", "build"]
 
 _BODY_FIELDS = ("flow_id", "seq", "kind", "schema", "payload", "meta")
 
@@ -58,12 +58,8 @@ def _pruned(unit: OutboxUnit, env: envelope.Envelope) -> AdvanceResult | None:
     )
 
 
-def advance_in(
-    unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, max_backlog: int | None,
-    now: float | None = None,
-) -> AdvanceResult:
-    """Decide and write one advance inside ``unit``'s transaction; a new event
-    is stamped as committed at ``now``."""
+def _answered(unit: OutboxUnit, env: envelope.Envelope) -> AdvanceResult | None:
+    """The answer for an event id already used (stored, or pruned), else None."""
     stored = unit.find_event(env.event_id)
     if stored is not None:
         if stored.body == env.body:
@@ -74,10 +70,54 @@ def advance_in(
         return AdvanceResult(
             AdvanceStatus.CONFLICT, env.event_id, env.flow_id, stored.seq, _differences(stored.body, env.body)
         )
-    pruned = _pruned(unit, env)
-    if pruned is not None:
-        return pruned
-    flow = unit.flow_state(env.flow_id)
+    return _pruned(unit, env)
+
+
+def advance_in(
+    unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, max_backlog: int | None,
+    now: float | None = None,
+) -> AdvanceResult:
+    """Decide and write one advance inside ``unit``'s transaction; a new event
+    is stamped as committed at ``now``."""
+    answered = _answered(unit, env)
+    if answered is not None:
+        return answered
+    return _step(unit, protocol, env, unit.flow_state(env.flow_id), max_backlog, now)
+
+
+def advance_at_current_in(
+    unit: OutboxUnit, protocol: Protocol, event_id: object, flow_id: object, kind: object, payload: object,
+    schema: object, meta: object, max_backlog: int | None, now: float | None = None,
+) -> tuple[AdvanceResult, envelope.Envelope]:
+    """``advance`` at the seq the flow is at when this transaction reads it
+    (so never ``stale``), inside ``unit``'s transaction, with every other
+    check of :func:`advance_in`; and the envelope decided on.  An event id
+    already used is judged at its own seq: a retry with the same body is
+    ``existing``, anything else ``conflict``.  Malformed arguments raise
+    ``InvalidEnvelope``."""
+    checked = build(event_id, flow_id, 0, kind, payload, schema, meta)
+    # The event id first, then the flow, as advance_in reads (and on
+    # PostgreSQL locks) them.
+    stored = unit.find_event(checked.event_id)
+    used = stored.seq if stored is not None else None
+    if used is None:
+        tomb = unit.tombstone(checked.event_id)
+        used = None if tomb is None else tomb.seq
+    if used is not None:
+        env = checked if used == 1 else build(event_id, flow_id, used - 1, kind, payload, schema, meta)
+        answered = _answered(unit, env)
+        assert answered is not None
+        return answered, env
+    flow = unit.flow_state(checked.flow_id)
+    env = checked if flow is None else build(event_id, flow_id, flow.seq, kind, payload, schema, meta)
+    return _step(unit, protocol, env, flow, max_backlog, now), env
+
+
+def _step(
+    unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, flow: FlowState | None, max_backlog: int | None,
+    now: float | None,
+) -> AdvanceResult:
+    """The step of a new event id from the flow as read in this transaction."""
     current_seq, state, data = (0, protocol.initial, {}) if flow is None else (flow.seq, flow.state, flow.data)
     expected = env.seq - 1
     if expected != current_seq:

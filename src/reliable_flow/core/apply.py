@@ -4,23 +4,27 @@ consumer's unit of work, or say why not."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from .. import envelope, observe
+from .. import envelope
 from ..crash import crash_point
 from ..effects import Effects
 from ..envelope import Envelope
 from ..handlers import ApplyContext, Event, Handler
-from ..observe import CONSUMER, INFO, WARNING, Note, Observer
 from ..protocol import PayloadError, Protocol, Rejected
 from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
 from ..store import FlowState, InboxUnit
 from . import conflicts
 
-__all__ = ["ApplyRules", "apply_arrived", "apply_in", "drain_flows"]
+__all__ = ["ApplyRules", "Committed", "Source", "apply_arrived", "apply_in", "drain_flows"]
+
+#: What an apply outcome is about, for the face to log it with: the event
+#: applied or blocked (a dict), the body of the row waiting after a gap (a
+#: str, parsed only if the record is wanted), or None (idle).
+Source = dict[str, Any] | str | None
 
 
 @dataclass(frozen=True)
@@ -37,57 +41,24 @@ class ApplyRules:
     clock: Callable[[], float] | None = None
 
 
-def _handle(unit: InboxUnit, rules: ApplyRules, event: dict[str, Any], body: str, event_id: str, flow_id: str,
-            seq: int, previous: str, new_state: str, new_data: dict[str, Any]) -> None:
+def _handle(unit: InboxUnit, rules: ApplyRules, event: Event, previous: str, new_state: str,
+            new_data: dict[str, Any]) -> None:
     assert rules.clock is not None
-    ctx = ApplyContext(
-        unit,
-        Event(event_id, flow_id, seq, event["kind"], event["schema"], event["payload"], event.get("meta", {}), body),
-        previous, new_state, new_data, rules.consumer, rules.effects, rules.clock(),
-    )
+    ctx = ApplyContext(unit, event, previous, new_state, new_data, rules.consumer, rules.effects, rules.clock())
     for handler in rules.handlers:
         handler(ctx)
 
 
 def apply_in(
     unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None = None,
-    notes: list[Note] | None = None,
-) -> tuple[ApplyResult, FlowState | None]:
-    """One apply step inside ``unit``'s transaction.
+) -> tuple[ApplyResult, FlowState | None, Source]:
+    """One apply step inside ``unit``'s transaction: the outcome, the flow's
+    state after it, and what the outcome is about (:data:`Source`).
 
     ``known`` is the flow's state as left by the previous step of the same
     transaction, which holds the write lock, so it cannot be stale; the new
-    one is returned after an apply.  ``notes``: where to put the log record
-    of the outcome, to be written once the transaction committed.
+    one is returned after an apply.
     """
-    result, state, source = _step(unit, rules, flow_id, known)
-    if notes is not None and result.status is not ApplyStatus.IDLE:
-        _note(notes, rules.consumer, result, source)
-    return result, state
-
-
-def _note(notes: list[Note], consumer: str, result: ApplyResult, source: dict[str, Any] | str | None) -> None:
-    """The log record of an outcome (``source``: the event, or the body of the
-    row waiting after a gap, parsed only here, when the record is wanted)."""
-    status = result.status
-    level = INFO if status is ApplyStatus.APPLIED or status is ApplyStatus.GAP else WARNING
-    if not CONSUMER.isEnabledFor(level):
-        return
-    event = json.loads(source) if isinstance(source, str) else source or {}
-    extra = observe.fields(result.event_id, result.flow_id, result.seq, status, consumer, event.get("meta"))
-    once: tuple[Any, ...] | None = None
-    if status is ApplyStatus.BLOCKED:
-        extra.update(reason=None if result.reason is None else str(result.reason), detail=result.detail)
-        once = ("blocked", result.event_id, result.reason)
-    elif status is ApplyStatus.GAP:  # the meta is the waiting event's
-        extra.update(detail=result.detail, waiting_event_id=event.get("event_id"), waiting_seq=event.get("seq"))
-        once = ("gap", result.flow_id, result.seq)
-    notes.append((CONSUMER, level, str(status), extra, once))
-
-
-def _step(
-    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None
-) -> tuple[ApplyResult, FlowState | None, dict[str, Any] | str | None]:
     protocol, schemas = rules.protocol, rules.schemas
     if known is None:
         known = unit.flow_state(flow_id) or FlowState(protocol.initial, 0, {})
@@ -121,7 +92,8 @@ def _step(
         # of this apply behind, only the block.
         with unit.step():
             _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
-            _handle(unit, rules, event, body, event_id, flow_id, seq, known.state, new_state, new_data)
+            _handle(unit, rules, Event(event_id, flow_id, seq, event["kind"], event["schema"], event["payload"],
+                                       event.get("meta", {}), body), known.state, new_state, new_data)
     except PayloadError as exc:
         unit.block(event_id, BlockReason.INVALID_PAYLOAD, str(exc), _now(rules))
         return ApplyResult(
@@ -148,7 +120,7 @@ def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_s
     crash_point(points[1])
 
 
-def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope, notes: list[Note] | None = None) -> bool:
+def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope) -> bool:
     """Apply the event that receive just stored, in the same transaction,
     when it is exactly its flow's next step and applies cleanly: projection,
     effect record and the row's ``applied`` mark, as ``apply_next`` would
@@ -171,46 +143,49 @@ def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope, notes: list
     if not rules.handlers:
         _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
     else:
-        event = {"kind": env.kind, "schema": env.schema, "payload": env.payload, "meta": env.meta}
         try:
             with unit.step():
                 _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
-                _handle(unit, rules, event, env.body, env.event_id, env.flow_id, env.seq, known.state,
-                        new_state, new_data)
+                _handle(unit, rules, env, known.state, new_state, new_data)  # the Envelope is the Event
         except PayloadError:
             return False
-    if notes is not None:
-        _note(notes, rules.consumer, ApplyResult(ApplyStatus.APPLIED, env.flow_id, env.seq, env.event_id),
-              {"meta": env.meta})
     return True
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What one committed drain transaction did: the events it applied, the
+    flows it finished, and every step's outcome with its :data:`Source`
+    (for the face to log)."""
+
+    applied: int
+    finished: dict[str, DrainResult]
+    outcomes: list[tuple[ApplyResult, Source]]
 
 
 def drain_flows(
     write: Callable[[], AbstractContextManager[InboxUnit]], rules: ApplyRules,
-    flows: list[str], limit: int, batch_size: int, observer: Observer | None = None,
-) -> dict[str, DrainResult]:
+    flows: list[str], limit: int, batch_size: int,
+) -> Iterator[Committed]:
     """Apply each flow's next steps until a gap, a block, idle or ``limit``,
-    ``batch_size`` applies to a transaction (opened by ``write``).  The
-    ``observer`` counts the applies and logs each outcome after its commit."""
-    notes: list[Note] | None = [] if observer is not None and CONSUMER.isEnabledFor(WARNING) else None
-    results: dict[str, DrainResult] = {}
+    ``batch_size`` applies to a transaction (opened by ``write``); yields
+    what each transaction did once it committed."""
     at = 0  # the flow being drained: flows[at]
     applied, last = 0, None  # of that flow, in transactions committed so far
     while at < len(flows):
 
         def once(i: int = at, flow_applied: int = applied, flow_last: ApplyResult | None = last
-                 ) -> tuple[int, int, int, ApplyResult | None, dict[str, DrainResult]]:
+                 ) -> tuple[int, int, ApplyResult | None, Committed]:
             """One transaction from where the committed ones left off: the
-            position, counts and results it reaches (kept only once it
+            position and counts it reaches and what it did (kept only once it
             committed, so an aborted run is simply run again)."""
-            if notes:
-                notes.clear()
-            done, finished = 0, {}
+            done, finished, outcomes = 0, {}, []
             with write() as unit:
                 known: FlowState | None = None  # re-read in every new transaction
                 while i < len(flows) and done < batch_size:
                     flow = flows[i]
-                    flow_last, known = apply_in(unit, rules, flow, known, notes)
+                    flow_last, known, source = apply_in(unit, rules, flow, known)
+                    outcomes.append((flow_last, source))
                     if flow_last.status == ApplyStatus.APPLIED:
                         flow_applied += 1
                         done += 1
@@ -222,13 +197,9 @@ def drain_flows(
                     finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)
                     i += 1
                     flow_applied, flow_last, known = 0, None, None
-            return i, done, flow_applied, flow_last, finished
+            return i, flow_applied, flow_last, Committed(done, finished, outcomes)
 
-        at, done_in_batch, applied, last, finished = conflicts.rerun_on_conflict(once)
-        results.update(finished)
-        if done_in_batch:
+        at, applied, last, committed = conflicts.rerun_on_conflict(once)
+        if committed.applied:
             crash_point("apply.after_commit")
-        if observer is not None:
-            observer.applied += done_in_batch
-            observer.emit(notes)
-    return results
+        yield committed

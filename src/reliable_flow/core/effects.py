@@ -17,20 +17,25 @@ from typing import Any
 from .. import envelope
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..effects import EffectSpec, Happened, NotHappened, check_json_value
-from ..errors import EffectKeyConflict, InvalidEnvelope
-from ..statuses import Effect, EffectState
+from ..errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
+from ..statuses import AdvanceResult, AdvanceStatus, Effect, EffectState
 from ..store.effects import EffectReads, EffectUnit, NewEffect
 
 __all__ = [
+    "HANDLER_CANCELS_FROM",
     "ORDER_BLOCKING",
     "Outcome",
     "Plan",
     "after_reconcile",
     "after_run",
+    "cancel_in",
     "claim_changes",
     "default_key",
     "feedback_event_id",
+    "feedback_refusal",
+    "lease_held",
     "plan",
+    "record_outcome_in",
     "schedule_in",
     "waiting_behind",
     "with_waits",
@@ -181,6 +186,46 @@ def feedback_event_id(key: str) -> str:
     if len(event_id) <= 128:
         return event_id
     return "effect-" + hashlib.sha256(key.encode("utf-8")).hexdigest() + ":result"
+
+
+def feedback_refusal(result: AdvanceResult) -> str | None:
+    """None when a fed-back result is in the flow (committed now or before),
+    else why it was refused (the effect's ``last_error``; tried again later)."""
+    if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+        return None
+    return f"feedback {result.status}: {result.reason}"
+
+
+def lease_held(held: Effect | None, owner: str) -> bool:
+    """Whether an executor's claim on an effect is still its own: when the
+    lease ran out during the call and another executor took the effect up,
+    the outcome is not recorded (lease_seconds must exceed the function's
+    own timeout)."""
+    return held is not None and held.state is _S.RUNNING and held.lease_owner == owner
+
+
+def record_outcome_in(unit: EffectUnit, key: str, owner: str, changes: Changes, now: float) -> bool:
+    """Write an outcome while the claim is still ``owner``'s; False (nothing
+    written) when the lease was lost."""
+    if not lease_held(unit.effect(key), owner):
+        return False
+    unit.update_effect(key, changes, now)
+    return True
+
+
+#: The states an apply handler may cancel an effect from (an operator may
+#: cancel from more: :data:`reliable_flow.core.admin.EFFECT_ACTIONS`).
+HANDLER_CANCELS_FROM = (_S.PENDING,)
+
+
+def cancel_in(unit: EffectUnit, key: str, reason: str, now: float) -> None:
+    """An apply handler's cancel of an effect (in the apply transaction)."""
+    effect = unit.effect(key)
+    if effect is None:
+        raise UnknownEffect(f"no effect with key {key!r}")
+    if effect.state not in HANDLER_CANCELS_FROM:
+        raise NotResolvable(f"effect {key!r} is {effect.state}; only a pending effect can be cancelled here")
+    unit.update_effect(key, {"state": _S.CANCELLED, "reason": reason}, now)
 
 
 def default_key(consumer: str, event_id: str, name: str) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from ..crash import crash_point
 from ..envelope import Envelope, body_hash
-from ..errors import InboxFull
-from ..observe import Note
 from ..statuses import ReceiveResult, ReceiveStatus
 from ..store import InboxUnit
 from .apply import ApplyRules, apply_arrived
@@ -16,7 +14,7 @@ __all__ = ["receive_in"]
 
 def receive_in(
     unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None = None,
-    apply: ApplyRules | None = None, notes: list[Note] | None = None,
+    apply: ApplyRules | None = None,
 ) -> ReceiveResult:
     """Decide and write one receive inside ``unit``'s transaction; a stored
     row is stamped as received at ``now``.  With ``apply`` (the
@@ -24,13 +22,13 @@ def receive_in(
     applied in the same transaction if it applies cleanly
     (:func:`~reliable_flow.core.apply.apply_arrived`).
 
-    Raises :class:`InboxFull` (having written nothing) when ``max_inbox``
+    Answers ``refused`` (having written nothing) when ``max_inbox``
     unapplied rows are held and the event is not its flow's next step.
     """
     # The common case first: a new event is stored by one statement; only
     # when a unique key refused it do we look at why.
     if max_inbox is None and unit.insert_new(env, now):
-        return _stored(unit, env, apply, notes)
+        return _stored(unit, env, apply)
     body = unit.body_of(env.event_id)
     if body is not None:
         if body == env.body:
@@ -61,24 +59,27 @@ def receive_in(
             f"seq {env.seq} of flow {env.flow_id!r} was already applied, and its event since pruned",
         )
     if max_inbox is not None:
-        _check_room(unit, env, max_inbox, location)
+        full = _no_room(unit, env, max_inbox, location)
+        if full is not None:
+            return ReceiveResult(ReceiveStatus.REFUSED, env.event_id, env.flow_id, env.seq, full)
     unit.insert(env, now)
-    return _stored(unit, env, apply, notes)
+    return _stored(unit, env, apply)
 
 
-def _stored(unit: InboxUnit, env: Envelope, apply: ApplyRules | None, notes: list[Note] | None) -> ReceiveResult:
+def _stored(unit: InboxUnit, env: Envelope, apply: ApplyRules | None) -> ReceiveResult:
     crash_point("receive.after_inbox_insert")
-    applied = apply is not None and apply_arrived(unit, apply, env, notes)
+    applied = apply is not None and apply_arrived(unit, apply, env)
     return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq, applied=applied)
 
 
-def _check_room(unit: InboxUnit, env: Envelope, cap: int, location: str) -> None:
+def _no_room(unit: InboxUnit, env: Envelope, cap: int, location: str) -> str | None:
+    """Why a full inbox refuses the event, or None when it is let in."""
     used = unit.unapplied(cap)
     if used < cap:
-        return
+        return None
     if env.seq == unit.last_seq(env.flow_id) + 1:
-        return  # the flow's very next step: refusing it could deadlock a full inbox
-    raise InboxFull(
-        f"{location} holds {used} unapplied events (max_inbox={cap}); "
+        return None  # the flow's very next step: refusing it could deadlock a full inbox
+    return (
+        f"inbox full (max_inbox {cap}): {location} holds {used} unapplied events; "
         f"event {env.event_id!r} (flow {env.flow_id!r}, seq {env.seq}) refused, nothing stored"
     )

@@ -17,19 +17,22 @@ older than anything committed since, so it cannot be starved by new work.
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from collections.abc import Sequence
+from typing import cast
 
 from ..crash import crash_point
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
-from ..errors import ConsumerMismatch, InboxFull, UnknownEvent
+from ..deprecated import InboxFull, Refused
+from ..errors import ConsumerMismatch, UnknownEvent
 from ..observe import INFO, RELAY, WARNING, body_fields, log
 from ..operations import RegistryAction
-from ..receiver import Answer, Receiver
+from ..receiver import Receiver
 from ..statuses import (
     ReceiveResult,
     ReceiveStatus,
-    Refused,
     RelayBatchResult,
     RelayResult,
     RelayStatus,
@@ -147,11 +150,18 @@ def _claim_with_bodies(
 def _record_failure(
     store: OutboxStore, consumer: str, positions: Sequence[int], policy: DeliveryPolicy, exc: BaseException
 ) -> None:
+    _record_failures(store, consumer, [(pos, exc) for pos in positions], policy)
+
+
+def _record_failures(
+    store: OutboxStore, consumer: str, failed: Sequence[tuple[int, BaseException]], policy: DeliveryPolicy
+) -> None:
+    """One more failure and a backoff for each event, in one transaction."""
     now = policy.clock()
 
     def once() -> None:
         with store.write(durable=False) as unit:
-            for pos in positions:
+            for pos, exc in failed:
                 failures = unit.pending_failures(consumer, pos)
                 if failures is None:
                     continue  # delivered or set aside meanwhile by someone else
@@ -187,13 +197,31 @@ def _mark(store: OutboxStore, consumer: str, marks: Sequence[tuple[int, ReceiveR
 
 
 def _as_relay(answer: ReceiveResult) -> RelayResult:
-    return RelayResult(RelayStatus(answer.status.value), answer.event_id, answer.flow_id, answer.seq, answer.reason)
+    return RelayResult(RelayStatus(answer.status.value), answer.event_id, answer.flow_id, answer.seq, answer.reason,
+                       answer.applied)
 
 
-def _answered(answer: Answer) -> ReceiveResult:
+def _answered(answer: object, body: str) -> ReceiveResult:
+    """The receiver's answer to ``body`` as a :class:`ReceiveResult`; the
+    deprecated ``Refused`` object of the old protocol becomes ``refused``."""
     if isinstance(answer, Refused):
-        raise InboxFull(answer.reason)
-    return answer
+        warnings.warn(
+            "a Receiver answered the deprecated Refused object; answer a ReceiveResult of status "
+            "ReceiveStatus.REFUSED instead", DeprecationWarning, stacklevel=2,
+        )
+        event = json.loads(body)
+        return ReceiveResult(ReceiveStatus.REFUSED, event["event_id"], event["flow_id"], event["seq"], answer.reason)
+    return cast(ReceiveResult, answer)
+
+
+def _refused(store: OutboxStore, consumer: str, refused: Sequence[tuple[int, ReceiveResult]],
+             bodies: dict[int, str], policy: DeliveryPolicy) -> None:
+    """Record the events a full inbox turned away as failed sends (one more
+    failure, a backoff, ``last_error`` "InboxFull: ..."): they stay pending."""
+    failed = [(pos, InboxFull(answer.reason or "inbox full")) for pos, answer in refused]
+    _record_failures(store, consumer, failed, policy)
+    for pos, full in failed:
+        _observe_failure(consumer, [bodies[pos]], full, INFO)
 
 
 def _start(store: OutboxStore, receiver: Receiver, policy: DeliveryPolicy | None,
@@ -231,11 +259,15 @@ def relay_to(
             raise UnknownEvent(f"event_id {event_id!r} is not in the outbox of {store.location}")
         pos, body = stored.pos, stored.body
     try:
-        answer = _answered(receiver.accept(body))
+        sent = receiver.accept(body)
     except Exception as exc:
         _record_failure(store, name, [pos], policy, exc)
         _observe_failure(name, [body], exc)
         raise
+    answer = _answered(sent, body)
+    if answer.status == ReceiveStatus.REFUSED:
+        _refused(store, name, [(pos, answer)], {pos: body}, policy)
+        return _as_relay(answer)
     _mark(store, name, [(pos, answer)], policy.clock())
     if answer.status not in _DELIVERED or RELAY.isEnabledFor(INFO):
         _observe(name, [(pos, answer)], {pos: body})
@@ -258,16 +290,15 @@ def relay_batch_to(
         _record_failure(store, name, picked, policy, exc)
         _observe_failure(name, [bodies[pos] for pos in picked], exc)
         raise
-    marks = [(pos, a) for pos, a in zip(picked, answers) if not isinstance(a, Refused)]
-    refused = [pos for pos, a in zip(picked, answers) if isinstance(a, Refused)]
+    answered = [(pos, _answered(a, bodies[pos])) for pos, a in zip(picked, answers)]
+    marks = [(pos, a) for pos, a in answered if a.status != ReceiveStatus.REFUSED]
+    refused = [(pos, a) for pos, a in answered if a.status == ReceiveStatus.REFUSED]
     if marks:
         _mark(store, name, marks, policy.clock())
         _observe(name, marks, bodies)
     if refused:
-        full = InboxFull("inbox full (max_inbox)")
-        _record_failure(store, name, refused, policy, full)
-        _observe_failure(name, [bodies[pos] for pos in refused], full, INFO)
-    results = tuple(_as_relay(a) for _, a in marks)
+        _refused(store, name, refused, bodies, policy)
+    results = tuple(_as_relay(a) for _, a in answered)
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,17 +34,11 @@ from typing import Any
 
 from ..checks import check_text
 from ..errors import NotResolvable, ReliableFlowError
+from .loading import DEFAULT_PROTOCOL, OptionError, load_protocol
 
-__all__ = ["DEFAULT_PROTOCOL", "add_operator_commands", "run_operator_command"]
-
-#: The protocol a command opens the store with, unless ``--protocol`` names another (as ``run``).
-DEFAULT_PROTOCOL = "reliable_flow.reservation:RESERVATION"
+__all__ = ["add_operator_commands", "run_operator_command"]
 
 _RECORDED = "recorded with who, when and why"
-
-
-class _Refused(Exception):
-    """A problem the command finds before calling the API (exit 2)."""
 
 
 def _text(name: str) -> Callable[[str], str]:
@@ -129,24 +121,6 @@ def add_operator_commands(sub: Any) -> None:
 # -- opening -----------------------------------------------------------------------------------
 
 
-def _protocol(spec: str) -> Any:
-    """``module:ATTRIBUTE``, importable from the current directory as with ``python -m``."""
-    from ..protocol import Protocol
-
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise _Refused(f"--protocol must look like module:ATTRIBUTE, got {spec!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        found = getattr(importlib.import_module(module_name), attr, None)
-    except ImportError as exc:
-        raise _Refused(f"--protocol: cannot import {module_name!r}: {exc}") from None
-    if not isinstance(found, Protocol):
-        raise _Refused(f"--protocol: {spec} is not a reliable_flow Protocol")
-    return found
-
-
 @contextmanager
 def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
     """The store as a ``Producer`` / ``Consumer``, only if it exists already."""
@@ -154,7 +128,7 @@ def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
     from ..producer import Producer
     from .stores import open_consumer, open_producer
 
-    protocol = _protocol(args.protocol)
+    protocol = load_protocol(args.protocol)
     # Read only first: a missing file or schema is refused, nothing created.
     (open_producer if kind == "producer" else open_consumer)(args.store).close()
     owner = Producer(args.store, protocol) if kind == "producer" else Consumer(args.store, protocol)
@@ -169,7 +143,7 @@ def _envelope(source: str) -> str:
         with open(source, encoding="utf-8") as f:
             return f.read()
     except (OSError, UnicodeDecodeError) as exc:
-        raise _Refused(f"cannot read --envelope {source}: {exc}") from None
+        raise OptionError(f"cannot read --envelope {source}: {exc}") from None
 
 
 # -- the actions: (record, what happened) ------------------------------------------------------
@@ -226,7 +200,7 @@ _GROUPS: dict[str, Callable[[argparse.Namespace], tuple[Any, str]]] = {
 #: Exit 2: a store that cannot be opened (missing, wrong kind, another
 #: protocol, needs an upgrade, server unreachable), an unknown event, key or
 #: consumer, a malformed location, value or envelope, no postgres extra.
-_ERRORS = (_Refused, ReliableFlowError, FileNotFoundError, ImportError, ValueError)
+_ERRORS = (OptionError, ReliableFlowError, FileNotFoundError, ImportError, ValueError)
 
 
 def run_operator_command(args: argparse.Namespace) -> int | None:

@@ -8,7 +8,6 @@ prefixed by the command's name.  See docs/worker.md and docs/effects.md.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -18,16 +17,12 @@ from typing import Any
 
 from ..delivery import DEFAULT_LEASE_SECONDS
 from ..errors import ReliableFlowError
+from .loading import DEFAULT_PROTOCOL, OptionError, load
 
 __all__ = ["add_worker_commands", "execute_command", "run_command"]
 
-PROTOCOL = "reliable_flow.reservation:RESERVATION"
 # The options of `run` given per consumer (NAME=MODULE:ATTR); _load_one checks what they import.
 _APP_OPTIONS = ("handlers", "effects", "app_schema")
-
-
-class _Refused(Exception):
-    """A bad option value found after parsing: ``<command>: <message>``, exit 2."""
 
 
 def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], float]]) -> None:
@@ -41,7 +36,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     run.add_argument("--producer", required=True, metavar="PATH", help="the producer file")
     run.add_argument("--consumer", required=True, action="append", metavar="NAME=PATH",
                      help="a consumer name and its file; repeat for several consumers")
-    run.add_argument("--protocol", default=PROTOCOL, metavar="MODULE:ATTR",
+    run.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
                      help="the protocol object to import (default: %(default)s)")
     run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
     each = " (NAME=MODULE:ATTR: for that consumer only, repeatable; MODULE:ATTR: for every other consumer)"
@@ -83,7 +78,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     execute.add_argument("--effects", required=True, metavar="MODULE:ATTR",
                          help="the Effects registry to run (only its names are claimed)")
     execute.add_argument("--producer", metavar="PATH", help="where results of effects with feedback= are advanced")
-    execute.add_argument("--protocol", default=PROTOCOL, metavar="MODULE:ATTR",
+    execute.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
                          help="the protocol object to import (default: %(default)s)")
     execute.add_argument("--lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                          help=f"effect lease, longer than any effect function's own timeout (default {lease})")
@@ -95,22 +90,6 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
 
 
 # -- loading module:ATTR -----------------------------------------------------------------
-
-
-def _load(option: str, spec: str, check: Callable[[Any], bool], what: str) -> Any:
-    """``module:ATTRIBUTE``, importable from the current directory as with ``python -m``."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise _Refused(f"{option} must look like module:ATTRIBUTE, got {spec!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = getattr(importlib.import_module(module_name), attr, None)
-    except ImportError as exc:
-        raise _Refused(f"{option}: cannot import {module_name!r}: {exc}") from None
-    if not check(obj):
-        raise _Refused(f"{option}: {spec} is not {what}")
-    return obj
 
 
 def _load_one(key: str, spec: str) -> Any:
@@ -126,7 +105,7 @@ def _load_one(key: str, spec: str) -> Any:
         "app_schema": (lambda o: isinstance(o, AppSchema), "a reliable_flow AppSchema"),
     }
     check, what = checks[key]
-    return _load(f"--{key.replace('_', '-')}", spec, check, what)
+    return load(f"--{key.replace('_', '-')}", spec, check, what)
 
 
 def per_consumer(option: str, values: list[str] | None, names: list[str]) -> dict[str, str]:
@@ -140,14 +119,14 @@ def per_consumer(option: str, values: list[str] | None, names: list[str]) -> dic
         name, sep, spec = value.partition("=")  # a module path never holds "="
         if not sep:
             if common is not None:
-                raise _Refused(f"{option} is given twice for every consumer: {common!r} and {value!r}")
+                raise OptionError(f"{option} is given twice for every consumer: {common!r} and {value!r}")
             common = value
             continue
         if name not in names:
-            raise _Refused(f"{option} {value!r} names consumer {name!r}, which is not one of --consumer: "
+            raise OptionError(f"{option} {value!r} names consumer {name!r}, which is not one of --consumer: "
                            f"{', '.join(names)}")
         if name in own:
-            raise _Refused(f"{option} is given twice for consumer {name!r}")
+            raise OptionError(f"{option} is given twice for consumer {name!r}")
         own[name] = spec
     return {n: own[n] for n in names if n in own} | ({n: common for n in names if n not in own} if common else {})
 
@@ -168,7 +147,7 @@ def run_command(args: argparse.Namespace) -> int:
     """``reliable-flow run``: 0 when stopped (signal, --once, --until-idle), 2 on an error."""
     try:
         return _run(args)
-    except _Refused as exc:
+    except OptionError as exc:
         print(f"run: {exc}", file=sys.stderr)
         return 2
 
@@ -184,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
     for item in args.consumer:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise _Refused(f"--consumer must look like NAME=PATH, got {item!r}")
+            raise OptionError(f"--consumer must look like NAME=PATH, got {item!r}")
         pairs.append((name, path))
     names = [name for name, _ in pairs]
     protocol = _load_one("protocol", args.protocol)
@@ -194,12 +173,12 @@ def _run(args: argparse.Namespace) -> int:
         try:
             schemas = {int(x) for x in args.schemas.split(",")}
         except ValueError:
-            raise _Refused(f"--schemas must be comma-separated ints, got {args.schemas!r}") from None
+            raise OptionError(f"--schemas must be comma-separated ints, got {args.schemas!r}") from None
     consumers: list[Consumer] = []
     try:
         producer = Producer(args.producer, protocol)
     except (ReliableFlowError, ValueError) as exc:
-        raise _Refused(str(exc)) from None
+        raise OptionError(str(exc)) from None
     last = [time.monotonic()]
 
     def report(stats: WorkerStats) -> None:
@@ -220,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
         for c in consumers:
             c.close()
         producer.close()
-        raise _Refused(str(exc)) from None
+        raise OptionError(str(exc)) from None
     failure: ReliableFlowError | None = None
     try:
         worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
@@ -244,7 +223,7 @@ def execute_command(args: argparse.Namespace) -> int:
     """``reliable-flow execute``: 0 when stopped (signal, --until-idle), 2 on an error."""
     try:
         return _execute(args)
-    except _Refused as exc:
+    except OptionError as exc:
         print(f"execute: {exc}", file=sys.stderr)
         return 2
 
@@ -259,7 +238,7 @@ def _execute(args: argparse.Namespace) -> int:
     protocol = _load_one("protocol", args.protocol)
     effects = _load_one("effects", args.effects)
     if not is_postgres(args.consumer) and not os.path.isfile(args.consumer):
-        raise _Refused(f"no consumer file at {args.consumer!r}")  # executing creates nothing
+        raise OptionError(f"no consumer file at {args.consumer!r}")  # executing creates nothing
     opened: list[Any] = []
     try:
         consumer = Consumer(args.consumer, protocol, effects=effects)
@@ -272,7 +251,7 @@ def _execute(args: argparse.Namespace) -> int:
     except (ReliableFlowError, ValueError) as exc:
         for thing in reversed(opened):
             thing.close()
-        raise _Refused(str(exc)) from None
+        raise OptionError(str(exc)) from None
     failure: ReliableFlowError | None = None
     try:
         executor.run(until_idle=args.until_idle, idle_sleep=args.idle_sleep)

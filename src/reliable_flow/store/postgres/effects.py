@@ -42,13 +42,14 @@ _TRANSACTION_CONTROL = frozenset({
     "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release", "prepare", "set",
     "reset", "discard", "listen", "unlisten",
 })
-_SKIP = re.compile(r"(?:\s+|--[^\n]*(?:\n|$))+")
+_SKIP = re.compile(r"(?:\s+|;|--[^\n]*(?:\n|$))+")  # an empty statement before ';' is no statement
 _WORD = re.compile(r"[A-Za-z_]+")
 
 
 def first_keyword(text: str) -> str:
-    """The statement's first word, past whitespace and comments (``--`` and
-    nested ``/* */``), lower-cased; '' if there is none."""
+    """The statement's first word, past whitespace, comments (``--`` and
+    nested ``/* */``) and empty statements (``;``: the server drops them, so
+    ``; COMMIT`` is one statement, COMMIT), lower-cased; '' if there is none."""
     i = 0
     while i < len(text):
         skipped = _SKIP.match(text, i)
@@ -188,6 +189,12 @@ class PgEffects(PgView):
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
 
     def app_version(self, name: str) -> int:
+        # In a unit of work, the caller migrates on what it reads here: take the
+        # app-schema lock first, so two consumers opening at once migrate one
+        # after the other and the second reads the first's version (READ
+        # COMMITTED: the SELECT after the lock sees its commit), as SQLite's
+        # write lock does.
+        self._lock("app_schema")
         row = self._one("SELECT version FROM app_schema WHERE name = %s", (name,))
         return 0 if row is None else int(row[0])
 
