@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from reliable_flow import (
-    ApplyContext,
     AppSchema,
+    ApplyContext,
     Consumer,
     DeliveryPolicy,
     EffectCall,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     EffectState,
     Feedback,
     Happened,
@@ -204,7 +204,7 @@ def call_refund(call: EffectCall) -> dict[str, Any]:
     return PAYMENTS.refund(call.key, call.payload["order"], call.payload["amount_cents"])
 
 
-EFFECTS = Effects()
+EFFECTS = EffectRegistry()
 EFFECTS.register("notify", send_mail, reconcile=mail_was_sent)
 EFFECTS.register(
     "refund", call_refund, idempotent=True,

@@ -47,7 +47,8 @@ from typing import Any
 import pytest
 
 import reliable_flow
-from reliable_flow import AdvanceResult, Consumer, OutboxEntry, Producer, RelayResult, relay
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.records import AdvanceResult, OutboxEntry, RelayResult
 from reliable_flow.reservation import RESERVATION
 
 TESTS = Path(__file__).resolve().parent
@@ -135,7 +136,7 @@ def troubled_history(producer_at: Any, consumer_at: Any) -> None:
             relay(producer, consumer, event_id=event_id)
         consumer.process_all()
         producer.advance("D1", "D", expected_seq=0, kind="reserved", payload={"amount": 1})
-        producer.redeliver("B2", consumer="default", actor="ops", reason="kick it")
+        producer.admin.redeliver("B2", consumer="default", actor="ops", reason="kick it")
 
 
 def outbox_entry(producer: Producer, event_id: str, consumer: str | None = None) -> OutboxEntry:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, EffectRecord, InboxEntry, Producer, relay
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.protocol import Protocol, exact, integer, text
 from reliable_flow.reservation import RESERVATION
 from support import envelope, relay_until_idle
@@ -109,7 +110,7 @@ def test_happy_path_committed_accepted_applied_with_projection_and_effects(at: A
         assert relay(producer, consumer).status == "idle"
         assert consumer.apply_next("T").status == "idle"
         assert consumer.effects("T") == [
-            EffectRecord(event_id=f"T-{seq}", flow_id="T", seq=seq, kind=kind)
+            AppliedEvent(event_id=f"T-{seq}", flow_id="T", seq=seq, kind=kind)
             for seq, (kind, _) in enumerate(HAPPY, start=1)
         ]
         assert [e.accepted for e in producer.outbox("T")] == [True] * 5

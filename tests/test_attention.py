@@ -27,7 +27,7 @@ from reliable_flow import (
     DeliveryPolicy,
     EffectCall,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     Feedback,
     OutcomeUnknown,
     PermanentFailure,
@@ -53,7 +53,7 @@ class World:
         self.producer = Producer(self.p_loc, RESERVATION)
         self._open: list[Any] = [self.producer]
 
-    def consumer(self, handler: Any = None, effects: Effects | None = None) -> Consumer:
+    def consumer(self, handler: Any = None, effects: EffectRegistry | None = None) -> Consumer:
         c = Consumer(self.c_loc, RESERVATION, handlers=() if handler is None else (handler,), effects=effects,
                      clock=self.clock)
         self._open.append(c)
@@ -96,7 +96,7 @@ def ordered(w: World, first: Exception | None, **register: Any) -> Consumer:
             raise first
         return {"done": call.key}
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("step", step, **register)
 
     def handler(ctx: ApplyContext) -> None:
@@ -166,7 +166,7 @@ def test_an_effect_waiting_behind_a_dead_one_says_so_everywhere(world: World) ->
     assert event_report(world.p_loc, world.c_loc, "A2")["attention"] == []  # A-2 is not itself an item
     assert world.inspect("--flow", "B")[0] == 0
 
-    c.cancel_effect("A-1", actor="ops", reason="card replaced, charged by hand")
+    c.admin.cancel_effect("A-1", actor="ops", reason="card replaced, charged by hand")
     assert c.effect("A-2").waiting_behind is None
     world.executor(c).run_until_idle()
     assert c.effect("A-2").state == "succeeded" and c.stuck("A").wait == "idle"
@@ -229,7 +229,7 @@ def test_a_running_effect_whose_lease_ended_is_in_doubt(world: World) -> None:
 
 
 def test_refused_feedback_needs_attention(world: World) -> None:
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look", lambda call: {"ok": True}, feedback=Feedback(kind="cancelled"))  # not a transition
 
     def handler(ctx: ApplyContext) -> None:
@@ -250,7 +250,7 @@ def test_refused_feedback_needs_attention(world: World) -> None:
 
 
 def test_a_succeeded_effect_owing_feedback_without_a_refusal_needs_nothing(world: World) -> None:
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look", lambda call: {"ok": True}, feedback=Feedback(kind="confirmed"))
 
     def handler(ctx: ApplyContext) -> None:
@@ -273,7 +273,7 @@ def test_a_flow_pruned_on_the_consumer_is_still_listed(world: World) -> None:
     world.deliver(c, "A", upto=3)
     world.deliver(c, "B", upto=1)
     world.clock.t += 100
-    pruned = c.prune(10)
+    pruned = c.admin.prune(10)
     assert pruned.events == 4 and c.flows() == []
     assert c.store.latest.projected_flows() == ["A", "B"]
 

@@ -47,19 +47,16 @@ from engine_reads import (
     snapshot_of,
 )
 from reliable_flow import (
-    ApplyResult,
     Consumer,
     DeliveryPolicy,
-    DrainResult,
-    InboxEntry,
-    InvalidEnvelope,
     Producer,
-    RelayResult,
     ReliableFlowError,
     relay,
     relay_batch,
     snapshot,
 )
+from reliable_flow.errors import InvalidEnvelope
+from reliable_flow.records import ApplyResult, DrainResult, InboxEntry, RelayResult
 from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.reservation import RESERVATION
 from support import (

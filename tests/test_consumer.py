@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from engine_reads import allow_inserts, count, integrity_error, reject_inserts, rows
-from reliable_flow import Consumer, EffectRecord, InboxEntry, InvalidEnvelope
+from reliable_flow import Consumer
+from reliable_flow.errors import InvalidEnvelope
+from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.reservation import RESERVATION
 from support import canonical_body, envelope
 
@@ -127,7 +129,7 @@ def test_apply_next_applied_commits_projection_effect_and_mark(consumer: Consume
     r = consumer.apply_next("A")
     assert (r.status, r.flow_id, r.seq, r.event_id, r.reason) == ("applied", "A", 1, "A1", None)
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert consumer.effects("A") == [EffectRecord(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+    assert consumer.effects("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
     assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="applied", reason=None)]
 
 

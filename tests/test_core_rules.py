@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import ApplyContext, Consumer, EffectExecutor, Effects, Feedback, Producer, relay
+from reliable_flow import (
+    ApplyContext,
+    Consumer,
+    EffectExecutor,
+    EffectRegistry,
+    Feedback,
+    Producer,
+    relay,
+)
 from reliable_flow.core.admin import (
     DELIVERY_ACTIONS,
     EFFECT_ACTIONS,
@@ -29,7 +37,8 @@ from reliable_flow.core.effects import (
 )
 from reliable_flow.errors import InvalidEnvelope, NotResolvable, UnknownEffect, UnknownEvent
 from reliable_flow.protocol import Protocol, by_kind, exact, text
-from reliable_flow.statuses import AdvanceResult, AdvanceStatus, DeliveryState, Effect, EffectState
+from reliable_flow.records import AdvanceResult, ScheduledEffect
+from reliable_flow.statuses import AdvanceStatus, DeliveryState, EffectState
 
 _D, _S = DeliveryState, EffectState
 
@@ -93,19 +102,19 @@ def test_a_delivery_action_on_an_unknown_event_raises() -> None:
         delivery_action_in(FakeOutboxUnit(None), "skip", "E1", "c", "a", "r", 1.0, "here")  # type: ignore[arg-type]
 
 
-def _effect(state: EffectState, owner: str | None = None) -> Effect:
-    return Effect(key="k", name="send", payload={}, event_id="E1", flow_id="F", seq=1, meta={}, state=state,
+def _effect(state: EffectState, owner: str | None = None) -> ScheduledEffect:
+    return ScheduledEffect(key="k", name="send", payload={}, event_id="E1", flow_id="F", seq=1, meta={}, state=state,
                   ordered=False, deadline=None, version=None, attempts=0, failures=0, due_at=0.0, lease_owner=owner,
                   last_error=None, result=None, reason=None, fed=None, created_at=0.0, updated_at=0.0)
 
 
 @dataclass
 class FakeEffectUnit:
-    held: Effect | None
+    held: ScheduledEffect | None
     updates: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
     actions: list[Any] = field(default_factory=list)
 
-    def effect(self, key: str) -> Effect | None:
+    def effect(self, key: str) -> ScheduledEffect | None:
         return self.held
 
     def update_effect(self, key: str, changes: dict[str, Any], now: float) -> None:
@@ -280,7 +289,7 @@ def test_feedback_lands_at_the_current_seq_while_others_advance(engine: str, new
 
 def test_the_executor_feeds_back_in_one_transaction_though_the_flow_keeps_moving(engine: str, new_store: Any) -> None:
     producer_at, consumer_at = new_store("producer"), new_store("consumer")
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("echo", lambda call: {"text": "answer"}, feedback=Feedback(kind="note"))
 
     def ask(ctx: ApplyContext) -> None:

@@ -30,15 +30,9 @@ import pytest
 
 from children.racers import relay_with_lease
 from engine_reads import execute, new_location, rows
-from reliable_flow import (
-    Consumer,
-    DeliveryPolicy,
-    DeliveryRecord,
-    NotResolvable,
-    Producer,
-    UnknownEvent,
-    relay,
-)
+from reliable_flow import Consumer, DeliveryPolicy, Producer, relay
+from reliable_flow.errors import NotResolvable, UnknownEvent
+from reliable_flow.records import DeliveryRecord
 from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.tools.inspection import format_report, inspect_files
@@ -85,7 +79,7 @@ def raw_delivery(path: str | Path, event_id: str, consumer: str) -> dict[str, An
 def three(new_store: Any, producer: Producer) -> Iterator[dict[str, Consumer]]:
     consumers = {name: Consumer(new_store(name), RESERVATION, name=name) for name in NAMES}
     for name in NAMES:  # several consumers: each one registered explicitly
-        producer.register_consumer(name, actor="test", reason="one of three consumers")
+        producer.admin.register_consumer(name, actor="test", reason="one of three consumers")
     yield consumers
     for c in consumers.values():
         c.close()
@@ -574,13 +568,13 @@ def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_asi
     # The operator repairs the consumer's data: the wrong, never-applied A1 goes.
     execute(projection.path, "DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
     before = time.time()
-    action = producer.redeliver("A1", consumer="projection", actor="alice", reason="removed the stray A1 (TICKET-7)")
+    action = producer.admin.redeliver("A1", consumer="projection", actor="alice", reason="removed the stray A1 (TICKET-7)")
     after = time.time()
     assert action.previous_state == "set_aside"
     assert (action.action, action.actor, action.reason, action.consumer, action.event_id) == (
         "redeliver", "alice", "removed the stray A1 (TICKET-7)", "projection", "A1"
     )
-    recorded = producer.operator_actions("A1")
+    recorded = producer.admin.operator_actions("A1")
     assert len(recorded) == 1
     assert recorded[0] == dataclasses.replace(action, previous_state=None)
     assert before <= recorded[0].at <= after
@@ -590,11 +584,11 @@ def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_asi
     assert outbox_entry(producer, "A1").accepted is True
     assert projection.drain("A").applied == 3
     assert projection.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-    assert producer.operator_actions() == recorded  # the relay itself records nothing
+    assert producer.admin.operator_actions() == recorded  # the relay itself records nothing
 
 
 def test_redeliver_without_a_fix_is_set_aside_again(producer: Producer, set_aside: dict[str, Consumer]) -> None:
-    producer.redeliver("A1", consumer="projection", actor="bob", reason="try again")
+    producer.admin.redeliver("A1", consumer="projection", actor="bob", reason="try again")
     assert relay_log(producer, set_aside["projection"]) == ["A1 id_conflict"]
     d = delivery(producer, "A1", "projection")
     assert (d.state, d.attempts) == ("set_aside", 2)
@@ -609,33 +603,33 @@ def test_redeliver_puts_a_backing_off_event_back_in_line_now(new_store: Any, pro
         with pytest.raises(ConnectionError):
             relay(producer, c, policy=policy)
         assert relay(producer, c, policy=policy).status == "idle"
-        action = producer.redeliver("A1", consumer="default", actor="ops", reason="link repaired")
+        action = producer.admin.redeliver("A1", consumer="default", actor="ops", reason="link repaired")
         assert action.previous_state == "pending"
         c.down = False
         assert relay(producer, c, policy=policy).event_id == "A1"  # no waiting out the backoff
 
 
 def test_skip_is_for_one_consumer_only_and_recorded(producer: Producer, set_aside: dict[str, Consumer]) -> None:
-    action = producer.skip("A1", consumer="projection", actor="carol", reason="business agreed to drop it")
+    action = producer.admin.skip("A1", consumer="projection", actor="carol", reason="business agreed to drop it")
     assert (action.action, action.previous_state) == ("skip", "set_aside")
     assert delivery(producer, "A1", "projection").state == "skipped"
     assert outbox_entry(producer, "A1", "projection").state == "skipped"
     assert outbox_entry(producer, "A1", "audit").state == "accepted"
     assert outbox_entry(producer, "A1", "notifier").state == "accepted"
     assert relay(producer, set_aside["projection"]).status == "idle"
-    [recorded] = producer.operator_actions("A1")
+    [recorded] = producer.admin.operator_actions("A1")
     assert (recorded.action, recorded.actor, recorded.reason, recorded.consumer) == (
         "skip", "carol", "business agreed to drop it", "projection"
     )
     with pytest.raises(NotResolvable):
-        producer.skip("A1", consumer="projection", actor="carol", reason="twice")
-    assert len(producer.operator_actions()) == 1
+        producer.admin.skip("A1", consumer="projection", actor="carol", reason="twice")
+    assert len(producer.admin.operator_actions()) == 1
 
 
 def test_operator_actions_refuse_accepted_and_unknown_events(
     producer: Producer, set_aside: dict[str, Consumer]
 ) -> None:
-    for action in (producer.redeliver, producer.skip):
+    for action in (producer.admin.redeliver, producer.admin.skip):
         with pytest.raises(NotResolvable):
             action("A1", consumer="audit", actor="dave", reason="r")  # accepted by audit
         with pytest.raises(NotResolvable):
@@ -648,7 +642,7 @@ def test_operator_actions_refuse_accepted_and_unknown_events(
             kwargs: dict[str, Any] = {"consumer": "projection", "actor": "dave", "reason": "r", **bad}
             with pytest.raises(ValueError):
                 action("A1", **kwargs)
-    assert producer.operator_actions() == []
+    assert producer.admin.operator_actions() == []
     assert delivery(producer, "A1", "projection").state == "set_aside"
 
 
@@ -669,7 +663,7 @@ def test_inspection_shows_set_aside_events(producer: Producer, set_aside: dict[s
 def test_inspection_does_not_report_a_skipped_event_as_undelivered(
     producer: Producer, set_aside: dict[str, Consumer]
 ) -> None:
-    producer.skip("A1", consumer="projection", actor="carol", reason="dropped")
+    producer.admin.skip("A1", consumer="projection", actor="carol", reason="dropped")
     report = inspect_files(producer.path, set_aside["projection"].path)
     mine = report["producer"]["consumers"]["projection"]
     assert (mine["pending"], mine["set_aside"]) == ([], [])

@@ -45,7 +45,7 @@ from reliable_flow import (
     DeliveryPolicy,
     EffectCall,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     Happened,
     NotHappened,
     Producer,
@@ -85,7 +85,7 @@ def prepare(where: Path, engine: str) -> Files:
         from pg_cluster import pg_location
 
         files = Files(where, pg_location("fx_crash_p"), pg_location("fx_crash_c"))
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register(NAME, record_calls(str(files.calls)))
 
     def handler(ctx: ApplyContext) -> None:
@@ -124,13 +124,13 @@ def on_disk(files: Files) -> tuple[Any, ...]:
         return (e.state, e.attempts, owner, e.due_at, e.result)
 
 
-def recovery_registry(files: Files, mode: str, reconciled: list[EffectCall]) -> Effects:
+def recovery_registry(files: Files, mode: str, reconciled: list[EffectCall]) -> EffectRegistry:
     def was_sent(call: EffectCall) -> Happened | NotHappened:
         reconciled.append(call)
         sent = [line for line in files.call_lines() if line.split()[0] == call.key]
         return Happened({"sent": int(sent[-1].split()[1])}) if sent else NotHappened()
 
-    effects = Effects()
+    effects = EffectRegistry()
     kw: dict[str, Any] = {"reconcile": {"reconcile": was_sent}, "idempotent": {"idempotent": True},
                           "neither": {}}[mode]
     effects.register(NAME, record_calls(str(files.calls)), **kw)

@@ -16,18 +16,8 @@ from typing import Any
 import pytest
 
 from engine_reads import is_pg, new_location, rows
-from reliable_flow import (
-    ApplyContext,
-    AppSchema,
-    Consumer,
-    EffectKeyConflict,
-    Effects,
-    Event,
-    InvalidEnvelope,
-    NotResolvable,
-    PayloadError,
-    UnknownEffect,
-)
+from reliable_flow import AppSchema, ApplyContext, Consumer, EffectRegistry, Event, PayloadError
+from reliable_flow.errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
 from reliable_flow.envelope import make
 from reliable_flow.reservation import RESERVATION
 from support import EffectWorld
@@ -53,8 +43,8 @@ def world(engine: str, tmp_path: Path) -> Iterator[World]:
     w.close()
 
 
-def registry(*names: str, run: Callable[..., Any] = lambda call: {"ok": True}) -> Effects:
-    effects = Effects()
+def registry(*names: str, run: Callable[..., Any] = lambda call: {"ok": True}) -> EffectRegistry:
+    effects = EffectRegistry()
     for name in names:
         effects.register(name, run)
     return effects
@@ -607,7 +597,7 @@ def test_malformed_expires_at_does_not_matter_without_scheduling(world: World) -
 
 def test_already_expired_deadline_is_stored_and_expires_without_running(world: World) -> None:
     calls: list[str] = []
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", lambda call: calls.append(call.key))
     c = world.consumer((schedule_on_reserved(("notify", {}, {})),), effects)
     world.push("A", 1, meta={"expires_at": "900"})  # the clock says 1000

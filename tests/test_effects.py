@@ -27,19 +27,17 @@ from reliable_flow import (
     DeliveryPolicy,
     EffectCall,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     Feedback,
     Happened,
-    InvalidEnvelope,
     NotHappened,
-    NotResolvable,
     OutcomeUnknown,
     PermanentFailure,
     Producer,
     RetryLater,
-    UnknownEffect,
     Worker,
 )
+from reliable_flow.errors import InvalidEnvelope, NotResolvable, UnknownEffect
 from reliable_flow.errors import CommitOutcomeUnknown
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 from support import EffectWorld
@@ -95,7 +93,7 @@ def one_effect(w: World, run: Callable[[EffectCall], Any], *, flows: tuple[str, 
     """A consumer whose handler schedules ``notify`` on each flow's reserved step
     (key ``default:<flow>1:notify``), with every flow delivered and applied."""
     schedule_kw = register.pop("schedule_kw", None) or {}
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", run, **register)
 
     def handler(ctx: ApplyContext) -> None:
@@ -461,7 +459,7 @@ def test_version_superseded_once_the_flow_moves_past_it(world: World, version: i
 
 def test_effect_cancelled_by_a_handler_never_runs(world: World) -> None:
     run = Script({"ok": True})
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", run)
 
     def handler(ctx: ApplyContext) -> None:
@@ -522,7 +520,7 @@ def test_only_registered_names_are_claimed(world: World) -> None:
     world.push("A", 1)
     world.deliver(c)
     c.apply_next("A")
-    mine, theirs = Effects(), Effects()
+    mine, theirs = EffectRegistry(), EffectRegistry()
     run_mine, run_theirs = Script(), Script()
     mine.register("mine", run_mine)
     theirs.register("theirs", run_theirs)
@@ -563,7 +561,7 @@ def ordered_world(w: World, todo: dict[str, list[Any]]) -> tuple[Consumer, list[
             return outcome
         return {"done": call.key}
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("step", step)
 
     def handler(ctx: ApplyContext) -> None:
@@ -610,7 +608,7 @@ def test_ordered_effect_waits_behind_a_dead_or_unknown_one_until_an_operator_act
     assert c.effect("A-1").state == state
     assert c.effect("A-2").state == "pending"
     assert ("A-2", 1) not in calls and ("A-free", 1) in calls and ("B-2", 1) in calls
-    getattr(c, f"{action}_effect")("A-1", actor="ops", reason="checked by hand")
+    getattr(c.admin, f"{action}_effect")("A-1", actor="ops", reason="checked by hand")
     ex.run_until_idle()
     assert c.effect("A-2").state == "succeeded"
     assert calls.count(("A-1", 1)) == 1 and ("A-1", 2) not in calls
@@ -638,7 +636,7 @@ def zoo_key(flow: str) -> str:
 
 def build_zoo(w: World) -> Consumer:
     """One effect in each of the nine states, the clock still at T0."""
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("retry", Script(RetryLater("busy")))
     effects.register("die", Script(Died()))
     effects.register("doubt", Script(OutcomeUnknown("timed out")), reconcile=Script(Happened()))
@@ -657,7 +655,7 @@ def build_zoo(w: World) -> Consumer:
         w.push(flow, 2 if flow == "V" else 1)
     w.deliver(c)
     c.process_all()
-    c.cancel_effect(zoo_key("C"), actor="setup", reason="not wanted")
+    c.admin.cancel_effect(zoo_key("C"), actor="setup", reason="not wanted")
     ex = w.executor(c, owner="exec-1")
     for _ in range(20):
         try:
@@ -692,7 +690,7 @@ def test_effect_outbox_filters_by_state_flow_and_limit(world: World) -> None:
 @pytest.mark.parametrize("action", ["retry", "resolve", "cancel"])
 def test_operator_action_from_every_state(world: World, action: str) -> None:
     c = build_zoo(world)
-    act = getattr(c, f"{action}_effect")
+    act = getattr(c.admin, f"{action}_effect")
     extra = {"result": {"by": "hand"}} if action == "resolve" else {}
     done = []
     for flow, (_, state) in ZOO.items():
@@ -718,23 +716,23 @@ def test_operator_action_from_every_state(world: World, action: str) -> None:
                 act(key, actor="alice", reason="try it", **extra)
             assert c.effect(key) == before
     assert len(done) == len(ALLOWED[action])
-    mine = [a for a in c.effect_actions() if a.actor == "alice"]
+    mine = [a for a in c.admin.effect_actions() if a.actor == "alice"]
     assert [(a.key, a.action) for a in mine] == [(k, action) for k in done]
-    assert [a.key for a in c.effect_actions(done[0])] == [done[0]]
+    assert [a.key for a in c.admin.effect_actions(done[0])] == [done[0]]
 
 
 def test_retried_dead_and_unknown_effects_run_again_with_the_same_key(world: World) -> None:
     c = build_zoo(world)
     ex = world.executor(c)
     for flow in ("X", "U"):
-        c.retry_effect(zoo_key(flow), actor="bob", reason="fixed upstream")
+        c.admin.retry_effect(zoo_key(flow), actor="bob", reason="fixed upstream")
     ex.run_until_idle()
     dead, unknown = c.effect(zoo_key("X")), c.effect(zoo_key("U"))
     assert (dead.state, dead.attempts) == ("dead", 1)  # still declined; attempts counted afresh
     assert (unknown.state, unknown.attempts) == ("unknown", 1)
     perm = world_specs(c)["perm"]
     assert [(call.key, call.attempt) for call in perm.calls] == [(zoo_key("X"), 1), (zoo_key("X"), 1)]
-    assert [a.action for a in c.effect_actions(zoo_key("X"))] == ["retry"]
+    assert [a.action for a in c.admin.effect_actions(zoo_key("X"))] == ["retry"]
 
 
 def test_retry_of_an_exhausted_effect_starts_a_fresh_budget(world: World) -> None:
@@ -745,7 +743,7 @@ def test_retry_of_an_exhausted_effect_starts_a_fresh_budget(world: World) -> Non
         ex.run_until_idle()
         world.clock.t += 10
     assert (c.effect(KEY).state, c.effect(KEY).attempts, c.effect(KEY).failures) == ("dead", 2, 2)
-    c.retry_effect(KEY, actor="bob", reason="the service is back")
+    c.admin.retry_effect(KEY, actor="bob", reason="the service is back")
     e = c.effect(KEY)
     assert (e.state, e.attempts, e.failures, e.due_at, e.reason) == ("pending", 0, 0, 0.0, None)
     ex.run_once()
@@ -765,7 +763,7 @@ def world_specs(c: Consumer) -> dict[str, Script]:
 
 def test_resolved_pending_effect_never_runs(world: World) -> None:
     c = build_zoo(world)
-    c.resolve_effect(zoo_key("P"), result=None, actor="bob", reason="sent by hand")
+    c.admin.resolve_effect(zoo_key("P"), result=None, actor="bob", reason="sent by hand")
     world.clock.t += 3600
     world.executor(c).run_until_idle()
     assert (c.effect(zoo_key("P")).state, c.effect(zoo_key("P")).result) == ("succeeded", None)
@@ -774,16 +772,16 @@ def test_resolved_pending_effect_never_runs(world: World) -> None:
 
 def test_operator_actions_check_their_arguments(world: World) -> None:
     c = build_zoo(world)
-    before = c.effect_actions()
+    before = c.admin.effect_actions()
     with pytest.raises(UnknownEffect):
-        c.retry_effect("no-such-key", actor="bob", reason="why")
+        c.admin.retry_effect("no-such-key", actor="bob", reason="why")
     for kw in ({"actor": "", "reason": "why"}, {"actor": "bob", "reason": "  "}, {"actor": None, "reason": "x"}):
         for action in ("retry", "resolve", "cancel"):
             with pytest.raises(ValueError):
-                getattr(c, f"{action}_effect")(zoo_key("X"), **kw)
+                getattr(c.admin, f"{action}_effect")(zoo_key("X"), **kw)
     with pytest.raises(InvalidEnvelope):
-        c.resolve_effect(zoo_key("X"), result={"x": float("nan")}, actor="bob", reason="why")
-    assert c.effect_actions() == before
+        c.admin.resolve_effect(zoo_key("X"), result={"x": float("nan")}, actor="bob", reason="why")
+    assert c.admin.effect_actions() == before
     assert c.effect(zoo_key("X")).state == "dead"
 
 
@@ -821,7 +819,7 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
 
 def test_worker_runs_effects(world: World) -> None:
     run = Script({"ok": True})
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", run)
     c = world.consumer((lambda ctx: ctx.schedule("notify", {"seq": ctx.event.seq}),), effects)
     world.push("A", 3)
@@ -840,7 +838,7 @@ def test_worker_runs_effects(world: World) -> None:
 
 def test_worker_runs_effects_of_healthy_flows_while_one_flow_fails(world: World) -> None:
     run = Script({"ok": True})
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", run)
 
     def handler(ctx: ApplyContext) -> None:
@@ -886,7 +884,7 @@ def agent(engine: str, tmp_path: Path) -> Iterator[World]:
 def tool_flow(w: World, run: Callable[[EffectCall], Any] | None = None, **register: Any) -> tuple[Consumer, Script]:
     """T: requested -> tool_called, applied; the handler scheduled ``call_tool``."""
     tool = Script(run or (lambda call: {"output": f"{call.payload['tool']}({call.payload['input']}) = 42"}))
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("call_tool", tool, feedback=Feedback(kind="tool_result"), **register)
 
     def handler(ctx: ApplyContext) -> None:
@@ -1023,7 +1021,7 @@ def test_result_resolved_by_an_operator_is_fed_back(agent: World) -> None:
     agent.clock.t += 1
     ex.run_once()
     assert c.effect(TOOL_KEY).state == "unknown"
-    c.resolve_effect(TOOL_KEY, result={"output": "checked by hand"}, actor="ops", reason="looked in the tool log")
+    c.admin.resolve_effect(TOOL_KEY, result={"output": "checked by hand"}, actor="ops", reason="looked in the tool log")
     ex.run_once()
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
     assert agent.producer.flow("T")["output"] == "checked by hand"

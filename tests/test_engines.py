@@ -25,14 +25,13 @@ from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     EffectExecutor,
-    Effects,
-    NotResolvable,
+    EffectRegistry,
     Producer,
-    UnknownConsumer,
     Worker,
     relay,
     relay_batch,
 )
+from reliable_flow.errors import NotResolvable, UnknownConsumer
 from reliable_flow.reservation import RESERVATION
 from engine_reads import ENGINES
 from support import KINDS, Clock, Unreachable, advance_step, commit, envelope, relay_log
@@ -230,19 +229,19 @@ def test_registration_from_the_first_event_and_from_now(engine: Engine, p: Produ
             Consumer(engine.location("late"), RESERVATION, name="late") as late:
         with pytest.raises(UnknownConsumer):
             relay(p, audit)
-        p.register_consumer("audit", actor="ops", reason="catch up")
-        p.register_consumer("late", from_now=True, actor="ops", reason="only new events")
+        p.admin.register_consumer("audit", actor="ops", reason="catch up")
+        p.admin.register_consumer("late", from_now=True, actor="ops", reason="only new events")
         with pytest.raises(NotResolvable):
-            p.register_consumer("late", actor="ops", reason="again")
+            p.admin.register_consumer("late", actor="ops", reason="again")
         commit(p, "B", 1)
         assert relay_log(p, audit) == ["A1 accepted", "A2 accepted", "B1 accepted"]
         assert relay_log(p, late) == ["B1 accepted"]
         assert relay_log(p, c) == ["B1 accepted"]
-        entries = {e.name: (e.from_now, e.backlog) for e in p.consumers()}
+        entries = {e.name: (e.from_now, e.backlog) for e in p.admin.consumers()}
         assert entries == {"audit": (False, 0), "default": (False, 0), "late": (True, 0)}
-        assert [(a.consumer, a.action) for a in p.registry_actions()] == [
+        assert [(a.consumer, a.action) for a in p.admin.registry_actions()] == [
             ("default", "register"), ("audit", "register"), ("late", "register")]
-        p.remove_consumer("late", actor="ops", reason="gone")
+        p.admin.remove_consumer("late", actor="ops", reason="gone")
         commit(p, "C", 1)
         assert [n for n in p.outbox("C")[0].deliveries] == ["audit", "default"]
 
@@ -256,7 +255,7 @@ def test_pruned_events_leave_tombstones_that_answer_duplicate_and_existing(p: Pr
         commit(p, "A")
         relay_log(p, c)
         c.process_all()
-        result = c.prune(10, now=clock.t + 100)
+        result = c.admin.prune(10, now=clock.t + 100)
         assert (result.events, result.effect_records, result.complete) == (3, 3, True)
         assert c.inbox("A") == [] and c.effects("A") == []
         assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
@@ -265,7 +264,7 @@ def test_pruned_events_leave_tombstones_that_answer_duplicate_and_existing(p: Pr
         assert c.receive(envelope("X2", "A", 2)).status == "sequence_conflict"
         assert c.apply_next("A").status == "idle"
 
-        pruned = p.prune(10, now=time.time() + 10_000)  # committed_at is the real time
+        pruned = p.admin.prune(10, now=time.time() + 10_000)  # committed_at is the real time
         assert (pruned.events, pruned.deliveries) == (3, 3)
         assert p.outbox() == [] and p.event("A2") is None
         again = advance(p, "A2", "A", 1)
@@ -316,7 +315,7 @@ def test_the_worker_relays_and_applies_through_the_receive_and_apply_mode(p: Pro
 def test_the_effect_executor_runs_a_scheduled_effect_once(where: Locations, p: Producer) -> None:
     clock = Clock(1000.0)
     calls: list[str] = []
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", lambda call: calls.append(call.key) or {"sent": call.payload["flow"]})
 
     def handler(ctx: ApplyContext) -> None:

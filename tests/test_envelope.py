@@ -1,6 +1,6 @@
 """Envelope rules (SPEC section 4) on both sides: ``Consumer.receive`` and ``Producer.advance``.
 
-Every malformed input must raise :class:`reliable_flow.InvalidEnvelope` naming
+Every malformed input must raise :class:`reliable_flow.errors.InvalidEnvelope` naming
 the offending field and must leave nothing behind in the file; every valid
 edge case must be accepted, and two spellings of the same event (dict, JSON
 text, bytes, other key order or whitespace) must be one event.
@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from engine_reads import count, is_pg, new_location, rows
-from reliable_flow import Consumer, InboxEntry, InvalidEnvelope, Producer, ReliableFlowError, relay
+from reliable_flow import Consumer, Producer, ReliableFlowError, relay
+from reliable_flow.errors import InvalidEnvelope
+from reliable_flow.records import InboxEntry
 from reliable_flow.envelope import MAX_BODY_BYTES, Envelope, canonical, make, parse
 from reliable_flow.reservation import RESERVATION
 from support import canonical_body, envelope

@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from engine_reads import is_pg, new_location
-from reliable_flow import ApplyContext, Consumer, DeliveryPolicy, Effects, Producer, Worker, relay
+from reliable_flow import (
+    ApplyContext,
+    Consumer,
+    DeliveryPolicy,
+    EffectRegistry,
+    Producer,
+    Worker,
+    relay,
+)
 from reliable_flow.delivery import DEFAULT_LEASE_SECONDS
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.tools.cli import _parser
@@ -33,7 +41,7 @@ from support import CHILD_TIMEOUT, child_env, commit, run_cli
 FX = '''
 import sys
 
-from reliable_flow import Effects
+from reliable_flow import EffectRegistry
 
 
 def wait(call):
@@ -52,17 +60,17 @@ def on_apply(ctx):
 
 
 NAME = "notify"
-WAITING = Effects()
+WAITING = EffectRegistry()
 WAITING.register("notify", wait)
-QUICK = Effects()
+QUICK = EffectRegistry()
 QUICK.register("notify", quick)
 HANDLERS = [on_apply]
 NOT_A_REGISTRY = 42
 '''
 
 
-def _notify_registry() -> Effects:
-    effects = Effects()
+def _notify_registry() -> EffectRegistry:
+    effects = EffectRegistry()
     effects.register("notify", lambda call: {})  # scheduling needs the name only
     return effects
 
@@ -146,7 +154,7 @@ def test_execute_stops_on_sigterm_after_the_call_in_progress_is_recorded(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--effects", "fx:NOT_A_REGISTRY"], "execute: --effects: fx:NOT_A_REGISTRY is not a reliable_flow Effects"),
+        (["--effects", "fx:NOT_A_REGISTRY"], "execute: --effects: fx:NOT_A_REGISTRY is not a reliable_flow EffectRegistry"),
         (["--effects", "fx"], "execute: --effects must look like module:ATTRIBUTE"),
         (["--effects", "no_such_module:X"], "execute: --effects: cannot import 'no_such_module'"),
         (["--effects", "fx:QUICK", "--protocol", "fx:QUICK"], "execute: --protocol: fx:QUICK is not a reliable_flow"),

@@ -23,14 +23,14 @@ from reliable_flow import (
     DeliveryPolicy,
     EffectCall,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     Feedback,
     Happened,
-    InvalidEnvelope,
     Producer,
     RetryLater,
     relay,
 )
+from reliable_flow.errors import InvalidEnvelope
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 from support import Clock
 
@@ -46,7 +46,7 @@ class Setup:
     """A producer and a consumer of the ``ask`` protocol on one engine; the
     consumer's handler schedules ``look_up`` (and ``note``) for every asked flow."""
 
-    def __init__(self, engine: str, tmp_path: Path, effects: Effects) -> None:
+    def __init__(self, engine: str, tmp_path: Path, effects: EffectRegistry) -> None:
         self.clock = Clock(T0)
         self.producer_location = new_location(engine, tmp_path, "producer")
         self.producer = Producer(self.producer_location, ASK)
@@ -80,10 +80,10 @@ class Setup:
 
 
 @pytest.fixture
-def make(engine: str, tmp_path: Path) -> Iterator[Callable[[Effects], Setup]]:
+def make(engine: str, tmp_path: Path) -> Iterator[Callable[[EffectRegistry], Setup]]:
     made: list[Setup] = []
 
-    def build(effects: Effects) -> Setup:
+    def build(effects: EffectRegistry) -> Setup:
         made.append(Setup(engine, tmp_path, effects))
         return made[-1]
 
@@ -120,12 +120,12 @@ class Flaky:
 
 @pytest.mark.parametrize("which", ["payload", "flow"])
 def test_a_raising_feedback_function_is_recorded_as_refused_and_other_effects_go_on(
-    make: Callable[[Effects], Setup], which: str,
+    make: Callable[[EffectRegistry], Setup], which: str,
 ) -> None:
     flaky = Flaky((lambda r: {"a": r["answer"]}) if which == "payload" else (lambda flow_id: flow_id))
     kw: dict[str, Any] = {"payload": flaky} if which == "payload" else {
         "payload": lambda r: {"a": r["answer"]}, "flow": flaky}
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", look_up, idempotent=True, feedback=Feedback(kind="answered", **kw))
     s = make(effects)
     s.ask("A")
@@ -149,8 +149,8 @@ def test_a_raising_feedback_function_is_recorded_as_refused_and_other_effects_go
     assert ex.stats.fed == 2
 
 
-def test_a_raising_feedback_function_does_not_stop_run_until_idle(make: Callable[[Effects], Setup]) -> None:
-    effects = Effects()
+def test_a_raising_feedback_function_does_not_stop_run_until_idle(make: Callable[[EffectRegistry], Setup]) -> None:
+    effects = EffectRegistry()
     effects.register("look_up", look_up, feedback=Feedback(kind="answered", payload=Flaky(lambda r: r)))
     effects.register("note", lambda call: {"noted": True})
     s = make(effects)
@@ -165,9 +165,9 @@ def test_a_raising_feedback_function_does_not_stop_run_until_idle(make: Callable
 
 
 @pytest.mark.parametrize("value", [0, -1, True, False, 2.5, math.nan, math.inf, "3", None])
-def test_run_until_idle_refuses_a_max_passes_that_is_not_a_count(make: Callable[[Effects], Setup],
+def test_run_until_idle_refuses_a_max_passes_that_is_not_a_count(make: Callable[[EffectRegistry], Setup],
                                                                  value: Any) -> None:
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", look_up)
     s = make(effects)
     s.ask("A")
@@ -201,7 +201,7 @@ class Died(BaseException):
     """Raised inside a reconcile: that executor is "still in its call" (nothing records its end)."""
 
 
-def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[[Effects], Setup]) -> None:
+def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[[EffectRegistry], Setup]) -> None:
     def slow(call: EffectCall) -> dict[str, str]:
         s.clock.t += 31  # longer than the lease: the second executor takes the effect up meanwhile
         with pytest.raises(Died):
@@ -211,7 +211,7 @@ def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[
     def reconcile(call: EffectCall) -> Happened:
         raise Died
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", slow, reconcile=reconcile)
     s = make(effects)
     s.ask("A")
@@ -227,9 +227,9 @@ def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[
     assert first.owner.startswith("host:1/") and second.owner.startswith("host:1/")
 
 
-def test_an_executor_records_its_own_owner_on_the_claim(make: Callable[[Effects], Setup]) -> None:
+def test_an_executor_records_its_own_owner_on_the_claim(make: Callable[[EffectRegistry], Setup]) -> None:
     seen: list[str | None] = []
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", lambda call: seen.append(s.consumer.effect(call.key).lease_owner) or {})
     s = make(effects)
     s.ask("A")
@@ -242,7 +242,7 @@ def test_an_executor_records_its_own_owner_on_the_claim(make: Callable[[Effects]
 
 
 def test_run_until_idle_waits_out_backoff_and_returns_when_nothing_waits(
-    make: Callable[[Effects], Setup],
+    make: Callable[[EffectRegistry], Setup],
 ) -> None:
     tries: list[int] = []
 
@@ -252,7 +252,7 @@ def test_run_until_idle_waits_out_backoff_and_returns_when_nothing_waits(
             raise RetryLater("busy")
         return {"answer": "ok"}
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", busy_once, feedback=Feedback(kind="answered", payload=lambda r: {"a": r["answer"]}))
     s = make(effects)
     s.ask("A")
@@ -265,7 +265,7 @@ def test_run_until_idle_waits_out_backoff_and_returns_when_nothing_waits(
     assert s.producer.flow("A")["a"] == "ok"
 
 
-def test_run_stops_after_the_call_in_progress_and_claims_nothing_more(make: Callable[[Effects], Setup]) -> None:
+def test_run_stops_after_the_call_in_progress_and_claims_nothing_more(make: Callable[[EffectRegistry], Setup]) -> None:
     calls: list[str] = []
 
     def stopping(call: EffectCall) -> dict[str, bool]:
@@ -273,7 +273,7 @@ def test_run_stops_after_the_call_in_progress_and_claims_nothing_more(make: Call
         ex.stop()  # as SIGTERM's handler would, during the call
         return {"done": True}
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", stopping)
     s = make(effects)
     s.ask("A", "B")
@@ -291,9 +291,9 @@ def test_run_stops_after_the_call_in_progress_and_claims_nothing_more(make: Call
      ({"idle_sleep": math.nan}, "idle_sleep must be a finite number"), ({"idle_sleep": -1}, "idle_sleep"),
      ({"limit": 0}, "limit must be an int >= 1"), ({"limit": 2.5}, "limit")],
 )
-def test_run_refuses_bad_arguments_before_claiming(make: Callable[[Effects], Setup], kwargs: dict[str, Any],
+def test_run_refuses_bad_arguments_before_claiming(make: Callable[[EffectRegistry], Setup], kwargs: dict[str, Any],
                                                    match: str) -> None:
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", look_up)
     s = make(effects)
     s.ask("A")
@@ -302,7 +302,7 @@ def test_run_refuses_bad_arguments_before_claiming(make: Callable[[Effects], Set
     assert s.consumer.effect("tools:A1:look_up").state == "pending"
 
 
-def test_run_records_a_failed_pass_and_goes_on(make: Callable[[Effects], Setup]) -> None:
+def test_run_records_a_failed_pass_and_goes_on(make: Callable[[EffectRegistry], Setup]) -> None:
     class Broken(Producer):
         fail = 1
 
@@ -312,7 +312,7 @@ def test_run_records_a_failed_pass_and_goes_on(make: Callable[[Effects], Setup])
                 raise OSError("producer unreachable")
             return super()._advance_at_current(*args, **kw)
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("look_up", look_up, feedback=Feedback(kind="answered", payload=lambda r: {"a": r["answer"]}))
     s = make(effects)
     s.ask("A")

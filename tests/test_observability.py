@@ -26,7 +26,7 @@ from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     OutcomeUnknown,
     PermanentFailure,
     Producer,
@@ -93,8 +93,8 @@ def test_an_event_without_meta_has_the_meta_fields_as_none(at: At, caplog: pytes
     assert (applied.event_id, applied.correlation_id, applied.causation_id, applied.trace) == ("A1", None, None, None)
 
 
-def _effects(calls: list[str]) -> Effects:
-    effects = Effects()
+def _effects(calls: list[str]) -> EffectRegistry:
+    effects = EffectRegistry()
     effects.register("notify", lambda call: calls.append(call.key) or {"sent": True})
     return effects
 
@@ -165,7 +165,7 @@ def test_failed_sends_effect_trouble_operator_actions_and_worker_errors_are_logg
 ) -> None:
     caplog.set_level(logging.INFO, logger="reliable_flow")
     clock = Clock()
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("charge", lambda call: (_ for _ in ()).throw(PermanentFailure("card declined")))
     # Two producers, each with its one consumer.
     with Producer(at("p"), RESERVATION) as producer, \
@@ -180,8 +180,8 @@ def test_failed_sends_effect_trouble_operator_actions_and_worker_errors_are_logg
         relay(producer, consumer)
         consumer.drain("A")
         EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=30, clock=clock)).run_once()
-        consumer.cancel_effect("default:A1:charge", actor="ops", reason="refunded by hand")
-        producer2.skip("A1", consumer="down", actor="ops", reason="down for good")
+        consumer.admin.cancel_effect("default:A1:charge", actor="ops", reason="refunded by hand")
+        producer2.admin.skip("A1", consumer="down", actor="ops", reason="down for good")
         down_worker = Worker(producer2, [down], idle_sleep=0)
         down_worker.run_once()  # nothing pending for down now: no error
         assert records(caplog, "worker") == []
@@ -244,7 +244,7 @@ def _troubled(at: At) -> tuple[str, str]:
     succeeded, dead, unknown and pending; A1 received twice."""
     clock = Clock(1000.0)
     p_path, c_path = at("producer"), at("consumer")
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("ok", lambda call: {"done": True})
     effects.register("bad", lambda call: (_ for _ in ()).throw(PermanentFailure("no")))
     effects.register("maybe", lambda call: (_ for _ in ()).throw(OutcomeUnknown("timed out")))
@@ -273,7 +273,7 @@ def _troubled(at: At) -> tuple[str, str]:
         executor = EffectExecutor(consumer, effects, policy=DeliveryPolicy(lease_seconds=30, clock=clock,
                                                                            random=lambda: 0.5))
         # later stays pending: only the other three are taken up now.
-        limited = Effects()
+        limited = EffectRegistry()
         for name in ("ok", "bad", "maybe"):
             spec = effects.get(name)
             assert spec is not None
@@ -290,7 +290,7 @@ def test_inbox_rows_carry_their_meta_to_readers_snapshot_and_inspect(at: At) -> 
     p_path, c_path = _troubled(at)
     seen: list[dict[str, str]] = []
     with Consumer(c_path, RESERVATION, schemas={1, 2}, handlers=[lambda ctx: seen.append(ctx.event.meta)],
-                  effects=Effects()) as consumer:
+                  effects=EffectRegistry()) as consumer:
         assert [(r.event_id, r.meta) for r in consumer.inbox("A")] == [
             ("A1", {}), ("A2", {"correlation_id": "order-42"})]
     snap = snapshot(p_path, c_path)
@@ -305,7 +305,7 @@ def test_inbox_rows_carry_their_meta_to_readers_snapshot_and_inspect(at: At) -> 
     text = run_cli("inspect", str(p_path), str(c_path)).stdout
     assert "reason=unsupported_schema  meta={'correlation_id': 'order-42'}" in text
     with Consumer(c_path, RESERVATION, schemas={1, 2}, handlers=[lambda ctx: seen.append(dict(ctx.event.meta))],
-                  effects=Effects()) as upgraded:
+                  effects=EffectRegistry()) as upgraded:
         upgraded.drain("A")
     assert seen == [{"correlation_id": "order-42"}]  # the handler sees the stored meta
 
@@ -525,10 +525,10 @@ provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
-from reliable_flow import Consumer, EffectExecutor, Effects, Producer, relay, tracing
+from reliable_flow import Consumer, EffectExecutor, EffectRegistry, Producer, relay, tracing
 from reliable_flow.reservation import RESERVATION
 
-effects = Effects()
+effects = EffectRegistry()
 effects.register("notify", lambda call: {"ok": True})
 producer = Producer(sys.argv[1] + "/p.db", RESERVATION)
 consumer = Consumer(sys.argv[1] + "/c.db", RESERVATION, effects=effects,

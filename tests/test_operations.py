@@ -2,7 +2,7 @@
 (``Consumer.stuck``, ``reliable-flow inspect [--flow | --event]`` and its exit
 code), the recorded ways out of a bad accepted event (``skip_event``,
 ``replace_event``), the comparison of both sides (``reliable-flow compare``),
-consumers as a registry (``Producer.consumers`` / ``register_consumer`` /
+consumers as a registry (``producer.admin.consumers`` / ``register_consumer`` /
 ``remove_consumer``, ``relay(register=...)``, ``Worker(register=...)``,
 ``run --register``), and the runbooks of docs/operations.md; on both engines
 (a SQLite file or a PostgreSQL schema per store).  The restored-backup runbook
@@ -25,17 +25,14 @@ from reliable_flow import (
     BlockReason,
     Consumer,
     DeliveryPolicy,
-    FlowWait,
-    InvalidEnvelope,
-    NotResolvable,
     Producer,
     Protocol,
-    UnknownConsumer,
-    UnknownEvent,
     Worker,
     relay,
     relay_batch,
 )
+from reliable_flow.errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEvent
+from reliable_flow.statuses import FlowWait
 from reliable_flow.protocol import exact, integer
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.tools.drilldown import event_report
@@ -127,7 +124,7 @@ def _troubled(at: At) -> tuple[str, str]:
         for event_id in ("A1", "A2", "B1", "B3", "C1", "D1", "D2", "D3"):
             relay(p, c, event_id=event_id)
         c.process_all()
-        p.redeliver("B2", consumer="default", actor="ops", reason="kick it")
+        p.admin.redeliver("B2", consumer="default", actor="ops", reason="kick it")
     return p_path, c_path
 
 
@@ -284,13 +281,13 @@ def test_skip_event_moves_the_flow_past_it_without_an_effect_and_is_recorded(at:
     with Consumer(c_path, RESERVATION, clock=clock) as c:
         before = c.projection("A")
         assert before == {"state": "confirmed", "last_seq": 2, "held": 3}
-        action = c.skip_event("A3", actor="alice", reason="release was sent twice by mistake (INC-12)")
+        action = c.admin.skip_event("A3", actor="alice", reason="release was sent twice by mistake (INC-12)")
         assert (action.at, action.event_id, action.flow_id, action.seq, action.action, action.previous_state) == (
             7000.0, "A3", "A", 3, "skip", "blocked")
         assert c.projection("A") == {"state": "confirmed", "last_seq": 3, "held": 3}
         assert [e.seq for e in c.effects("A")] == [1, 2]  # no effect for the skipped step
         assert [(e.event_id, e.state) for e in c.inbox("A")][-1] == ("A3", "skipped")
-        assert c.operator_actions() == [action] and c.operator_actions("A3") == [action]
+        assert c.admin.operator_actions() == [action] and c.admin.operator_actions("A3") == [action]
         assert c.open_flows() == [] and c.stuck("A").wait == "idle"
         # A later step applies after the skipped one.
         c.receive(envelope("A4", "A", 4, "released"))
@@ -306,24 +303,24 @@ def test_skip_and_replace_refuse_what_they_cannot_do_and_write_nothing(at: At) -
     before = digests(c_path)
     with Consumer(c_path, RESERVATION) as c:
         with pytest.raises(UnknownEvent):
-            c.skip_event("Z9", actor="a", reason="r")
+            c.admin.skip_event("Z9", actor="a", reason="r")
         with pytest.raises(NotResolvable, match="applied"):
-            c.skip_event("A1", actor="a", reason="r")
+            c.admin.skip_event("A1", actor="a", reason="r")
         with pytest.raises(NotResolvable, match="next step is seq 1"):
-            c.skip_event("B2", actor="a", reason="r")
+            c.admin.skip_event("B2", actor="a", reason="r")
         with pytest.raises(ValueError, match="actor"):
-            c.skip_event("A2", actor=" ", reason="r")
+            c.admin.skip_event("A2", actor=" ", reason="r")
         with pytest.raises(ValueError, match="reason"):
-            c.replace_event("A2", envelope("A2-fix", "A", 2, "confirmed"), actor="a", reason="")
+            c.admin.replace_event("A2", envelope("A2-fix", "A", 2, "confirmed"), actor="a", reason="")
         with pytest.raises(InvalidEnvelope, match="flow and seq"):
-            c.replace_event("A2", envelope("A2-fix", "A", 3, "confirmed"), actor="a", reason="r")
+            c.admin.replace_event("A2", envelope("A2-fix", "A", 3, "confirmed"), actor="a", reason="r")
         with pytest.raises(InvalidEnvelope, match="new event id"):
-            c.replace_event("A2", envelope("A1", "A", 2, "confirmed"), actor="a", reason="r")
+            c.admin.replace_event("A2", envelope("A1", "A", 2, "confirmed"), actor="a", reason="r")
         with pytest.raises(InvalidEnvelope):
-            c.replace_event("A2", {"event_id": "A2-fix"}, actor="a", reason="r")
+            c.admin.replace_event("A2", {"event_id": "A2-fix"}, actor="a", reason="r")
         with pytest.raises(NotResolvable):
-            c.replace_event("A1", envelope("A1-fix", "A", 1, "reserved"), actor="a", reason="r")
-        assert c.operator_actions() == []
+            c.admin.replace_event("A1", envelope("A1-fix", "A", 1, "reserved"), actor="a", reason="r")
+        assert c.admin.operator_actions() == []
     assert digests(c_path) == before
 
 
@@ -338,7 +335,7 @@ def test_runbook_a_a_bad_accepted_event_is_replaced_by_a_corrected_one(at: At) -
     # Fix: the producer's team re-issues the step, correct, under a new id.
     corrected = envelope("A2-fix", "A", 2, "confirmed", amount=3)
     with Consumer(c_path, RESERVATION) as c:
-        action = c.replace_event("A2", corrected, actor="bob", reason="producer bug #31: wrong amount")
+        action = c.admin.replace_event("A2", corrected, actor="bob", reason="producer bug #31: wrong amount")
         assert (action.action, action.replacement_event_id, action.previous_state) == ("replace", "A2-fix", "blocked")
         assert [(e.event_id, e.state) for e in c.inbox("A")] == [
             ("A1", "applied"), ("A2", "replaced"), ("A2-fix", "pending")]
@@ -369,7 +366,7 @@ def test_compare_lists_a_difference_a_recorded_skip_explains_without_failing(at:
     assert (diff["flow_id"], diff["kind"], diff["explained_by"]) == ("A", "behind", [])
     assert digests(p_path, c_path) == before
     with Consumer(c_path, RESERVATION) as c:
-        c.skip_event("A3", actor="alice", reason="the release is done by hand")
+        c.admin.skip_event("A3", actor="alice", reason="the release is done by hand")
     code, report = cli_json("compare", str(p_path), str(c_path))
     assert code == 0 and report["differences"] == 0
     [diff] = report["consumers"][0]["differences"]
@@ -387,7 +384,7 @@ def test_compare_finds_flows_missing_on_either_side_and_checks_every_consumer(at
         commit(p, "A", 2)
         relay_log(p, a)
         a.process_all()
-        p.register_consumer("b", actor="ops", reason="second consumer")
+        p.admin.register_consumer("b", actor="ops", reason="second consumer")
         b.receive(envelope("X1", "X", 1, "reserved"))  # a flow the producer never had
         b.process_all()
     code, report = cli_json("compare", str(p_path), str(at("a")), str(at("b")))
@@ -405,18 +402,18 @@ def test_the_first_consumer_is_registered_implicitly_and_a_second_name_is_refuse
             Consumer(at("typo"), RESERVATION, name="defualt") as typo:
         commit(p, "A", 2)
         assert relay_log(p, c) == ["A1 accepted", "A2 accepted"]
-        [entry] = p.consumers()
+        [entry] = p.admin.consumers()
         assert (entry.name, entry.uid, entry.bound, entry.backlog, entry.set_aside) == (
             "default", c.uid, True, 0, 0)
         assert entry.registered_at is not None and entry.from_now is False
-        [auto] = p.registry_actions()
+        [auto] = p.admin.registry_actions()
         assert (auto.consumer, auto.action, auto.actor) == ("default", "register", "relay")
         with pytest.raises(UnknownConsumer, match="no consumer named 'defualt' \\(registered: 'default'\\)") as info:
             relay(p, typo)
         assert isinstance(info.value, LookupError)
         with pytest.raises(UnknownConsumer):
             relay_batch(p, typo)
-        assert [c.name for c in p.consumers()] == ["default"]
+        assert [c.name for c in p.admin.consumers()] == ["default"]
         assert typo.flows() == [] and all(set(e.deliveries) == {"default"} for e in p.outbox())
 
 
@@ -426,7 +423,7 @@ def test_relay_register_true_registers_a_new_name_from_the_first_event_and_recor
         commit(p, "A", 2)
         relay_log(p, c)
         assert [r.event_id for r in relay_batch(p, audit, register=True).results] == ["A1", "A2"]
-        assert [(a.consumer, a.actor, a.reason) for a in p.registry_actions("audit")] == [
+        assert [(a.consumer, a.actor, a.reason) for a in p.admin.registry_actions("audit")] == [
             ("audit", "relay", "relay(register=True)")]
 
 
@@ -436,26 +433,26 @@ def test_register_consumer_from_the_first_event_or_from_now(at: At) -> None:
             Consumer(at("late"), RESERVATION, name="late") as late:
         commit(p, "A", 2)
         before = time.time()
-        full_action = p.register_consumer("full", actor="alice", reason="new reporting service")
-        late_action = p.register_consumer("late", from_now=True, actor="alice", reason="only new work")
+        full_action = p.admin.register_consumer("full", actor="alice", reason="new reporting service")
+        late_action = p.admin.register_consumer("late", from_now=True, actor="alice", reason="only new work")
         assert (late_action.consumer, late_action.action, late_action.actor) == ("late", "register", "alice")
-        assert p.registry_actions() == [full_action, late_action]
-        listed = {e.name: e for e in p.consumers()}
+        assert p.admin.registry_actions() == [full_action, late_action]
+        listed = {e.name: e for e in p.admin.consumers()}
         assert (listed["full"].bound, listed["full"].backlog, listed["full"].from_now) == (False, 2, False)
         assert (listed["late"].bound, listed["late"].backlog, listed["late"].from_now) == (False, 0, True)
         assert listed["late"].registered_at is not None and listed["late"].registered_at >= before
         commit(p, "B", 1)
         assert relay_log(p, full) == ["A1 accepted", "A2 accepted", "B1 accepted"]
         assert relay_log(p, late) == ["B1 accepted"]
-        assert {e.name: (e.bound, e.uid) for e in p.consumers()} == {
+        assert {e.name: (e.bound, e.uid) for e in p.admin.consumers()} == {
             "full": (True, full.uid), "late": (True, late.uid)}
         with pytest.raises(NotResolvable, match="already registered"):
-            p.register_consumer("full", actor="alice", reason="again")
+            p.admin.register_consumer("full", actor="alice", reason="again")
         with pytest.raises(ValueError, match="name"):
-            p.register_consumer("", actor="alice", reason="empty")
+            p.admin.register_consumer("", actor="alice", reason="empty")
         with pytest.raises(ValueError, match="reason"):
-            p.register_consumer("other", actor="alice", reason=" ")
-        assert len(p.registry_actions()) == 2
+            p.admin.register_consumer("other", actor="alice", reason=" ")
+        assert len(p.admin.registry_actions()) == 2
 
 
 def test_remove_consumer_drops_its_deliveries_and_refuses_it_afterwards(at: At) -> None:
@@ -465,15 +462,15 @@ def test_remove_consumer_drops_its_deliveries_and_refuses_it_afterwards(at: At) 
         commit(p, "A", 2)
         relay_log(p, c)
         relay(p, typo, register=True)  # the typo was registered by mistake
-        assert {e.name: e.backlog for e in p.consumers()} == {"default": 0, "defualt": 1}
-        action = p.remove_consumer("defualt", actor="dave", reason="typo in the worker config")
+        assert {e.name: e.backlog for e in p.admin.consumers()} == {"default": 0, "defualt": 1}
+        action = p.admin.remove_consumer("defualt", actor="dave", reason="typo in the worker config")
         assert (action.consumer, action.action, action.actor) == ("defualt", "remove", "dave")
-        assert [e.name for e in p.consumers()] == ["default"]
+        assert [e.name for e in p.admin.consumers()] == ["default"]
         assert all(set(e.deliveries) == {"default"} for e in p.outbox())
         with pytest.raises(UnknownConsumer):
             relay(p, typo)  # the same object forgot the binding too
         with pytest.raises(UnknownConsumer):
-            p.remove_consumer("defualt", actor="dave", reason="twice")
+            p.admin.remove_consumer("defualt", actor="dave", reason="twice")
         commit(p, "B", 1)
         assert relay_log(p, c) == ["B1 accepted"]
     assert [r[0] for r in rows(p_path, "SELECT action FROM registry_action ORDER BY id")] == [
@@ -487,7 +484,7 @@ def test_inspect_shows_a_registered_name_no_relay_reached(at: At) -> None:
         commit(p, "A", 1)
         relay_log(p, c)
         c.process_all()
-        p.register_consumer("biling", actor="erin", reason="new billing service")
+        p.admin.register_consumer("biling", actor="erin", reason="new billing service")
     done = run_cli("inspect", str(p_path), str(c_path))
     assert done.returncode == 0, done.stdout  # an unbound registration is shown, not an alert
     assert "consumer 'biling' is registered but no relay has reached it yet (a typo?): backlog 1" in done.stdout
@@ -503,13 +500,13 @@ def test_a_worker_refuses_an_unregistered_second_consumer_unless_asked_to_regist
         commit(p, "A", 1)
         with pytest.raises(UnknownConsumer, match="'b'"):
             Worker(p, [a, b])
-        assert p.consumers() == []  # refused before anything was written
+        assert p.admin.consumers() == []  # refused before anything was written
         Worker(p, [a], idle_sleep=0).run(max_passes=1, handle_signals=False)
         with pytest.raises(UnknownConsumer, match="'b'"):
             Worker(p, [a, b])
         stats = Worker(p, [a, b], idle_sleep=0, register=True).run(max_passes=1, handle_signals=False)
         assert stats.relayed["accepted"] == 1 and stats.errors == 0
-        assert [e.name for e in p.consumers()] == ["a", "b"]
+        assert [e.name for e in p.admin.consumers()] == ["a", "b"]
 
 
 def test_cli_run_refuses_a_typo_and_registers_with_register(at: At) -> None:
@@ -527,7 +524,7 @@ def test_cli_run_refuses_a_typo_and_registers_with_register(at: At) -> None:
     done = run_cli("run", *files, "--register")
     assert done.returncode == 0, done.stderr
     with Producer(p_path, RESERVATION) as p:
-        assert [(e.name, e.backlog) for e in p.consumers()] == [("a", 0), ("billing", 0)]
+        assert [(e.name, e.backlog) for e in p.admin.consumers()] == [("a", 0), ("billing", 0)]
 
 
 # -- the operations page -------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     EffectExecutor,
-    Effects,
+    EffectRegistry,
     PermanentFailure,
     Producer,
     relay,
@@ -83,7 +83,7 @@ def test_delivery_redeliver_and_skip_are_recorded_with_actor_and_reason(
     with Producer(producer_at, RESERVATION) as producer:
         assert outbox_entry(producer, "C1").deliveries["default"].state == "pending"
         assert outbox_entry(producer, "D1").deliveries["default"].state == "skipped"
-        mine = [(a.event_id, a.action, a.actor, a.reason) for a in producer.operator_actions() if a.event_id != "B2"]
+        mine = [(a.event_id, a.action, a.actor, a.reason) for a in producer.admin.operator_actions() if a.event_id != "B2"]
         assert mine == [("C1", "redeliver", "alice", "INC-7: checked by hand"),
                         ("D1", "skip", "bob", "never wanted")]
 
@@ -93,7 +93,7 @@ def test_delivery_refusals_are_exit_1_and_errors_exit_2_with_nothing_recorded(
 ) -> None:
     producer_at, consumer_at = troubled
     with Producer(producer_at, RESERVATION) as producer:
-        before = producer.operator_actions()
+        before = producer.admin.operator_actions()
     code, out, err = cli(capsys, "delivery", "redeliver", producer_at, "default", "A1", *WHO)  # accepted
     assert (code, out) == (1, "")
     assert err.startswith("delivery redeliver: refused: event 'A1' is accepted for consumer 'default'")
@@ -107,7 +107,7 @@ def test_delivery_refusals_are_exit_1_and_errors_exit_2_with_nothing_recorded(
     assert (code, out) == (2, "")
     assert err.startswith("delivery skip: ") and "not a producer" in err
     with Producer(producer_at, RESERVATION) as producer:
-        assert producer.operator_actions() == before
+        assert producer.admin.operator_actions() == before
         assert outbox_entry(producer, "D1").deliveries["default"].state == "pending"
 
 
@@ -160,7 +160,7 @@ def test_inbox_replace_and_skip_are_recorded_with_actor_and_reason(
     assert out.startswith("inbox skip: event 'A2-fix2' skipped (flow 'A' seq 2, was pending)")
     with Consumer(consumer_at, RESERVATION) as consumer:
         assert [(a.event_id, a.action, a.actor, a.reason, a.replacement_event_id)
-                for a in consumer.operator_actions()] == [
+                for a in consumer.admin.operator_actions()] == [
             ("A2", "replace", "alice", "INC-7: checked by hand", "A2-fix"),
             ("A2-fix", "replace", "alice", "INC-7: checked by hand", "A2-fix2"),
             ("A2-fix2", "skip", "bob", "left out", None)]
@@ -186,7 +186,7 @@ def test_a_bad_replacement_is_exit_2_naming_the_field_and_stores_nothing(
     code, _, err = cli(capsys, "inbox", "skip", consumer_at, "Z9", *WHO)
     assert code == 2 and err.startswith("inbox skip: ") and "'Z9'" in err
     with Consumer(consumer_at, RESERVATION) as consumer:
-        assert consumer.operator_actions() == []
+        assert consumer.admin.operator_actions() == []
         assert [(r.event_id, r.state) for r in consumer.inbox("A")] == [("A1", "applied"), ("A2", "blocked")]
 
 
@@ -196,7 +196,7 @@ def test_a_bad_replacement_is_exit_2_naming_the_field_and_stores_nothing(
 def dead_effects(engine: str, tmp_path: Path) -> str:
     """A consumer store whose handler scheduled ``notify`` for A1 and B1, both dead."""
     producer_at, consumer_at = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "consumer")
-    effects = Effects()
+    effects = EffectRegistry()
 
     def declined(call: Any) -> Any:
         raise PermanentFailure("declined")
@@ -236,9 +236,9 @@ def test_effect_retry_resolve_cancel_are_recorded_with_actor_and_reason(
     assert {k: v for k, v in json.loads(out).items() if k != "at"} == {
         "key": a, "action": "cancel", "actor": "bob", "reason": "too late"}
     with Consumer(consumer_at, RESERVATION) as consumer:
-        assert [(e.action, e.actor, e.reason) for e in consumer.effect_actions(a)] == [
+        assert [(e.action, e.actor, e.reason) for e in consumer.admin.effect_actions(a)] == [
             ("retry", "alice", "INC-7: checked by hand"), ("cancel", "bob", "too late")]
-        assert [(e.action, e.actor) for e in consumer.effect_actions(b)] == [("resolve", "alice")]
+        assert [(e.action, e.actor) for e in consumer.admin.effect_actions(b)] == [("resolve", "alice")]
         assert (consumer.effect(a).state, consumer.effect(b).state) == ("cancelled", "succeeded")
         assert consumer.effect(b).result == {"parcel": "P-7"}
 
@@ -263,7 +263,7 @@ def test_effect_refusals_are_exit_1_and_errors_exit_2_with_nothing_recorded(
         main(["effect", "resolve", consumer_at, "default:B1:notify", "--result", "{not json", *WHO])
     assert exited.value.code == 2 and "argument --result: must be a JSON value" in capsys.readouterr().err
     with Consumer(consumer_at, RESERVATION) as consumer:
-        assert [e.action for e in consumer.effect_actions()] == ["cancel"]
+        assert [e.action for e in consumer.admin.effect_actions()] == ["cancel"]
         assert consumer.effect("default:B1:notify").state == "dead"
 
 
@@ -286,9 +286,9 @@ def test_registry_register_and_remove_are_recorded_with_actor_and_reason(
     assert (code, out) == (2, "")
     assert err.startswith("registry remove: ")
     with Producer(producer_at, RESERVATION) as producer:
-        assert [(a.consumer, a.action, a.actor, a.reason) for a in producer.registry_actions("audit")] == [
+        assert [(a.consumer, a.action, a.actor, a.reason) for a in producer.admin.registry_actions("audit")] == [
             ("audit", "register", "alice", "INC-7: checked by hand"), ("audit", "remove", "bob", "retired")]
-        assert [c.name for c in producer.consumers()] == ["default"]
+        assert [c.name for c in producer.admin.consumers()] == ["default"]
 
 
 # -- arguments and missing stores --------------------------------------------------------------
@@ -345,9 +345,9 @@ def test_actor_and_reason_are_required_and_never_blank(
             assert exited.value.code == 2
             assert message in capsys.readouterr().err
     with Producer(producer_at, RESERVATION) as producer, Consumer(consumer_at, RESERVATION) as consumer:
-        assert [a.event_id for a in producer.operator_actions()] == ["B2"]  # troubled_history's own
-        assert consumer.operator_actions() == [] and consumer.effect_actions() == []
-        assert [c.name for c in producer.consumers()] == ["default"]
+        assert [a.event_id for a in producer.admin.operator_actions()] == ["B2"]  # troubled_history's own
+        assert consumer.admin.operator_actions() == [] and consumer.admin.effect_actions() == []
+        assert [c.name for c in producer.admin.consumers()] == ["default"]
 
 
 def test_the_commands_run_as_a_real_process(troubled: tuple[str, str], tmp_path: Path) -> None:
@@ -364,5 +364,5 @@ def test_the_commands_run_as_a_real_process(troubled: tuple[str, str], tmp_path:
     done = run_cli("effect", "cancel", consumer_at, "k", "--reason", "r", cwd=tmp_path)
     assert done.returncode == 2 and "the following arguments are required: --actor" in done.stderr
     with Producer(producer_at, RESERVATION) as producer, Consumer(consumer_at, RESERVATION) as consumer:
-        assert producer.operator_actions("D1")[0].actor == "alice"
-        assert [(a.event_id, a.action, a.actor) for a in consumer.operator_actions()] == [("A2", "skip", "alice")]
+        assert producer.admin.operator_actions("D1")[0].actor == "alice"
+        assert [(a.event_id, a.action, a.actor) for a in consumer.admin.operator_actions()] == [("A2", "skip", "alice")]

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from engine_reads import allow_inserts, count, integrity_error, reject_inserts, rows
-from reliable_flow import InvalidEnvelope, Producer
-from reliable_flow.statuses import AdvanceResult
+from reliable_flow import Producer
+from reliable_flow.errors import InvalidEnvelope
+from reliable_flow.records import AdvanceResult
 
 BODY_FIELDS = ("flow_id", "kind", "schema", "payload", "meta", "expected_seq")
 STEPS = (("A1", 0, "reserved"), ("A2", 1, "confirmed"), ("A3", 2, "released"))

@@ -22,80 +22,56 @@ from support import child_env, run_cli
 # Pinned from src/reliable_flow/__init__.py: adding or removing a public name
 # is an API change and must update this list on purpose.
 PUBLIC_NAMES = [
-    "AdvanceResult",
     "AdvanceStatus",
     "AppSchema",
     "ApplyContext",
-    "ApplyResult",
     "ApplyStatus",
     "BlockReason",
-    "CommitOutcomeUnknown",
     "Consumer",
-    "ConsumerEntry",
-    "ConsumerMismatch",
-    "DatabaseBusy",
+    "ConsumerAdmin",
     "DeliveryPolicy",
-    "DeliveryRecord",
     "DeliveryState",
-    "DrainResult",
-    "DrainStop",
-    "Effect",
-    "EffectAction",
     "EffectCall",
     "EffectExecutor",
-    "EffectKeyConflict",
-    "EffectRecord",
+    "EffectRegistry",
     "EffectState",
-    "Effects",
     "Event",
-    "ExecutorStats",
     "Feedback",
-    "FlowWait",
     "Happened",
-    "InboxAction",
-    "InboxEntry",
-    "InboxRow",
     "InboxState",
-    "InvalidEnvelope",
     "NotHappened",
-    "NotResolvable",
-    "OperatorAction",
-    "OutboxEntry",
     "OutcomeUnknown",
     "PayloadError",
     "PermanentFailure",
     "PostgresLocation",
     "Producer",
+    "ProducerAdmin",
     "Protocol",
-    "PruneResult",
-    "ReadOnlyStorage",
-    "ReceiveResult",
     "ReceiveStatus",
     "Receiver",
-    "RegistryAction",
-    "RelayBatchResult",
-    "RelayResult",
     "RelayStatus",
     "ReliableFlowError",
     "RetryLater",
-    "SQLiteTooOld",
-    "SchemaTooNew",
-    "StorageError",
-    "StorageFull",
-    "StuckFlow",
-    "TransactionConflict",
-    "UnknownConsumer",
-    "UnknownEffect",
-    "UnknownEvent",
     "Worker",
-    "WorkerStats",
-    "WrongFile",
-    "WrongProcess",
-    "WrongThread",
     "__version__",
+    "errors",
+    "records",
     "relay",
     "relay_batch",
     "snapshot",
+    "statuses",
+]
+
+# The namespaces (issue 19): every result and record, every error, every status enum.
+RECORD_NAMES = [
+    "AdvanceResult", "AppliedEvent", "ApplyResult", "ConsumerEntry", "DeliveryRecord",
+    "DrainResult", "EffectAction", "ExecutorStats", "InboxAction", "InboxEntry", "InboxRow",
+    "OperatorAction", "OutboxEntry", "PruneResult", "ReceiveResult", "RegistryAction",
+    "RelayBatchResult", "RelayResult", "ScheduledEffect", "StuckFlow", "WorkerStats",
+]
+STATUS_NAMES = [
+    "AdvanceStatus", "ApplyStatus", "BlockReason", "DeliveryState", "DrainStop", "EffectState",
+    "FlowWait", "InboxState", "ReceiveStatus", "RelayStatus",
 ]
 
 # Statuses the SPEC fixes (section 2); an enum may have more members, never fewer.
@@ -108,7 +84,7 @@ SPEC_STATUSES = {
     "DrainStop": {"gap", "blocked", "idle", "limit"},
 }
 
-RESULT_TYPES = [name for name in PUBLIC_NAMES if name.endswith("Result")]
+RESULT_TYPES = [name for name in RECORD_NAMES if name.endswith("Result")]
 assert {"AdvanceResult", "ReceiveResult", "RelayResult", "ApplyResult", "DrainResult"} <= set(RESULT_TYPES)
 
 
@@ -126,6 +102,46 @@ def test_all_is_sorted_and_unique() -> None:
 
 def test_all_is_pinned() -> None:
     assert sorted(reliable_flow.__all__) == PUBLIC_NAMES
+
+
+def test_the_face_has_at_most_40_names() -> None:
+    assert len(reliable_flow.__all__) <= 40
+
+
+def test_the_namespaces_are_pinned() -> None:
+    assert sorted(reliable_flow.records.__all__) == RECORD_NAMES
+    assert sorted(reliable_flow.statuses.__all__) == STATUS_NAMES
+    errors = reliable_flow.errors
+    assert "ReliableFlowError" in errors.__all__
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.ReliableFlowError), name
+    for name in STATUS_NAMES:
+        assert issubclass(getattr(reliable_flow.statuses, name), enum.Enum), name
+    for name in RECORD_NAMES:
+        assert dataclasses.is_dataclass(getattr(reliable_flow.records, name)), name
+
+
+def test_the_face_names_are_the_namespace_objects() -> None:
+    for name in PUBLIC_NAMES:
+        if name in STATUS_NAMES:
+            assert getattr(reliable_flow, name) is getattr(reliable_flow.statuses, name)
+    assert reliable_flow.ReliableFlowError is reliable_flow.errors.ReliableFlowError
+
+
+def test_field_checks_come_from_where_protocols_are_written() -> None:
+    from reliable_flow.protocol import (  # noqa: F401 - the import under test
+        PayloadError,
+        Protocol,
+        boolean,
+        by_kind,
+        exact,
+        integer,
+        number,
+        optional,
+        text,
+    )
+
+    assert exact({"n": integer(1, 3)})("x", {"n": 2}) == {"n": 2}
 
 
 @pytest.mark.parametrize("name", PUBLIC_NAMES)
@@ -188,11 +204,11 @@ def test_exception_tree() -> None:
         "InvalidEnvelope", "UnknownEvent", "WrongFile", "SchemaTooNew", "ConsumerMismatch",
         "SQLiteTooOld", "WrongProcess", "StorageError", "CommitOutcomeUnknown",
     ):
-        assert issubclass(getattr(reliable_flow, name), root), name
-    assert issubclass(reliable_flow.InvalidEnvelope, ValueError)
-    assert issubclass(reliable_flow.UnknownEvent, LookupError)
-    assert issubclass(reliable_flow.SchemaTooNew, reliable_flow.WrongFile)
-    assert issubclass(reliable_flow.CommitOutcomeUnknown, reliable_flow.StorageError)
+        assert issubclass(getattr(reliable_flow.errors, name), root), name
+    assert issubclass(reliable_flow.errors.InvalidEnvelope, ValueError)
+    assert issubclass(reliable_flow.errors.UnknownEvent, LookupError)
+    assert issubclass(reliable_flow.errors.SchemaTooNew, reliable_flow.errors.WrongFile)
+    assert issubclass(reliable_flow.errors.CommitOutcomeUnknown, reliable_flow.errors.StorageError)
     assert issubclass(reliable_flow.PayloadError, ValueError)
     exported = [getattr(reliable_flow, n) for n in reliable_flow.__all__]
     errors = [e for e in exported if isinstance(e, type) and issubclass(e, BaseException)]
@@ -201,7 +217,7 @@ def test_exception_tree() -> None:
     assert sorted(e.__name__ for e in errors if not issubclass(e, root)) == [
         "OutcomeUnknown", "PayloadError", "PermanentFailure", "RetryLater",
     ]
-    err = reliable_flow.InvalidEnvelope("seq", "must be an int")
+    err = reliable_flow.errors.InvalidEnvelope("seq", "must be an int")
     assert (err.field, err.problem, str(err)) == ("seq", "must be an int", "seq: must be an int")
 
 
@@ -264,7 +280,7 @@ def test_status_is_its_plain_string(member: Any) -> None:
 
 @pytest.mark.parametrize("enum_name", sorted(SPEC_STATUSES))
 def test_status_enums_cover_the_spec(enum_name: str) -> None:
-    cls = getattr(reliable_flow, enum_name)
+    cls = getattr(reliable_flow.statuses, enum_name)
     assert SPEC_STATUSES[enum_name] <= {m.value for m in cls}
 
 
@@ -284,7 +300,7 @@ def _sample(cls: type) -> Any:
 
 @pytest.mark.parametrize("name", RESULT_TYPES)
 def test_result_types_are_frozen_dataclasses(name: str) -> None:
-    cls = getattr(reliable_flow, name)
+    cls = getattr(reliable_flow.records, name)
     assert dataclasses.is_dataclass(cls)
     result = _sample(cls)
     first = dataclasses.fields(cls)[0].name
@@ -311,11 +327,11 @@ def test_real_results_are_frozen(producer: Producer, consumer: Consumer) -> None
     assert type(advanced.status) is reliable_flow.AdvanceStatus
     assert type(relayed.status) is reliable_flow.RelayStatus
     assert type(applied.status) is reliable_flow.ApplyStatus
-    assert type(drained.stop) is reliable_flow.DrainStop
+    assert type(drained.stop) is reliable_flow.statuses.DrainStop
     assert type(received.status) is reliable_flow.ReceiveStatus
     for result in (advanced, relayed, applied, drained, received):
         for field in dataclasses.fields(result):
             with pytest.raises(dataclasses.FrozenInstanceError):
                 setattr(result, field.name, "other")
     assert drained.applied == 0
-    assert advanced == reliable_flow.AdvanceResult(reliable_flow.AdvanceStatus.COMMITTED, "A1", "A", 1)
+    assert advanced == reliable_flow.records.AdvanceResult(reliable_flow.AdvanceStatus.COMMITTED, "A1", "A", 1)

@@ -32,15 +32,9 @@ import pytest
 from children.racers import REGISTER_ADVANCES, race_child
 from engine_reads import effect_counts as stored_effect_counts
 from engine_reads import is_pg, new_location, rows
-from reliable_flow import (
-    Consumer,
-    DatabaseBusy,
-    EffectRecord,
-    InboxEntry,
-    Producer,
-    StorageError,
-    relay,
-)
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.errors import DatabaseBusy, StorageError
+from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.crash import ENV_VAR
 from reliable_flow.reservation import RESERVATION
 from support import start_on_barrier
@@ -134,7 +128,7 @@ def test_six_apply_next_on_one_pending_event_leave_exactly_one_effect(paths: tup
     statuses = Counter(s for child in race("apply", *paths) for s in child)
     assert statuses == {"applied": 1, "idle": 5}
     with Consumer(consumer_path, RESERVATION) as consumer:
-        assert consumer.effects("A") == [EffectRecord(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+        assert consumer.effects("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
         assert consumer.inbox("A")[0].state == "applied"
     assert effect_counts(consumer_path) == {"A1": 1}
@@ -203,7 +197,7 @@ def test_beyond_the_busy_timeout_a_call_fails_cleanly_and_a_retry_succeeds(sqlit
             assert retried.status in ("committed", "accepted", "applied"), (name, retried)
         assert [e.event_id for e in producer.outbox("A")] == ["A1"]
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-        assert consumer.effects("A") == [EffectRecord(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+        assert consumer.effects("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
 
 
 def test_six_processes_creating_the_same_new_files_all_open_them(engine: str, tmp_path: Path) -> None:
@@ -252,7 +246,7 @@ def test_an_event_committed_while_a_consumer_registers_is_delivered_to_it(paths:
         }
         missing = {name: ids for name, ids in missing.items() if ids}
         assert not missing, f"events never to be delivered to a consumer registered meanwhile: {missing}"
-        assert {c.name for c in producer.consumers()} == set(names)
+        assert {c.name for c in producer.admin.consumers()} == set(names)
         # And delivered: the last name registered (it overlapped the most commits) gets every event.
         last = names[-1]
         location = (Path(str(paths[1])).with_name("late.db") if not is_pg(paths[1])

@@ -17,10 +17,10 @@ import pytest
 
 from engine_reads import rows, store_exists
 from reliable_flow import (
-    ApplyContext,
     AppSchema,
+    ApplyContext,
     Consumer,
-    Effects,
+    EffectRegistry,
     Producer,
     RetryLater,
     relay,
@@ -122,7 +122,7 @@ def test_a_handler_payload_error_leaves_nothing_of_the_apply_and_blocks_later(ne
 
 
 def test_effects_scheduled_by_a_handler_on_arrival_are_in_the_same_commit(new_store: Any) -> None:
-    effects = Effects()
+    effects = EffectRegistry()
 
     def notify(ctx: Any) -> None:
         raise RetryLater("never called here")

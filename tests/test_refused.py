@@ -19,13 +19,13 @@ from reliable_flow import (
     Consumer,
     DeliveryPolicy,
     Producer,
-    ReceiveResult,
     ReceiveStatus,
     RelayStatus,
     Worker,
     relay,
     relay_batch,
 )
+from reliable_flow.records import ReceiveResult
 from reliable_flow.reservation import RESERVATION
 from support import commit, envelope, outbox_entry
 

@@ -165,7 +165,7 @@ def test_explicit_relay_delivers_the_chosen_event(producer: Producer, consumer: 
 
 def test_explicit_relay_of_an_unknown_event_raises(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A", 1)
-    with pytest.raises(reliable_flow.UnknownEvent) as info:
+    with pytest.raises(reliable_flow.errors.UnknownEvent) as info:
         relay(producer, consumer, event_id="nope")
     assert isinstance(info.value, LookupError)
     assert raw_inbox(consumer.path) == []
@@ -184,11 +184,11 @@ def test_two_files_with_the_default_name_are_a_mismatch(
     delivery_before = raw_delivery(producer.path)
     with Consumer(new_store("other"), RESERVATION) as other:
         assert other.name == consumer.name == "default"
-        with pytest.raises(reliable_flow.ConsumerMismatch):
+        with pytest.raises(reliable_flow.errors.ConsumerMismatch):
             relay(producer, other)
         assert producer.store.in_transaction() is False
         # a second Producer object on the same file knows the binding too
-        with Producer(producer.path, RESERVATION) as again, pytest.raises(reliable_flow.ConsumerMismatch):
+        with Producer(producer.path, RESERVATION) as again, pytest.raises(reliable_flow.errors.ConsumerMismatch):
             relay(again, other, event_id="A2")
         assert raw_inbox(other.path) == []
     assert raw_delivery(producer.path) == delivery_before
@@ -237,7 +237,7 @@ def test_set_aside_for_one_consumer_is_pending_for_another(
     commit(producer, "A", 1)
     assert relay(producer, consumer).status == "id_conflict"
     assert outbox_entry(producer, "A1", "default").state == "set_aside"
-    producer.register_consumer("audit", actor="test", reason="a second consumer")
+    producer.admin.register_consumer("audit", actor="test", reason="a second consumer")
     assert outbox_entry(producer, "A1", "audit").state == "pending"
     assert relay(producer, audit).status == "accepted"
     assert outbox_entry(producer, "A1", "audit").accepted is True
@@ -320,5 +320,5 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
 
 
 def test_snapshot_refuses_swapped_files(producer: Producer, consumer: Consumer) -> None:
-    with pytest.raises(reliable_flow.WrongFile):
+    with pytest.raises(reliable_flow.errors.WrongFile):
         snapshot(consumer.path, producer.path)

@@ -44,7 +44,7 @@ def stores(engine: str, tmp_path: Path) -> Iterator[Stores]:
 def before_the_body_read(monkeypatch: pytest.MonkeyPatch, producer: Producer,
                          meanwhile: Callable[[], None]) -> list[list[int]]:
     """Run ``meanwhile`` once, just before the next body read of a relay
-    (``bodies`` or ``body_at``): after its positions were picked.  Returns
+    (``bodies``): after its positions were picked.  Returns
     the positions that read asked for (filled in when it happens)."""
     view = type(producer.store.latest)
     asked: list[list[int]] = []
@@ -59,7 +59,7 @@ def before_the_body_read(monkeypatch: pytest.MonkeyPatch, producer: Producer,
             return original(self, positions)
         return read
 
-    for name in ("bodies", "body_at"):
+    for name in ("bodies",):
         monkeypatch.setattr(view, name, hooked(name))
     return asked
 
@@ -79,7 +79,7 @@ def test_relay_batch_skips_events_delivered_and_pruned_after_it_picked_them(
 
     def meanwhile() -> None:
         assert relay_batch(other, other_consumer, 2).counts == {"accepted": 2}  # A1, A2
-        assert other.prune(0).events == 2
+        assert other.admin.prune(0).events == 2
 
     asked = before_the_body_read(monkeypatch, producer, meanwhile)
     result = relay_batch(producer, consumer, 10, policy=policy)
@@ -100,7 +100,7 @@ def test_relay_batch_picks_again_when_every_picked_event_was_pruned(
 
     def meanwhile() -> None:
         assert relay_batch(other, other_consumer).counts == {"accepted": 2}
-        assert other.prune(0).events == 2
+        assert other.admin.prune(0).events == 2
         commit(other, "B", 1)
 
     before_the_body_read(monkeypatch, producer, meanwhile)
@@ -118,7 +118,7 @@ def test_relay_batch_is_idle_when_every_picked_event_was_pruned(
 
     def meanwhile() -> None:
         relay_batch(other, other_consumer)
-        other.prune(0)
+        other.admin.prune(0)
 
     asked = before_the_body_read(monkeypatch, producer, meanwhile)
     assert relay_batch(producer, consumer).idle
@@ -134,7 +134,7 @@ def test_a_leased_relay_takes_the_next_event_when_its_claimed_one_was_pruned(
     def meanwhile() -> None:
         # A plain relay does not wait for leases: it delivers the claimed A1.
         assert relay(other, other_consumer).event_id == "A1"
-        assert other.prune(0).events == 1
+        assert other.admin.prune(0).events == 1
 
     asked = before_the_body_read(monkeypatch, producer, meanwhile)
     r = relay(producer, consumer, policy=LEASED)
@@ -159,7 +159,7 @@ def slow_body_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[Producer], Non
     changed: the reads, the race and the stores are real."""
     def widen(producer: Producer) -> None:
         view = type(producer.store.latest)
-        for name in ("bodies", "body_at"):
+        for name in ("bodies",):
             original = getattr(view, name)
 
             def read(self: Any, positions: Any, _original: Any = original) -> Any:
@@ -175,7 +175,7 @@ def test_relays_and_a_pruner_in_threads_never_raise_nor_record_a_false_failure(
     p_at, c_at = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "consumer")
     with Producer(p_at, RESERVATION) as producer, Consumer(c_at, RESERVATION):
         slow_body_reads(producer)
-        producer.register_consumer("default", actor="test", reason="relays race a pruner")
+        producer.admin.register_consumer("default", actor="test", reason="relays race a pruner")
         for n in range(FLOWS):
             commit(producer, f"F{n}", 3)
     errors: list[BaseException] = []
@@ -197,7 +197,7 @@ def test_relays_and_a_pruner_in_threads_never_raise_nor_record_a_false_failure(
             with Producer(p_at, RESERVATION) as p:
                 start.wait(30)
                 while not done.is_set():
-                    p.prune(0, batch_size=5)
+                    p.admin.prune(0, batch_size=5)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 

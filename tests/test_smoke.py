@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from reliable_flow import Consumer, InboxEntry, Producer, relay
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.records import InboxEntry
 
 
 def test_one_event_goes_committed_accepted_applied(producer: Producer, consumer: Consumer) -> None:

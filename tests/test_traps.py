@@ -31,20 +31,22 @@ import reliable_flow
 from engine_reads import rows, store_exists
 from reliable_flow import (
     Consumer,
-    ConsumerMismatch,
-    DatabaseBusy,
     DeliveryPolicy,
-    Effects,
+    EffectRegistry,
     Producer,
     Protocol,
     RetryLater,
-    SchemaTooNew,
-    StorageError,
     Worker,
-    WrongFile,
-    WrongThread,
     relay,
     relay_batch,
+)
+from reliable_flow.errors import (
+    ConsumerMismatch,
+    DatabaseBusy,
+    SchemaTooNew,
+    StorageError,
+    WrongFile,
+    WrongThread,
 )
 from reliable_flow.protocol import exact, integer
 from reliable_flow.reservation import RESERVATION
@@ -373,7 +375,7 @@ def test_run_until_idle_waits_for_an_effect_backing_off(at: At) -> None:
             raise RetryLater("the mail server said later")
         return {"sent": len(calls)}
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", notify)
 
     def schedule(ctx: Any) -> None:
@@ -527,7 +529,7 @@ def test_calls_on_the_producer_inside_its_batch_raise_a_clear_runtime_error(
     calls: dict[str, Callable[[], Any]] = {
         "outbox": producer.outbox,
         "advance": lambda: producer.advance("B1", "B", expected_seq=0, kind="reserved", payload={"amount": 3}),
-        "redeliver": lambda: producer.redeliver("A1", consumer="default", actor="me", reason="test"),
+        "redeliver": lambda: producer.admin.redeliver("A1", consumer="default", actor="me", reason="test"),
     }
     advice = "use the batch's advance inside the block; read after it"
     with pytest.raises(RuntimeError, match=advice) as raised, producer.batch() as b:
@@ -602,16 +604,16 @@ def test_register_and_from_now_must_be_real_bools(at: At, value: object) -> None
         with pytest.raises(TypeError, match="register"):
             relay_batch(p, c, register=value)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="from_now"):
-            p.register_consumer("audit", from_now=value, actor="ops", reason="new")  # type: ignore[arg-type]
-        assert p.consumers() == []  # nothing registered by any of them
+            p.admin.register_consumer("audit", from_now=value, actor="ops", reason="new")  # type: ignore[arg-type]
+        assert p.admin.consumers() == []  # nothing registered by any of them
 
 
 @pytest.mark.parametrize("name", ["", "   "])
 def test_a_blank_consumer_name_is_refused(at: At, name: str) -> None:
     with Producer(at("p"), RESERVATION) as p:
         with pytest.raises(ValueError, match="name"):
-            p.register_consumer(name, actor="ops", reason="new")
-        assert p.consumers() == []
+            p.admin.register_consumer(name, actor="ops", reason="new")
+        assert p.admin.consumers() == []
 
 
 @pytest.mark.parametrize(("field", "value", "error"), [

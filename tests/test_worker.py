@@ -36,7 +36,8 @@ from typing import Any
 import pytest
 
 from engine_reads import rows
-from reliable_flow import Consumer, DeliveryPolicy, Producer, Worker, WorkerStats
+from reliable_flow import Consumer, DeliveryPolicy, Producer, Worker
+from reliable_flow.records import WorkerStats
 from reliable_flow.reservation import RESERVATION
 from support import (
     CHILD_TIMEOUT,
@@ -83,7 +84,7 @@ def two(at: At) -> Iterator[tuple[Producer, Consumer, Consumer]]:
             Consumer(at("projection"), RESERVATION, name="projection") as a, \
             Consumer(at("audit"), RESERVATION, name="audit") as b:
         for name in ("projection", "audit"):  # two consumers: each registered explicitly
-            p.register_consumer(name, actor="test", reason="one of two consumers")
+            p.admin.register_consumer(name, actor="test", reason="one of two consumers")
         yield p, a, b
 
 

@@ -7,36 +7,40 @@ unit of work to :mod:`reliable_flow.core.receive` and
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from . import envelope
-from .checks import check_count, check_flag, check_optional_count
+from .checks import check_count, check_flag, check_optional_count, check_text
+from .consumer_admin import ConsumerAdmin
 from .core.apply import ApplyRules, Source, apply_in, drain_flows
 from .core.conflicts import rerun_on_conflict
+from .core.effects import with_waits
+from .core.operate import why_waiting
 from .crash import crash_point
-from .effect_admin import EffectAdmin
-from .effects import Effects
+from .deprecated import to_admin
+from .effects import EffectRegistry
 from .errors import InvalidEnvelope
 from .handlers import AppSchema, Handler
-from .inbox_admin import InboxAdmin
 from .metrics import ConsumerMetrics, consumer_metrics
 from .observe import Observer
-from .operations import PruneResult
+from .operations import StuckFlow
 from .protocol import Protocol
-from .receiving import Receiving
-from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
+from .receiving import Applying, receive_all, receive_one
 from .statuses import (
+    AppliedEvent,
     ApplyResult,
     ApplyStatus,
     DrainResult,
-    EffectRecord,
+    EffectState,
     InboxEntry,
+    ReceiveResult,
+    ScheduledEffect,
 )
 from .store import InboxStore
 from .store.open import Location, open_inbox
-from .store.owner import StoreOwner
 from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from .tracing import traced
 
@@ -52,7 +56,7 @@ def _check_flow_id(flow_id: object) -> str:
 
 
 
-class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
+class Consumer:
     """Owns a consumer file: the inbox, the projection and the effect records.
 
     ``path`` is a file, or a PostgreSQL location as for :class:`Producer`
@@ -87,6 +91,9 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
     duplicate, a conflict) takes the default path: the row is stored
     pending and ``apply_next`` / ``process_all`` decide, as without the
     mode.  See docs/guarantees.md, "Receive and apply in one commit".
+
+    Operator work (skip or replace an event, retry / resolve / cancel an
+    effect, prune) is on :attr:`admin`, a :class:`~reliable_flow.ConsumerAdmin`.
     """
 
     def __init__(
@@ -99,7 +106,7 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         max_inbox: int | None = None,
         handlers: Sequence[Handler] = (),
-        effects: Effects | None = None,
+        effects: EffectRegistry | None = None,
         app_schema: AppSchema | None = None,
         clock: Callable[[], float] = time.time,
         apply_on_receive: bool = False,
@@ -138,8 +145,8 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         self._uid: str = info["uid"]
         if isinstance(handlers, (str, bytes)) or not all(callable(h) for h in handlers):
             raise TypeError("handlers must be a sequence of functions of one ApplyContext")
-        if effects is not None and not isinstance(effects, Effects):
-            raise TypeError(f"effects must be an Effects registry or None, got {type(effects).__name__}")
+        if effects is not None and not isinstance(effects, EffectRegistry):
+            raise TypeError(f"effects must be an EffectRegistry or None, got {type(effects).__name__}")
         if not callable(clock):
             raise TypeError("clock must be a function returning seconds")
         self.effect_registry = effects
@@ -148,6 +155,7 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         self.apply_on_receive = apply_on_receive
         self._on_arrival = self._rules if apply_on_receive else None
         self._observed = Observer()  # in-process counts (metrics) and logs
+        self._admin = ConsumerAdmin(self)
         if app_schema is not None:
             try:
                 self._migrate_app(app_schema)
@@ -166,6 +174,13 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
                 for statement in app.statements(version, unit.engine):
                     unit.user_execute(statement)
                 unit.set_app_version(app.name, version)
+
+    @property
+    def admin(self) -> ConsumerAdmin:
+        """The operator's actions on this consumer (skip or replace an event,
+        retry / resolve / cancel an effect, prune): see
+        :class:`~reliable_flow.ConsumerAdmin`."""
+        return self._admin
 
     @property
     def name(self) -> str:
@@ -188,6 +203,51 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         return self._store.location
 
     # -- receive --------------------------------------------------------------------
+
+    @traced("reliable_flow.receive")
+    def receive(self, envelope_in: dict[str, Any] | str | bytes) -> ReceiveResult:
+        """Store an event durably, once; the consumer owns it after ``accepted``.
+
+        Guarantees: ``accepted`` is returned only after COMMIT, so the event
+        survives any later crash.  The same event id with the same canonical
+        body is ``duplicate`` (nothing written); with another body
+        ``id_conflict``; a new id in a (flow, seq) slot already taken is
+        ``sequence_conflict``.  A schema this consumer cannot decode is still
+        accepted, unchanged.  Malformed input raises ``InvalidEnvelope``; a
+        full inbox (``max_inbox``) answers ``refused``, storing nothing (the
+        flow's very next step is always let in).  In the
+        receive-and-apply mode ``applied=True`` says the same commit also
+        applied the event.
+        """
+        return receive_one(self, envelope_in, self._on_arrival)
+
+    def receive_many(self, envelopes: Sequence[dict[str, Any] | str | bytes]) -> list[ReceiveResult]:
+        """Receive several events in one transaction; one entry per event, in order.
+
+        Same checks and statuses as :meth:`receive`.  Every envelope is
+        validated before anything is stored: one malformed envelope raises
+        ``InvalidEnvelope`` and stores none.  An event that a full inbox
+        (``max_inbox``) refuses is answered ``refused`` and not stored; the others
+        are still examined, exactly as separate ``receive`` calls would be
+        (so a flow's next step still gets in).
+        """
+        return receive_all(self, envelopes, self._on_arrival)
+
+    def accept(self, body: str) -> ReceiveResult:
+        """:meth:`receive`, as a :class:`~reliable_flow.receiver.Receiver` answers."""
+        return self.receive(body)
+
+    def accept_many(self, bodies: Sequence[str]) -> list[ReceiveResult]:
+        """:meth:`receive_many`, as a :class:`~reliable_flow.receiver.Receiver` answers."""
+        return self.receive_many(bodies)
+
+    def applying(self) -> Applying:
+        """This consumer as a :class:`Receiver` in the receive-and-apply mode,
+        whatever ``apply_on_receive`` says: relaying to it applies each
+        arriving event that is its flow's next step in the receive
+        transaction (see :class:`~reliable_flow.Consumer`).  What
+        :class:`~reliable_flow.Worker` relays to by default."""
+        return Applying(self)
 
     # -- apply ----------------------------------------------------------------------
 
@@ -251,34 +311,16 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
             self._observed.applies(self._name, committed.outcomes)
         return results
 
-    # -- retention ------------------------------------------------------------------
+    # -- moved to .admin (deprecated, for one release) -----------------------------
 
-    def prune(
-        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
-        limit: int | None = None, forget_after: float | None = None,
-    ) -> PruneResult:
-        """Remove inbox rows received more than ``older_than`` seconds before
-        ``now`` (default: ``clock()``) that are applied, skipped or replaced,
-        with their effect records, and finished effect-outbox rows
-        (succeeded, expired, superseded, cancelled; fed when feedback was
-        asked) last written before then.
-
-        Each removed row leaves a tombstone (id, flow, seq, SHA-256 of the
-        body), so re-sending the event still answers ``duplicate`` (same
-        body) or ``id_conflict``, and a new event for its slot
-        ``sequence_conflict``; a pruned event is never applied again.
-        ``forget_after`` (seconds, >= ``older_than``; default never) removes
-        tombstones pruned longer ago, so the file stops growing: a re-sent
-        event whose tombstone is forgotten is answered ``sequence_conflict``
-        (its slot is at or before the flow's last applied seq), never stored
-        or applied again.  Never removes a pending or blocked row, a projection, or an
-        effect not yet finished.  Works in transactions of at most
-        ``batch_size`` rows, up to ``limit`` rows in all (None: until
-        done); each transaction is recorded.
-        """
-        return prune_older_than(
-            self._store.write, older_than, self.clock() if now is None else now, batch_size, limit, forget_after
-        )
+    skip_event = to_admin()
+    replace_event = to_admin()
+    operator_actions = to_admin()
+    prune = to_admin()
+    retry_effect = to_admin()
+    resolve_effect = to_admin()
+    cancel_effect = to_admin()
+    effect_actions = to_admin()
 
     # -- reads ----------------------------------------------------------------------
 
@@ -289,13 +331,13 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         protocol's own view fields."""
         return self._store.latest.projection(flow_id)
 
-    def effects(self, flow_id: str) -> list[EffectRecord]:
+    def effects(self, flow_id: str) -> list[AppliedEvent]:
         """The flow's effect records in the order they were applied."""
         return self._store.latest.effects(flow_id)
 
     def inbox(self, flow_id: str) -> list[InboxEntry]:
         """The flow's inbox rows by seq: ``event_id``, ``seq``, ``state``, ``reason``."""
-        return self._store.latest.inbox(flow_id)
+        return [row.entry() for row in self._store.latest.inbox_rows(flow_id)]
 
     def flows(self) -> list[str]:
         """Ids of every flow with at least one inbox row, sorted."""
@@ -306,6 +348,42 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         (what :meth:`process_all` works through)."""
         return self._store.latest.open_flows()
 
+    def stuck(self, flow_id: str) -> StuckFlow:
+        """What ``flow_id`` waits for, from one snapshot: its next seq, whether
+        that step is ``ready``, ``blocked`` (with the reason and the stored
+        detail), missing (a ``gap``) or there is nothing to do (``idle``),
+        since when, and the flow's inbox rows from its next seq on."""
+        flow_id = _check_flow_id(flow_id)
+        with self._store.read() as reads:
+            return why_waiting(reads, flow_id)
+
+    def event(self, event_id: str) -> dict[str, Any] | None:
+        """The stored envelope of one inbox event (in any state), or None.
+
+        A dict, because it is the envelope exactly as it arrived."""
+        row = self._store.latest.inbox_row(check_text("event_id", event_id))
+        return None if row is None else dict(json.loads(row.body))
+
+    def effect(self, key: str) -> ScheduledEffect | None:
+        """The effect with this idempotency key, or None (``waiting_behind``
+        says which earlier ordered effect of its flow it waits for, if any)."""
+        reads = self._store.latest
+        found = reads.effect(key)
+        return None if found is None else with_waits(reads, [found])[0]
+
+    def effect_outbox(
+        self, *, state: EffectState | str | None = None, flow_id: str | None = None, limit: int | None = None
+    ) -> list[ScheduledEffect]:
+        """Effects in the order they were scheduled, optionally only one state / flow."""
+        chosen = None if state is None else EffectState(state)
+        reads = self._store.latest
+        return with_waits(reads, reads.effect_list(chosen, flow_id, limit))
+
+    def effect_counts(self) -> dict[str, int]:
+        """How many effects are in each state; every state is listed (0 if none)."""
+        counts = self._store.latest.effect_counts()
+        return {s.value: counts.get(s.value, 0) for s in EffectState}
+
     def metrics(self) -> ConsumerMetrics:
         """Inbox rows per state, blocked per reason, flows at a gap, effects per
         state (one snapshot of the file), and this object's own counts since it
@@ -313,6 +391,27 @@ class Consumer(Receiving, EffectAdmin, InboxAdmin, StoreOwner[InboxStore]):
         (see :class:`~reliable_flow.metrics.ConsumerMetrics`)."""
         with self._store.read() as reads:
             return consumer_metrics(reads, self.clock(), self._observed)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
+        return self._store.location
+
+    def close(self) -> None:
+        """Close the connection (only in the process that opened it)."""
+        self._store.close()
+
+    def reopen(self) -> None:
+        """Open a new connection in the current process (use after fork())."""
+        self._store.reopen()
+
+    def __enter__(self) -> Consumer:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"

@@ -4,6 +4,11 @@ with what to use instead.  Nothing in the package raises or returns them.
 ``reliable_flow.InboxFull`` / ``reliable_flow.errors.InboxFull`` and
 ``reliable_flow.Refused`` / ``reliable_flow.statuses.Refused``: a full
 inbox is answered with ``ReceiveStatus.REFUSED`` on every path.
+
+The operator methods of ``Producer`` and ``Consumer`` (``redeliver``,
+``skip_event``, ``prune``, ...) moved to ``producer.admin`` and
+``consumer.admin``: the old names are :class:`to_admin` attributes that
+warn and then call the new method (:data:`TO_ADMIN` lists them).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from .errors import ReliableFlowError
 
-__all__ = ["old_name"]
+__all__ = ["TO_ADMIN", "old_name", "to_admin"]
 
 _REFUSED = "a full inbox is answered with a ReceiveResult of status ReceiveStatus.REFUSED"
 
@@ -39,9 +44,83 @@ _OLD: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 
+#: Every method alias kept for one release: {class name: (old names)}; each
+#: moved to the same name on ``.admin`` (``prune`` included).
+TO_ADMIN: dict[str, tuple[str, ...]] = {}
+
+
+class to_admin:
+    """A method that moved to the owner's ``admin`` object: reading it warns
+    (``DeprecationWarning`` naming the new call) and returns the admin's
+    bound method of the same name."""
+
+    def __init__(self) -> None:
+        self.owner = self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.owner, self.name = owner.__name__, name
+        TO_ADMIN[owner.__name__] = (*TO_ADMIN.get(owner.__name__, ()), name)
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        warnings.warn(
+            f"{self.owner}.{self.name} is deprecated; use {self.owner.lower()}.admin.{self.name}",
+            DeprecationWarning, stacklevel=2,
+        )
+        return getattr(obj.admin, self.name)  # type: ignore[attr-defined]
+
+
+# -- moved and renamed names (issue 19): the one table of them -----------------------
+# Each old name, per module it was public in, and the dotted path of what
+# replaces it.  tests/test_deprecations.py lists every one, and so does the
+# CHANGELOG ("One face").
+
+_RENAMED = {  # old name -> new name, same meaning (issue 19, item 5)
+    "Effect": "reliable_flow.records.ScheduledEffect",
+    "EffectRecord": "reliable_flow.records.AppliedEvent",
+    "Effects": "reliable_flow.EffectRegistry",
+}
+_TO_RECORDS = (  # result and record dataclasses, now in reliable_flow.records
+    "AdvanceResult", "ApplyResult", "ConsumerEntry", "DeliveryRecord", "DrainResult",
+    "EffectAction", "ExecutorStats", "InboxAction", "InboxEntry", "InboxRow", "OperatorAction",
+    "OutboxEntry", "PruneResult", "ReceiveResult", "RegistryAction", "RelayBatchResult",
+    "RelayResult", "StuckFlow", "WorkerStats",
+)
+_TO_ERRORS = (  # every error but ReliableFlowError, now only in reliable_flow.errors
+    "CommitOutcomeUnknown", "ConsumerMismatch", "DatabaseBusy", "EffectKeyConflict",
+    "InvalidEnvelope", "NotResolvable", "ReadOnlyStorage", "SQLiteTooOld", "SchemaTooNew",
+    "StorageError", "StorageFull", "TransactionConflict", "UnknownConsumer", "UnknownEffect",
+    "UnknownEvent", "WrongFile", "WrongProcess", "WrongThread",
+)
+_TO_STATUSES = ("DrainStop", "FlowWait")  # enums used less often, now only in reliable_flow.statuses
+
+MOVED: dict[str, dict[str, str]] = {
+    "reliable_flow": {
+        **{name: f"reliable_flow.records.{name}" for name in _TO_RECORDS},
+        **{name: f"reliable_flow.errors.{name}" for name in _TO_ERRORS},
+        **{name: f"reliable_flow.statuses.{name}" for name in _TO_STATUSES},
+        **_RENAMED,
+    },
+    "reliable_flow.statuses": {name: _RENAMED[name] for name in ("Effect", "EffectRecord")},
+    "reliable_flow.effects": {"Effects": _RENAMED["Effects"]},
+}
+
+
+def _resolve(dotted: str) -> Any:
+    import importlib
+
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
 def old_name(module: str, name: str) -> Any:
     """A module's ``__getattr__``: the deprecated ``name`` with a warning, or
     ``AttributeError`` as for any missing name."""
+    moved = MOVED.get(module, {}).get(name)
+    if moved is not None:
+        warnings.warn(f"{module}.{name} is deprecated: use {moved}", DeprecationWarning, stacklevel=3)
+        return _resolve(moved)
     found = _OLD.get(module, {}).get(name)
     if found is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -1,10 +1,10 @@
 """Side effects outside the file: what an effect is, and how its function answers.
 
-Register each effect once, by name, in an :class:`Effects` registry that
+Register each effect once, by name, in an :class:`EffectRegistry` that
 both the consumer (so apply handlers can only schedule known effects) and
 the :class:`~reliable_flow.executor.EffectExecutor` use::
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("send_email", send_email, reconcile=email_was_sent)
     effects.register("refund", call_refund_api, idempotent=True)
 
@@ -34,8 +34,8 @@ from .errors import InvalidEnvelope
 
 __all__ = [
     "EffectCall",
+    "EffectRegistry",
     "EffectSpec",
-    "Effects",
     "Feedback",
     "Happened",
     "NotHappened",
@@ -128,7 +128,7 @@ class EffectSpec:
 
 
 @dataclass
-class Effects:
+class EffectRegistry:
     """The registry of effects, by name."""
 
     _specs: dict[str, EffectSpec] = field(default_factory=dict)
@@ -208,3 +208,11 @@ def _check_json(path: str, value: object) -> None:
         return
     raise InvalidEnvelope(path, f"must be JSON (object, array, string, number, bool, null), "
                                          f"got {type(value).__name__}")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Effects":  # deprecated, for one release: the registry's old name
+        from .deprecated import old_name
+
+        return old_name(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -83,7 +83,7 @@ class UnknownConsumer(ReliableFlowError, LookupError):
 
     ``relay`` / ``relay_batch`` / ``Worker`` refuse it, so a typo'd name does
     not silently start a second delivery state from the first event.  Register
-    it with ``Producer.register_consumer`` or pass ``register=True``.  The
+    it with ``producer.admin.register_consumer`` or pass ``register=True``.  The
     first consumer of a producer that has none is registered implicitly.
     """
 

@@ -38,11 +38,18 @@ from .core.effects import (
 )
 from .crash import crash_point
 from .delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, error_text, own_claims
-from .effects import EffectCall, Effects, EffectSpec, OutcomeUnknown, PermanentFailure, RetryLater
+from .effects import (
+    EffectCall,
+    EffectRegistry,
+    EffectSpec,
+    OutcomeUnknown,
+    PermanentFailure,
+    RetryLater,
+)
 from .loop import CANNOT_HEAL, Loop, until_due
 from .observe import EXECUTOR, INFO, WARNING, fields, log
 from .producer import Producer
-from .statuses import Effect, EffectState
+from .statuses import EffectState, ScheduledEffect
 from .tracing import traced
 
 __all__ = ["EffectExecutor", "ExecutorStats"]
@@ -84,14 +91,14 @@ class EffectExecutor:
     """
 
     def __init__(
-        self, consumer: Consumer, effects: Effects | None = None, *, policy: DeliveryPolicy | None = None,
+        self, consumer: Consumer, effects: EffectRegistry | None = None, *, policy: DeliveryPolicy | None = None,
         producer: Producer | None = None,
     ) -> None:
         if not isinstance(consumer, Consumer):
             raise TypeError(f"consumer must be a Consumer, got {type(consumer).__name__}")
         registry = effects if effects is not None else consumer.effect_registry
-        if not isinstance(registry, Effects):
-            raise TypeError("effects must be an Effects registry (or given to the Consumer)")
+        if not isinstance(registry, EffectRegistry):
+            raise TypeError("effects must be an EffectRegistry (or given to the Consumer)")
         if policy is None:
             policy = DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
         if not isinstance(policy, DeliveryPolicy) or policy.lease_seconds is None:
@@ -211,7 +218,7 @@ class EffectExecutor:
 
     # -- one effect ---------------------------------------------------------------------
 
-    def _claim(self) -> tuple[Effect, Plan] | None:
+    def _claim(self) -> tuple[ScheduledEffect, Plan] | None:
         now = self.policy.clock()
         with self.consumer.store.write() as unit:
             due = unit.due_effects(now, list(self.effects), 1)
@@ -232,7 +239,7 @@ class EffectExecutor:
     @traced("reliable_flow.effect", lambda self, effect, chosen: {
         "reliable_flow.effect_key": effect.key, "reliable_flow.event_id": effect.event_id,
         "reliable_flow.flow_id": effect.flow_id, "reliable_flow.seq": effect.seq, "reliable_flow.plan": str(chosen)})
-    def _execute(self, effect: Effect, chosen: Plan) -> EffectState | None:
+    def _execute(self, effect: ScheduledEffect, chosen: Plan) -> EffectState | None:
         """Call (or reconcile) one claimed effect and record the outcome; the new state."""
         spec = self._spec(effect)
         call = EffectCall(effect.key, effect.name, effect.payload, effect.meta, effect.attempts,
@@ -270,7 +277,7 @@ class EffectExecutor:
                 self._feed(stored)
         return state
 
-    def _observe(self, effect: Effect, state: EffectState | None, plan_name: str, level: int | None = None,
+    def _observe(self, effect: ScheduledEffect, state: EffectState | None, plan_name: str, level: int | None = None,
                  **more: Any) -> None:
         """Log an effect's outcome: INFO, or WARNING when it is dead or unknown (an operator's turn)."""
         if level is None:
@@ -288,7 +295,7 @@ class EffectExecutor:
         return feedback_refusal(self.producer._advance_at_current(
             event_id, flow_id, kind=kind, payload=payload, meta=meta or None))
 
-    def _spec(self, effect: Effect) -> EffectSpec:
+    def _spec(self, effect: ScheduledEffect) -> EffectSpec:
         spec = self.effects.get(effect.name)
         assert spec is not None, effect.name  # only registered names are claimed
         return spec
@@ -302,7 +309,7 @@ class EffectExecutor:
             if self.effects.get(effect.name) is not None:
                 self._feed(effect)
 
-    def _feed(self, effect: Effect) -> None:
+    def _feed(self, effect: ScheduledEffect) -> None:
         """Advance the result into the producer, then mark it fed.  A crash in
         between re-advances the same event id, which answers ``existing``."""
         spec = self._spec(effect)
@@ -355,7 +362,7 @@ def _call(spec: EffectSpec, call: EffectCall) -> tuple[Outcome, Any]:
         return Outcome.UNKNOWN, RuntimeError(f"unclassified failure, treated as unknown: {error_text(exc)}")
 
 
-def _with(effect: Effect, **changes: Any) -> Effect:
+def _with(effect: ScheduledEffect, **changes: Any) -> ScheduledEffect:
     from dataclasses import replace
 
     return replace(effect, **changes)

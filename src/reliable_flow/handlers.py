@@ -40,7 +40,7 @@ from typing import Any
 from . import envelope
 from .checks import check_finite, check_optional_count, check_text
 from .core.effects import cancel_in, default_key, schedule_in
-from .effects import Effects, check_json_object
+from .effects import EffectRegistry, check_json_object
 from .errors import UnknownEffect
 from .protocol import PayloadError
 from .store.effects import EffectUnit, NewEffect
@@ -138,7 +138,7 @@ class ApplyContext:
 
     def __init__(
         self, unit: EffectUnit, event: Event, previous_state: str, state: str, data: dict[str, Any],
-        consumer: str, effects: Effects | None, now: float,
+        consumer: str, effects: EffectRegistry | None, now: float,
     ) -> None:
         self._unit = unit
         self._effects = effects

@@ -28,7 +28,7 @@ class FlowWait(_StrEnum):
     its next seq is blocked, and stays so until fixed, upgraded, skipped or
     replaced.  ``effect``: nothing unapplied, but an ordered effect of the
     flow waits behind an earlier one that is not resolved (see
-    ``Effect.waiting_behind``): an executor resolves it, or, when it is dead
+    ``ScheduledEffect.waiting_behind``): an executor resolves it, or, when it is dead
     or unknown, an operator.
     """
 
@@ -41,7 +41,7 @@ class FlowWait(_StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class InboxRow:
-    """One inbox row in full: :class:`~reliable_flow.InboxEntry` plus its flow,
+    """One inbox row in full: :class:`~reliable_flow.records.InboxEntry` plus its flow,
     the block's ``detail``, when it was received and when it became blocked
     (kept after it applied; None if never, or if stored before the upgrade)."""
 
@@ -103,7 +103,7 @@ class InboxAction:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerEntry:
-    """One consumer in a producer's registry (``Producer.consumers``).
+    """One consumer in a producer's registry (``producer.admin.consumers``).
 
     ``uid``: the consumer file bound to the name (None until its first
     relay: ``bound`` is False).  ``registered_at``: None if unknown
@@ -136,7 +136,7 @@ class RegistryAction:
 
 @dataclass(frozen=True, slots=True)
 class PruneResult:
-    """What one ``Producer.prune`` or ``Consumer.prune`` call removed.
+    """What one ``producer.admin.prune`` or ``consumer.admin.prune`` call removed.
 
     ``events``: outbox events (producer) or inbox rows (consumer) removed,
     each leaving a tombstone; ``deliveries``: their delivery rows

@@ -12,72 +12,33 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from .checks import check_optional_count, check_text
-from .core.admin import delivery_action_in
+from .checks import check_optional_count
 from .core.advance import advance_at_current_in, advance_in, build
 from .core.conflicts import rerun_on_conflict
 from .crash import crash_point
+from .deprecated import to_admin
 from .envelope import Envelope
 from .errors import StorageError
 from .metrics import ProducerMetrics, producer_metrics
-from .observe import INFO, PRODUCER, WARNING, advanced, operator_action
-from .operations import PruneResult
+from .observe import INFO, PRODUCER, WARNING, advanced
+from .producer_admin import ProducerAdmin
 from .protocol import Protocol
-from .registry import ConsumerRegistry
-from .retention import DEFAULT_PRUNE_BATCH, prune_older_than
-from .statuses import AdvanceResult, AdvanceStatus, OperatorAction, OutboxEntry
+from .statuses import AdvanceResult, AdvanceStatus, OutboxEntry
 from .store import OutboxStore, OutboxUnit
 from .store.open import Location, open_outbox
-from .store.owner import StoreOwner
+from .store.records import as_flow_dict
 from .store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from .tracing import traced
 
 __all__ = ["Batch", "Producer"]
 
 
-class _Advancing:
-    """``advance``, shared by :class:`Producer` (one commit per call) and
-    :class:`Batch` (inside the batch's transaction)."""
-
-    @traced("reliable_flow.advance", lambda self, event_id, flow_id, **_: {
-        "reliable_flow.event_id": str(event_id), "reliable_flow.flow_id": str(flow_id)})
-    def advance(
-        self,
-        event_id: str,
-        flow_id: str,
-        *,
-        expected_seq: int,
-        kind: str,
-        payload: dict[str, Any],
-        schema: int = 1,
-        meta: dict[str, str] | None = None,
-    ) -> AdvanceResult:
-        """Move ``flow_id`` one step and record the event, in one transaction.
-
-        Guarantees: either the flow row *and* its outbox event are committed
-        together (``committed``), or nothing is written.  Re-sending the same
-        call is safe: an identical event id and body returns ``existing``
-        even after the flow has moved on; the same id with any other body
-        returns ``conflict``.  A new id with the wrong ``expected_seq`` is
-        ``stale``; an illegal step is ``invalid_transition`` or
-        ``invalid_payload``; over ``max_backlog`` it is ``backlog_full``.
-        Malformed arguments raise ``InvalidEnvelope``.
-        SQL errors roll everything back and propagate.  In a
-        :meth:`Producer.batch`, the same checks and statuses, inside the
-        batch's transaction.
-        """
-        self._ready()
-        return self._advance(build(event_id, flow_id, expected_seq, kind, payload, schema, meta))
-
-    def _ready(self) -> object:
-        """Refuse the call before its arguments are looked at (a closed batch)."""
-        return None
-
-    def _advance(self, env: Envelope) -> AdvanceResult:
-        raise NotImplementedError
+def _advance_span(self: object, event_id: object, flow_id: object, **_: object) -> dict[str, str]:
+    """The span attributes of one ``advance`` (of :class:`Producer` or :class:`Batch`)."""
+    return {"reliable_flow.event_id": str(event_id), "reliable_flow.flow_id": str(flow_id)}
 
 
-class Batch(_Advancing):
+class Batch:
     """Advances that commit together; made by :meth:`Producer.batch`."""
 
     def __init__(self, producer: Producer) -> None:
@@ -91,8 +52,15 @@ class Batch(_Advancing):
         """How many advances of this batch will commit (status ``committed``)."""
         return sum(1 for r in self.results if r.status == AdvanceStatus.COMMITTED)
 
-    def _advance(self, env: Envelope) -> AdvanceResult:
+    @traced("reliable_flow.advance", _advance_span)
+    def advance(
+        self, event_id: str, flow_id: str, *, expected_seq: int, kind: str, payload: dict[str, Any],
+        schema: int = 1, meta: dict[str, str] | None = None,
+    ) -> AdvanceResult:
+        """:meth:`Producer.advance` inside the batch's transaction: the same
+        checks and statuses; it commits when the batch's block ends."""
         unit = self._ready()
+        env = build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
         # A nested step per advance: if one fails and the caller catches the
         # error, none of its half-done writes stay in the batch.
         with unit.step():
@@ -112,7 +80,7 @@ class Batch(_Advancing):
         return unit
 
 
-class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
+class Producer:
     """Owns a producer file: flows, and the outbox of events they committed.
 
     ``Producer(path, protocol)`` creates the file if it is absent, upgrades an
@@ -127,11 +95,13 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
     nothing) while that many deliveries are still pending, summed over the
     consumers (or that many events, before any consumer was relayed to).
 
-    Consumers are a registry (:meth:`consumers`): ``relay`` delivers only to
-    registered names, so a typo'd name is refused rather than started from
-    the first event.  The first consumer of a producer that has none is
-    registered on its first relay; any other by :meth:`register_consumer`
-    or ``relay(..., register=True)``.
+    Operator work (redeliver, skip, the consumer registry, prune) is on
+    :attr:`admin`, a :class:`~reliable_flow.ProducerAdmin`.  Consumers are a
+    registry (``admin.consumers()``): ``relay`` delivers only to registered
+    names, so a typo'd name is refused rather than started from the first
+    event.  The first consumer of a producer that has none is registered on
+    its first relay; any other by ``admin.register_consumer`` or
+    ``relay(..., register=True)``.
     """
 
     def __init__(
@@ -148,21 +118,47 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
         self.protocol = protocol
         self.max_backlog = max_backlog
         self._store = open_outbox(path, protocol.name, busy_timeout=busy_timeout)
+        self._admin = ProducerAdmin(self)
+
+    @property
+    def admin(self) -> ProducerAdmin:
+        """The operator's actions on this producer (redeliver, skip, the
+        consumer registry, prune): see :class:`~reliable_flow.ProducerAdmin`."""
+        return self._admin
 
     @property
     def store(self) -> OutboxStore:
         """The storage behind this producer (what ``relay`` works on)."""
         return self._store
 
-    def _advance(self, env: Envelope) -> AdvanceResult:
+    @traced("reliable_flow.advance", _advance_span)
+    def advance(
+        self, event_id: str, flow_id: str, *, expected_seq: int, kind: str, payload: dict[str, Any],
+        schema: int = 1, meta: dict[str, str] | None = None,
+    ) -> AdvanceResult:
+        """Move ``flow_id`` one step and record the event, in one transaction.
+
+        Guarantees: either the flow row *and* its outbox event are committed
+        together (``committed``), or nothing is written.  Re-sending the same
+        call is safe: an identical event id and body returns ``existing``
+        even after the flow has moved on; the same id with any other body
+        returns ``conflict``.  A new id with the wrong ``expected_seq`` is
+        ``stale``; an illegal step is ``invalid_transition`` or
+        ``invalid_payload``; over ``max_backlog`` it is ``backlog_full``.
+        Malformed arguments raise ``InvalidEnvelope``.
+        SQL errors roll everything back and propagate.  In a
+        :meth:`batch`, the same checks and statuses, inside the batch's
+        transaction.
+        """
+        env = build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
+
         def once() -> AdvanceResult:
             with self._store.write() as unit:
                 return advance_in(unit, self.protocol, env, self.max_backlog, time.time())
 
         return self._advanced(rerun_on_conflict(once), env.meta)
 
-    @traced("reliable_flow.advance", lambda self, event_id, flow_id, **_: {
-        "reliable_flow.event_id": str(event_id), "reliable_flow.flow_id": str(flow_id)})
+    @traced("reliable_flow.advance", _advance_span)
     def _advance_at_current(
         self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
         meta: dict[str, str] | None = None,
@@ -220,64 +216,16 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
             for result, meta in zip(batch.results, batch._metas):
                 advanced(result, meta)
 
-    # -- operator actions -----------------------------------------------------------
+    # -- moved to .admin (deprecated, for one release) -----------------------------
 
-    def redeliver(self, event_id: str, *, consumer: str, actor: str, reason: str) -> OperatorAction:
-        """Put a set-aside (or backing-off) event back in line for ``consumer``, now.
-
-        For use after the consumer's data was fixed.  Recorded with actor,
-        time and reason; never done automatically.  The next relay sends it;
-        if the conflict persists it is set aside again.
-        """
-        return self._operator_action("redeliver", event_id, consumer, actor, reason)
-
-    def skip(self, event_id: str, *, consumer: str, actor: str, reason: str) -> OperatorAction:
-        """Decide that ``consumer`` will never get this event; recorded, never automatic.
-
-        The consumer's flow then waits at a gap for this seq for ever: only
-        do this when the business has decided the step may be left out.
-        """
-        return self._operator_action("skip", event_id, consumer, actor, reason)
-
-    def _operator_action(self, action: str, event_id: str, consumer: str, actor: str, reason: str) -> OperatorAction:
-        for name, value in (("event_id", event_id), ("consumer", consumer), ("actor", actor), ("reason", reason)):
-            check_text(name, value)
-        now = time.time()
-        with self._store.write() as unit:
-            record = delivery_action_in(unit, action, event_id, consumer, actor, reason, now, self.path)
-        operator_action(PRODUCER, record, previous_state=str(record.previous_state))
-        return record
-
-    def prune(
-        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
-        limit: int | None = None, forget_after: float | None = None,
-    ) -> PruneResult:
-        """Remove outbox events committed more than ``older_than`` seconds
-        before ``now`` (default: the time) that every registered consumer
-        accepted or was skipped past, with their delivery rows.
-
-        Each leaves a tombstone (id, flow, seq, SHA-256 of the body), so
-        re-sending it still answers ``existing`` (same body, with its seq) or
-        ``conflict``.  ``forget_after`` (seconds, >= ``older_than``; default
-        never) removes tombstones pruned longer ago than that, so the file
-        stops growing: an advance re-sent with a forgotten id is then
-        answered ``stale`` (the flow moved past its seq), never committed
-        twice.  Never removes an event still
-        pending or set aside for any consumer, nor a flow row; removes
-        nothing while no consumer is registered.  Works in transactions of
-        at most ``batch_size`` events, up to ``limit`` events in all (None:
-        until done); each transaction is recorded.  Events committed before
-        the upgrade that added commit times count as old.  A consumer
-        registered later "from the first event" gets only the events still
-        stored.
-        """
-        return prune_older_than(
-            self._store.write, older_than, time.time() if now is None else now, batch_size, limit, forget_after
-        )
-
-    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        """Every recorded operator action (for one event if given), oldest first."""
-        return self._store.latest.operator_actions(event_id)
+    redeliver = to_admin()
+    skip = to_admin()
+    operator_actions = to_admin()
+    prune = to_admin()
+    consumers = to_admin()
+    register_consumer = to_admin()
+    remove_consumer = to_admin()
+    registry_actions = to_admin()
 
     # -- reads --------------------------------------------------------------------
 
@@ -286,7 +234,7 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
 
         A dict, because its keys beyond ``state`` and ``seq`` are the
         protocol's own data fields."""
-        return self._store.latest.flow(flow_id)
+        return as_flow_dict(self._store.latest.flow_state(flow_id))
 
     def flows(self) -> list[str]:
         """Ids of every flow with at least one committed event, sorted."""
@@ -295,11 +243,11 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
     def outbox(self, flow_id: str | None = None, *, consumer: str | None = None) -> list[OutboxEntry]:
         """The flow's events (every flow's if ``flow_id`` is None) in commit order.
 
-        Each :class:`~reliable_flow.OutboxEntry` has ``event_id``, ``flow_id``,
+        Each :class:`~reliable_flow.records.OutboxEntry` has ``event_id``, ``flow_id``,
         ``seq``, ``accepted`` (bool), ``state`` (pending / accepted /
         set_aside / skipped), ``last_status`` (the last relay answer, e.g.
         ``id_conflict`` for a set-aside event) and ``deliveries`` ({consumer
-        name: :class:`~reliable_flow.DeliveryRecord`}).  With ``consumer=``
+        name: :class:`~reliable_flow.records.DeliveryRecord`}).  With ``consumer=``
         the top-level fields describe that consumer; otherwise all consumers
         together: accepted only if every consumer accepted, set_aside if any
         set it aside.
@@ -311,8 +259,8 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
         """The stored envelope of one outbox event, or None.
 
         A dict, because it is the envelope exactly as it travels: a JSON object."""
-        body = self._store.latest.event_body(event_id)
-        return None if body is None else dict(json.loads(body))
+        stored = self._store.latest.find_event(event_id)
+        return None if stored is None else dict(json.loads(stored.body))
 
     def metrics(self, now: float | None = None) -> ProducerMetrics:
         """Events, flows, and per consumer the deliveries pending / accepted /
@@ -321,6 +269,27 @@ class Producer(_Advancing, ConsumerRegistry, StoreOwner[OutboxStore]):
         counted in one snapshot; ``now`` (default: the time) judges leases and ages."""
         with self._store.read() as reads:
             return producer_metrics(reads, time.time() if now is None else now)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
+        return self._store.location
+
+    def close(self) -> None:
+        """Close the connection (only in the process that opened it)."""
+        self._store.close()
+
+    def reopen(self) -> None:
+        """Open a new connection in the current process (use after fork())."""
+        self._store.reopen()
+
+    def __enter__(self) -> Producer:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"Producer({self.path!r}, {self.protocol.name})"

@@ -66,7 +66,7 @@ def relay(
     :class:`UnknownConsumer` (nothing sent), unless ``register=True``
     registers it now (every committed event becomes pending for it), or it
     is the first consumer of a producer that has none, which is registered
-    implicitly.  See ``Producer.register_consumer``.
+    implicitly.  See ``producer.admin.register_consumer``.
     """
     if event_id is not None and (not isinstance(event_id, str) or not event_id):
         raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")

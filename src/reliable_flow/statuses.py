@@ -1,7 +1,8 @@
-"""Statuses and result types: the one place where every answer is defined.
+"""Statuses: every answer the library gives, as a string enum.
 
 Each status is a string enum, so ``result.status == "committed"`` holds and
-the value prints as the plain word.  Results are frozen dataclasses: they
+the value prints as the plain word.  The results that carry them are frozen
+dataclasses, public as :mod:`reliable_flow.records` (defined here): they
 describe what happened and cannot be edited afterwards.
 """
 
@@ -11,28 +12,19 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# The enums.  The result and record dataclasses defined below are public as
+# ``reliable_flow.records`` (the names stay importable from here, for the
+# library's own modules).
 __all__ = [
-    "AdvanceResult",
     "AdvanceStatus",
-    "ApplyResult",
     "ApplyStatus",
     "BlockReason",
-    "DeliveryRecord",
     "DeliveryState",
-    "DrainResult",
     "DrainStop",
-    "Effect",
-    "EffectAction",
-    "EffectRecord",
     "EffectState",
-    "InboxEntry",
+    "FlowWait",  # noqa: F822 - from operations.py, through __getattr__
     "InboxState",
-    "OperatorAction",
-    "OutboxEntry",
-    "ReceiveResult",
     "ReceiveStatus",
-    "RelayBatchResult",
-    "RelayResult",
     "RelayStatus",
 ]
 
@@ -113,7 +105,7 @@ class InboxState(_StrEnum):
 
     ``skipped`` / ``replaced``: an operator moved the flow past the event, or
     put a corrected event in its place (recorded, never automatic; see
-    ``Consumer.skip_event`` / ``Consumer.replace_event``).
+    ``consumer.admin.skip_event`` / ``replace_event``).
     """
 
     PENDING = "pending"
@@ -323,8 +315,9 @@ class InboxEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class EffectRecord:
-    """The one effect an applied event left in the consumer file."""
+class AppliedEvent:
+    """An event the consumer applied: the one row its apply left in the
+    consumer file (see ``Consumer.effects``)."""
 
     event_id: str
     flow_id: str
@@ -333,8 +326,8 @@ class EffectRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Effect:
-    """One side effect in the effect outbox (see ``Consumer.effect_outbox``).
+class ScheduledEffect:
+    """One side effect in the effect outbox, scheduled by an apply (see ``Consumer.effect_outbox``).
 
     ``key`` is its idempotency key, the same on every attempt.  ``payload``,
     ``meta`` and ``result`` are the JSON objects stored with it; ``reason``
@@ -386,7 +379,11 @@ class EffectAction:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Refused":  # deprecated, for one release
+    if name == "FlowWait":  # defined with the operator reads; an enum, so listed here
+        from .operations import FlowWait
+
+        return FlowWait
+    if name in ("Refused", "Effect", "EffectRecord"):  # deprecated, for one release
         from .deprecated import old_name
 
         return old_name(__name__, name)

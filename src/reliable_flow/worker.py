@@ -86,7 +86,7 @@ class Worker:
     transport in between, a test double) is relayed to as itself.
 
     Consumers must be registered in the producer (see
-    ``Producer.register_consumer``; the first consumer of a producer that has
+    ``producer.admin.register_consumer``; the first consumer of a producer that has
     none is registered on its first relay): an unknown name raises
     :class:`UnknownConsumer` here, unless ``register=True`` registers every
     one of them on its first relay.
@@ -128,7 +128,7 @@ class Worker:
         if not register:  # refuse a typo'd name now, not on every pass
             refused = refused_names(producer.store.latest, names)
             if refused:
-                raise unknown_consumer(producer.path, refused[0], producer.consumers())
+                raise unknown_consumer(producer.path, refused[0], producer.admin.consumers())
         self.register = check_flag("register", register)
         self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
         self.producer = producer

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from reliable_flow import Consumer, DeliveryPolicy, EffectCall, EffectExecutor, Effects
+from reliable_flow import Consumer, DeliveryPolicy, EffectCall, EffectExecutor, EffectRegistry
 from reliable_flow.reservation import RESERVATION
 
 NAME = "notify"
@@ -46,7 +46,7 @@ def record_calls(calls_path: str) -> Callable[[EffectCall], dict[str, int]]:
 
 def main(argv: list[str]) -> int:
     consumer_path, calls_path, now = argv[0], argv[1], float(argv[2])
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register(NAME, record_calls(calls_path))
     policy = DeliveryPolicy(lease_seconds=LEASE, clock=lambda: now, random=lambda: 0.5, owner=OWNER)
     with Consumer(consumer_path, RESERVATION, effects=effects, clock=lambda: now) as consumer:

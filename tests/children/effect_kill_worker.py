@@ -40,7 +40,7 @@ from typing import Any
 from reliable_flow import Consumer, DeliveryPolicy
 from reliable_flow.effects import (
     EffectCall,
-    Effects,
+    EffectRegistry,
     Happened,
     NotHappened,
     OutcomeUnknown,
@@ -99,7 +99,7 @@ def _exchange(socket_path: str, request: dict[str, Any], timeout: float) -> dict
     return dict(json.loads(answer))
 
 
-def build_effects(config: str, socket_path: str, owner: str) -> Effects:
+def build_effects(config: str, socket_path: str, owner: str) -> EffectRegistry:
     """The registry for ``config``: ``call_service`` calling the service at
     ``socket_path``, each request naming ``owner``."""
     if config not in CONFIGS:
@@ -119,7 +119,7 @@ def build_effects(config: str, socket_path: str, owner: str) -> Effects:
                            STATUS_TIMEOUT)
         return Happened(answer["result"]) if answer["performed"] else NotHappened()
 
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register(EFFECT, call_service, reconcile=was_performed if config == "reconcile" else None,
                      idempotent=config == "idempotent", max_attempts=MAX_ATTEMPTS)
     return effects

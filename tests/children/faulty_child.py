@@ -21,7 +21,8 @@ import os
 import sys
 from typing import Any
 
-from reliable_flow import CommitOutcomeUnknown, Consumer, Producer, StorageError, relay
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.errors import CommitOutcomeUnknown, StorageError
 from reliable_flow.reservation import RESERVATION
 
 A1 = {"event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved", "schema": 1, "payload": {"amount": 3}}

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from reliable_flow import CommitOutcomeUnknown, Consumer, Producer, StorageError, relay
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.errors import CommitOutcomeUnknown, StorageError
 from reliable_flow.reservation import RESERVATION
 
 STEPS = ("reserved", "confirmed", "released")

@@ -99,7 +99,7 @@ def register_race(producer_path: str, index: int, barrier: Any) -> list[str]:
             total = (barrier.parties - 1) * REGISTER_ADVANCES
             while len(done) < REGISTER_CAP and len(producer.flows()) < total:
                 name = f"late-{len(done)}"
-                producer.register_consumer(name, actor="race", reason="registered while advancing")
+                producer.admin.register_consumer(name, actor="race", reason="registered while advancing")
                 done.append(name)
                 time.sleep(0.002)  # let the advancers in (SQLite's busy handler is not fair)
             return done

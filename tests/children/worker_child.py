@@ -24,7 +24,8 @@ import sys
 import time
 from typing import Any
 
-from reliable_flow import Consumer, DeliveryPolicy, Producer, Worker, WorkerStats
+from reliable_flow import Consumer, DeliveryPolicy, Producer, Worker
+from reliable_flow.records import WorkerStats
 from reliable_flow.reservation import RESERVATION
 
 STEPS = ("reserved", "confirmed", "released")

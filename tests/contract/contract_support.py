@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from reliable_flow.envelope import Envelope, make
+from reliable_flow.records import InboxEntry
+from reliable_flow.store.records import as_flow_dict
 
-__all__ = ["append", "bind", "env", "protocol_members"]
+__all__ = ["add_consumer", "append", "bind", "body_of", "entries", "env", "event_body", "flow", "protocol_members"]
 
 
 def env(event_id: str, flow_id: str = "F", seq: int = 1, kind: str = "created", n: int | None = None) -> Envelope:
@@ -24,11 +26,40 @@ def append(store: Any, *envs: Envelope) -> list[int]:
         return [unit.find_event(e.event_id).pos for e in envs]
 
 
+def add_consumer(unit: Any, name: str, uid: str) -> None:
+    """Register ``name`` (every committed event pending for it) and bind it to
+    ``uid`` at once, as a relay's first call does."""
+    unit.register_consumer(name, 0.0, False)
+    unit.bind_consumer(name, uid)
+
+
 def bind(store: Any, *names: str) -> None:
     """Bind each consumer name to the uid ``uid-<name>``."""
     with store.write() as unit:
         for name in names:
-            unit.add_consumer(name, "uid-" + name)
+            add_consumer(unit, name, "uid-" + name)
+
+
+def event_body(reads: Any, event_id: str) -> str | None:
+    """The producer's stored body of ``event_id``, or None."""
+    stored = reads.find_event(event_id)
+    return None if stored is None else stored.body
+
+
+def flow(reads: Any, flow_id: str) -> dict[str, Any] | None:
+    """The producer's flow as ``Producer.flow`` shows it."""
+    return as_flow_dict(reads.flow_state(flow_id))
+
+
+def body_of(reads: Any, event_id: str) -> str | None:
+    """The consumer's stored body of ``event_id``, or None."""
+    row = reads.inbox_row(event_id)
+    return None if row is None else row.body
+
+
+def entries(reads: Any, flow_id: str) -> list[InboxEntry]:
+    """The flow's inbox rows as ``Consumer.inbox`` shows them."""
+    return [row.entry() for row in reads.inbox_rows(flow_id)]
 
 
 def protocol_members(*protocols: type) -> set[str]:

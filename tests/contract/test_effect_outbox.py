@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from reliable_flow.statuses import EffectAction, EffectState
+from reliable_flow.records import EffectAction
+from reliable_flow.statuses import EffectState
 from reliable_flow.store.effects import EFFECT_COLUMNS, NewEffect
 
 S = EffectState

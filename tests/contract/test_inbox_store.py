@@ -11,10 +11,11 @@ import threading
 import time
 
 import pytest
-from contract_support import env, offers, protocol_members, protocol_properties
+from contract_support import body_of, entries, env, offers, protocol_members, protocol_properties
 
 from reliable_flow.envelope import Envelope
-from reliable_flow.statuses import BlockReason, EffectRecord, InboxEntry, InboxState
+from reliable_flow.records import AppliedEvent, InboxEntry
+from reliable_flow.statuses import BlockReason, InboxState
 from reliable_flow.store import FlowState, InboxReads, InboxUnit
 
 PENDING = InboxState.PENDING
@@ -41,7 +42,7 @@ def apply(store, e: Envelope, view: str = "{}") -> None:
 
 
 def rows(store, flow_id: str) -> list[tuple[str, int, InboxState, BlockReason | None]]:
-    return [(r.event_id, r.seq, r.state, r.reason) for r in store.latest.inbox(flow_id)]
+    return [(r.event_id, r.seq, r.state, r.reason) for r in entries(store.latest, flow_id)]
 
 
 
@@ -99,7 +100,7 @@ def test_a_fresh_store_is_empty(inbox):
     reads = inbox.latest
     assert reads.flows() == []
     assert reads.open_flows() == []
-    assert reads.inbox("F") == []
+    assert entries(reads, "F") == []
     assert reads.effects("F") == []
     assert reads.projection("F") is None
     with inbox.write() as unit:
@@ -107,7 +108,7 @@ def test_a_fresh_store_is_empty(inbox):
         assert unit.last_seq("F") == 0
         assert unit.flow_state("F") is None
         assert unit.next_row("F", 1) is None
-        assert unit.body_of("E1") is None
+        assert body_of(unit, "E1") is None
         assert unit.holder("F", 1) is None
 
 
@@ -118,9 +119,9 @@ def test_insert_new_stores_a_pending_row(inbox):
     e = env("E1", "F", 1)
     with inbox.write() as unit:
         assert unit.insert_new(e) is True
-        assert unit.body_of("E1") == e.body
+        assert body_of(unit, "E1") == e.body
         assert unit.holder("F", 1) == "E1"
-    assert inbox.latest.inbox("F") == [InboxEntry("E1", 1, PENDING, None)]
+    assert entries(inbox.latest, "F") == [InboxEntry("E1", 1, PENDING, None)]
 
 
 def test_insert_new_refuses_a_taken_id_and_keeps_the_first(inbox):
@@ -130,7 +131,7 @@ def test_insert_new_refuses_a_taken_id_and_keeps_the_first(inbox):
     with inbox.write() as unit:
         assert unit.insert_new(first) is False
         assert unit.insert_new(env("E1", "G", 4, kind="other")) is False
-        assert unit.body_of("E1") == first.body
+        assert body_of(unit, "E1") == first.body
         assert unit.holder("G", 4) is None
     assert inbox.latest.flows() == ["F"]
     assert rows(inbox, "F") == [("E1", 1, PENDING, None)]
@@ -140,7 +141,7 @@ def test_insert_new_refuses_a_taken_flow_and_seq(inbox):
     with inbox.write() as unit:
         assert unit.insert_new(env("E1", "F", 1)) is True
         assert unit.insert_new(env("E2", "F", 1)) is False
-        assert unit.body_of("E2") is None
+        assert body_of(unit, "E2") is None
         assert unit.holder("F", 1) == "E1"
         assert unit.insert_new(env("E3", "F", 2)) is True
     assert rows(inbox, "F") == [("E1", 1, PENDING, None), ("E3", 2, PENDING, None)]
@@ -152,7 +153,7 @@ def test_insert_raises_on_a_taken_id_and_stores_nothing(inbox, integrity_error):
     with pytest.raises(integrity_error), inbox.write() as unit:
         unit.insert(env("E1", "G", 3))
     with inbox.write() as unit:
-        assert unit.body_of("E1") == first.body
+        assert body_of(unit, "E1") == first.body
         assert unit.holder("G", 3) is None
     assert inbox.latest.flows() == ["F"]
 
@@ -162,7 +163,7 @@ def test_insert_raises_on_a_taken_flow_and_seq_and_stores_nothing(inbox, integri
     with pytest.raises(integrity_error), inbox.write() as unit:
         unit.insert(env("E2", "F", 1))
     with inbox.write() as unit:
-        assert unit.body_of("E2") is None
+        assert body_of(unit, "E2") is None
         assert unit.holder("F", 1) == "E1"
     assert rows(inbox, "F") == [("E1", 1, PENDING, None)]
 
@@ -171,9 +172,9 @@ def test_body_of_and_holder(inbox):
     a1, a2, b1 = env("A1", "A", 1), env("A2", "A", 2), env("B1", "B", 1)
     insert(inbox, a1, a2, b1)
     with inbox.write() as unit:
-        assert unit.body_of("A2") == a2.body
-        assert unit.body_of("B1") == b1.body
-        assert unit.body_of("C1") is None
+        assert body_of(unit, "A2") == a2.body
+        assert body_of(unit, "B1") == b1.body
+        assert body_of(unit, "C1") is None
         assert unit.holder("A", 1) == "A1"
         assert unit.holder("A", 2) == "A2"
         assert unit.holder("B", 1) == "B1"
@@ -288,7 +289,7 @@ def test_block_marks_the_row_blocked_with_its_reason(inbox):
     insert(inbox, env("F1", "F", 1), env("F2", "F", 2))
     with inbox.write() as unit:
         unit.block("F1", BlockReason.INVALID_TRANSITION)
-    assert inbox.latest.inbox("F") == [
+    assert entries(inbox.latest, "F") == [
         InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_TRANSITION),
         InboxEntry("F2", 2, PENDING, None),
     ]
@@ -299,8 +300,8 @@ def test_block_is_idempotent(inbox):
     for _ in range(3):
         with inbox.write() as unit:
             unit.block("F1", BlockReason.INVALID_PAYLOAD)
-            assert unit.inbox("F") == [InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_PAYLOAD)]
-    assert inbox.latest.inbox("F") == [InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_PAYLOAD)]
+            assert entries(unit, "F") == [InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_PAYLOAD)]
+    assert entries(inbox.latest, "F") == [InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_PAYLOAD)]
 
 
 def test_block_for_another_reason_records_the_new_reason(inbox):
@@ -309,7 +310,7 @@ def test_block_for_another_reason_records_the_new_reason(inbox):
         unit.block("F1", BlockReason.UNSUPPORTED_SCHEMA)
     with inbox.write() as unit:
         unit.block("F1", BlockReason.INVALID_PAYLOAD)
-    assert inbox.latest.inbox("F") == [InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_PAYLOAD)]
+    assert entries(inbox.latest, "F") == [InboxEntry("F1", 1, BLOCKED, BlockReason.INVALID_PAYLOAD)]
 
 
 def test_record_applied_writes_one_effect_and_marks_the_row_applied(inbox):
@@ -317,8 +318,8 @@ def test_record_applied_writes_one_effect_and_marks_the_row_applied(inbox):
     insert(inbox, f1, f2)
     with inbox.write() as unit:
         unit.record_applied("F1", "F", 1, "reserved")
-        assert unit.effects("F") == [EffectRecord("F1", "F", 1, "reserved")]
-    assert inbox.latest.effects("F") == [EffectRecord("F1", "F", 1, "reserved")]
+        assert unit.effects("F") == [AppliedEvent("F1", "F", 1, "reserved")]
+    assert inbox.latest.effects("F") == [AppliedEvent("F1", "F", 1, "reserved")]
     assert rows(inbox, "F") == [("F1", 1, APPLIED, None), ("F2", 2, PENDING, None)]
 
 
@@ -328,7 +329,7 @@ def test_record_applied_on_a_blocked_row_clears_the_reason(inbox):
         unit.block("F1", BlockReason.UNSUPPORTED_SCHEMA)
     with inbox.write() as unit:
         unit.record_applied("F1", "F", 1, "created")
-    assert inbox.latest.inbox("F") == [InboxEntry("F1", 1, APPLIED, None)]
+    assert entries(inbox.latest, "F") == [InboxEntry("F1", 1, APPLIED, None)]
 
 
 def test_effects_come_in_apply_order(inbox):
@@ -340,8 +341,8 @@ def test_effects_come_in_apply_order(inbox):
     with inbox.write() as unit:
         unit.record_applied("F1", "F", 1, "first")
     assert inbox.latest.effects("F") == [
-        EffectRecord("F2", "F", 2, "second"), EffectRecord("F1", "F", 1, "first")]
-    assert inbox.latest.effects("G") == [EffectRecord("G1", "G", 1, "other")]
+        AppliedEvent("F2", "F", 2, "second"), AppliedEvent("F1", "F", 1, "first")]
+    assert inbox.latest.effects("G") == [AppliedEvent("G1", "G", 1, "other")]
     assert inbox.latest.effects("H") == []
 
 
@@ -352,7 +353,7 @@ def test_a_second_effect_for_the_same_event_raises(inbox, integrity_error):
         unit.record_applied("F1", "F", 1, "created")
     with pytest.raises(integrity_error), inbox.write() as unit:
         unit.record_applied("F1", "F", 2, "again")
-    assert inbox.latest.effects("F") == [EffectRecord("F1", "F", 1, "created")]
+    assert inbox.latest.effects("F") == [AppliedEvent("F1", "F", 1, "created")]
     assert inbox.latest.projection("F") == {"state": "created", "last_seq": 1, "n": 1}
 
 
@@ -361,7 +362,7 @@ def test_a_second_effect_for_the_same_flow_and_seq_raises(inbox, integrity_error
     apply(inbox, env("F1", "F", 1))
     with pytest.raises(integrity_error), inbox.write() as unit:
         unit.record_applied("X1", "F", 1, "created")
-    assert inbox.latest.effects("F") == [EffectRecord("F1", "F", 1, "created")]
+    assert inbox.latest.effects("F") == [AppliedEvent("F1", "F", 1, "created")]
 
 
 # -- listings -----------------------------------------------------------------------------
@@ -372,7 +373,7 @@ def test_inbox_lists_the_flow_rows_by_seq_with_enum_states(inbox):
     apply(inbox, env("F1", "F", 1))
     with inbox.write() as unit:
         unit.block("F2", BlockReason.INVALID_TRANSITION)
-    listed = inbox.latest.inbox("F")
+    listed = entries(inbox.latest, "F")
     assert listed == [
         InboxEntry("F1", 1, APPLIED, None),
         InboxEntry("F2", 2, BLOCKED, BlockReason.INVALID_TRANSITION),
@@ -380,8 +381,8 @@ def test_inbox_lists_the_flow_rows_by_seq_with_enum_states(inbox):
     ]
     assert all(type(e.state) is InboxState for e in listed)
     assert type(listed[1].reason) is BlockReason
-    assert inbox.latest.inbox("G") == [InboxEntry("G1", 1, PENDING, None)]
-    assert inbox.latest.inbox("H") == []
+    assert entries(inbox.latest, "G") == [InboxEntry("G1", 1, PENDING, None)]
+    assert entries(inbox.latest, "H") == []
 
 
 def test_flows_lists_every_flow_with_an_inbox_row_sorted(inbox):
@@ -425,13 +426,13 @@ def test_a_unit_that_raises_leaves_nothing(inbox):
         raise Boom
     reads = inbox.latest
     assert reads.flows() == ["F"]
-    assert reads.inbox("F") == [InboxEntry("F1", 1, PENDING, None)]
-    assert reads.inbox("G") == []
+    assert entries(reads, "F") == [InboxEntry("F1", 1, PENDING, None)]
+    assert entries(reads, "G") == []
     assert reads.effects("F") == []
     assert reads.projection("F") is None
     assert reads.open_flows() == ["F"]
     with inbox.write() as unit:
-        assert unit.body_of("G1") is None
+        assert body_of(unit, "G1") is None
         assert unit.last_seq("F") == 0
         assert unit.unapplied(100) == 1
 
@@ -467,7 +468,7 @@ def test_a_snapshot_does_not_see_later_commits(inbox_store):
             unit.put_projection("F", "created", 1, "{}", "{}")
         assert snap.flows() == ["F"]
         assert snap.open_flows() == ["F"]
-        assert snap.inbox("F") == [InboxEntry("F1", 1, PENDING, None)]
+        assert entries(snap, "F") == [InboxEntry("F1", 1, PENDING, None)]
         assert snap.effects("F") == []
         assert snap.projection("F") is None
     assert store.latest.flows() == ["F", "G"]
@@ -490,8 +491,8 @@ def test_committed_data_outlives_close_and_reopen(inbox_store):
         unit.insert(env("F3", "F", 3))
     store.close()
     fresh = inbox_store(same_as=store)
-    assert [r.event_id for r in fresh.latest.inbox("F")] == ["F1", "F2", "F3"]
-    assert fresh.latest.effects("F") == [EffectRecord("F1", "F", 1, "created")]
+    assert [r.event_id for r in entries(fresh.latest, "F")] == ["F1", "F2", "F3"]
+    assert fresh.latest.effects("F") == [AppliedEvent("F1", "F", 1, "created")]
     store.reopen()
 
 
@@ -499,7 +500,7 @@ def test_reopen_without_close_gives_a_working_store(inbox):
     insert(inbox, env("F1", "F", 1))
     inbox.reopen()
     insert(inbox, env("F2", "F", 2))
-    assert [r.event_id for r in inbox.latest.inbox("F")] == ["F1", "F2"]
+    assert [r.event_id for r in entries(inbox.latest, "F")] == ["F1", "F2"]
 
 
 def test_a_unit_holds_what_it_read_until_it_commits(inbox_store):

@@ -8,7 +8,7 @@ store interface.
 
 from __future__ import annotations
 
-from contract_support import append, env
+from contract_support import add_consumer, append, env
 
 from reliable_flow.delivery import Retry
 from reliable_flow.envelope import Envelope
@@ -38,8 +38,8 @@ def test_events_before_any_consumer_have_no_delivery_groups(outbox):
 def test_deliveries_are_counted_per_consumer_and_state(outbox):
     p1, p2, p3, p4, p5 = append(outbox, *(env(f"E{i}", seq=i) for i in range(1, 6)))
     with outbox.write() as unit:
-        unit.add_consumer("c1", "uid-1")
-        unit.add_consumer("c2", "uid-2")
+        add_consumer(unit, "c1", "uid-1")
+        add_consumer(unit, "c2", "uid-2")
         unit.mark("c1", [(p1, "accepted")], [(p4, "id_conflict")], 10.0)  # accepted; set aside
         unit.set_retry("c1", p2, Retry(1, 50.0, "down"), 20.0)           # failing, tried once
         unit.set_retry("c1", p2, Retry(2, 60.0, "down"), 30.0)           # ... and again: one retry
@@ -63,7 +63,7 @@ def test_deliveries_are_counted_per_consumer_and_state(outbox):
 def test_a_lease_counts_only_until_it_ends(outbox):
     [pos] = append(outbox, env("E1"))
     with outbox.write() as unit:
-        unit.add_consumer("c1", "uid-1")
+        add_consumer(unit, "c1", "uid-1")
         unit.claim("c1", [pos], 100.0, "relay-1", 40.0)
     assert groups(outbox.latest.outbox_counts(99.0))[("c1", "pending")].leased == 1
     assert groups(outbox.latest.outbox_counts(100.0))[("c1", "pending")].leased == 0
@@ -72,7 +72,7 @@ def test_a_lease_counts_only_until_it_ends(outbox):
 def test_a_delivered_event_is_no_longer_failing_or_leased(outbox):
     [pos] = append(outbox, env("E1"))
     with outbox.write() as unit:
-        unit.add_consumer("c1", "uid-1")
+        add_consumer(unit, "c1", "uid-1")
         unit.set_retry("c1", pos, Retry(1, 5.0, "down"), 1.0)
         unit.claim("c1", [pos], 100.0, "relay-1", 6.0)
         unit.mark("c1", [(pos, "accepted")], [], 7.0)

@@ -10,7 +10,7 @@ through the store interface.
 from __future__ import annotations
 
 import pytest
-from contract_support import append, env
+from contract_support import append, body_of, entries, env
 
 from reliable_flow.operations import InboxAction, InboxRow, RegistryAction
 from reliable_flow.statuses import BlockReason, DeliveryState, InboxState
@@ -89,15 +89,6 @@ def test_binding_binds_a_registered_name_once(outbox):
     assert (entry.uid, entry.bound) == ("uid-1", True)
 
 
-def test_add_consumer_registers_and_binds_at_once_with_an_unknown_registration_time(outbox):
-    append(outbox, env("A1"))
-    with outbox.write() as unit:
-        unit.add_consumer("a", "uid-a")
-        assert unit.is_registered("a") and unit.bound_uid("a") == "uid-a"
-    [entry] = outbox.latest.consumers()
-    assert (entry.bound, entry.registered_at, entry.from_now, entry.backlog) == (True, None, False, 1)
-
-
 def test_consumers_counts_pending_and_set_aside_per_name_sorted(outbox):
     append(outbox, env("A1"), env("A2", seq=2), env("A3", seq=3))
     register(outbox, "b")
@@ -166,7 +157,7 @@ def test_inserts_stamp_when_a_row_was_received(inbox):
         assert unit.insert_new(env("A1"), 10.5) is True
         unit.insert(env("A2", seq=2), 11.0)
         unit.insert(env("A3", seq=3))  # no time given: unknown
-    assert inbox.latest.inbox_row("A1") == InboxRow("A1", "F", 1, PENDING, None, None, 10.5, None)
+    assert inbox.latest.inbox_row("A1").row() == InboxRow("A1", "F", 1, PENDING, None, None, 10.5, None)
     assert [r.received_at for r in inbox.latest.inbox_rows("F")] == [10.5, 11.0, None]
     assert inbox.latest.inbox_row("nope") is None
 
@@ -206,7 +197,7 @@ def test_a_skipped_row_is_done(inbox):
         assert unit.unapplied(10) == 0
     assert inbox.latest.inbox_row("A1").state == SKIPPED
     assert inbox.latest.open_flows() == []
-    assert [e.state for e in inbox.latest.inbox("F")] == [SKIPPED]
+    assert [e.state for e in entries(inbox.latest, "F")] == [SKIPPED]
 
 
 def test_a_replaced_row_is_kept_and_gives_its_slot_to_the_replacement(inbox):
@@ -222,11 +213,11 @@ def test_a_replaced_row_is_kept_and_gives_its_slot_to_the_replacement(inbox):
         assert unit.next_row("F", 2) == (2, "A2-fix", new.body)
         assert unit.insert_new(env("A2-other", seq=2, n=3), 4.0) is False  # the slot is taken again
         assert unit.unapplied(10) == 2  # A1 and the replacement
-        assert unit.body_of("A2") == old.body  # kept, with its body
-    assert [(e.event_id, e.state) for e in inbox.latest.inbox("F")] == [
+        assert body_of(unit, "A2") == old.body  # kept, with its body
+    assert [(e.event_id, e.state) for e in entries(inbox.latest, "F")] == [
         ("A1", PENDING), ("A2", REPLACED), ("A2-fix", PENDING)]
     assert [r.event_id for r in inbox.latest.inbox_rows("F", 2)] == ["A2", "A2-fix"]
-    assert inbox.latest.body_of("A2-fix") == new.body
+    assert body_of(inbox.latest, "A2-fix") == new.body
 
 
 def test_a_second_live_row_in_a_slot_raises_the_integrity_error(inbox, integrity_error):
@@ -244,7 +235,7 @@ def test_a_replacement_that_fails_leaves_the_old_row_as_it_was(inbox):
         unit.insert(env("A1-fix", n=9), 2.0)
         unit.record_inbox_action(InboxAction(2.0, "A1", "F", 1, "replace", PENDING, "ops", "fix", "A1-fix"))
         raise Boom
-    assert [(e.event_id, e.state) for e in inbox.latest.inbox("F")] == [("A1", PENDING)]
+    assert [(e.event_id, e.state) for e in entries(inbox.latest, "F")] == [("A1", PENDING)]
     assert inbox.latest.inbox_actions() == []
     with inbox.write() as unit:
         assert unit.holder("F", 1) == "A1"

@@ -12,11 +12,14 @@ import threading
 import time
 
 import pytest
-from contract_support import append, bind, env, offers, protocol_members, protocol_properties
+from contract_support import (
+    add_consumer, append, bind, env, event_body, flow, offers, protocol_members, protocol_properties,
+)
 
 from reliable_flow.delivery import Retry
 from reliable_flow.envelope import make
-from reliable_flow.statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
+from reliable_flow.records import DeliveryRecord, OperatorAction, OutboxEntry
+from reliable_flow.statuses import DeliveryState
 from reliable_flow.store import FlowState, OutboxReads, OutboxUnit, StoredEvent
 
 PENDING = DeliveryState.PENDING
@@ -80,8 +83,8 @@ def test_location_names_where_the_data_lives(outbox_store):
     append(first, env("E1"))
     again = outbox_store(same_as=first)
     assert again.location == first.location
-    assert again.latest.event_body("E1") == env("E1").body
-    assert second.latest.event_body("E1") is None
+    assert event_body(again.latest, "E1") == env("E1").body
+    assert event_body(second.latest, "E1") is None
 
 
 def test_a_fresh_store_is_empty(outbox):
@@ -117,18 +120,16 @@ def test_positions_follow_commit_order_across_units_and_flows(outbox):
     assert [e.event_id for e in outbox.latest.outbox()] == ["X1", "A1", "X2"]
 
 
-def test_event_body_body_at_and_bodies(outbox):
+def test_event_bodies_by_id_and_by_position(outbox):
     e1, e2, e3 = env("E1", seq=1), env("E2", seq=2), env("E3", seq=3)
     p1, p2, p3 = append(outbox, e1, e2, e3)
     reads = outbox.latest
-    assert reads.event_body("E2") == e2.body
-    assert reads.event_body("E4") is None
-    assert reads.body_at(p3) == e3.body
+    assert event_body(reads, "E2") == e2.body
+    assert event_body(reads, "E4") is None
     assert reads.bodies([p3, p1]) == {p3: e3.body, p1: e1.body}
     assert reads.bodies([p2]) == {p2: e2.body}
     assert reads.bodies([]) == {}
     # No event there (pruned after a relay picked it): None, and left out.
-    assert reads.body_at(p3 + 1) is None
     assert reads.bodies([p3 + 1, p1]) == {p1: e1.body}
 
 
@@ -174,14 +175,14 @@ def test_put_flow_creates_then_replaces_the_flow_row(outbox):
         unit.put_flow("F", 1, "open", '{"amount": 3, "who": "ann"}')
         unit.append_event(env("F1", "F", 1))
         assert unit.flow_state("F") == FlowState("open", 1, {"amount": 3, "who": "ann"})
-    assert outbox.latest.flow("F") == {"state": "open", "seq": 1, "amount": 3, "who": "ann"}
+    assert flow(outbox.latest, "F") == {"state": "open", "seq": 1, "amount": 3, "who": "ann"}
     with outbox.write() as unit:
         unit.put_flow("F", 2, "closed", '{"total": 9}')
         unit.append_event(env("F2", "F", 2))
-    assert outbox.latest.flow("F") == {"state": "closed", "seq": 2, "total": 9}
+    assert flow(outbox.latest, "F") == {"state": "closed", "seq": 2, "total": 9}
     with outbox.write() as unit:
         assert unit.flow_state("F") == FlowState("closed", 2, {"total": 9})
-    assert outbox.latest.flow("G") is None
+    assert flow(outbox.latest, "G") is None
 
 
 def test_flows_lists_every_flow_once_sorted(outbox):
@@ -201,8 +202,8 @@ def test_flows_lists_every_flow_once_sorted(outbox):
 def test_add_consumer_binds_the_name_to_the_uid(outbox):
     with outbox.write() as unit:
         assert unit.bound_uid("c1") is None
-        unit.add_consumer("c1", "uid-1")
-        unit.add_consumer("c2", "uid-2")
+        add_consumer(unit, "c1", "uid-1")
+        add_consumer(unit, "c2", "uid-2")
         assert unit.bound_uid("c1") == "uid-1"
     with outbox.write() as unit:
         assert unit.bound_uid("c1") == "uid-1"
@@ -228,7 +229,7 @@ def test_an_event_is_pending_for_no_consumer_bound_later_until_add_consumer(outb
     bind(outbox, "early")
     [p2] = append(outbox, env("E2", seq=2))
     with outbox.write() as unit:
-        unit.add_consumer("late", "uid-late")
+        add_consumer(unit, "late", "uid-late")
         # Within the unit that binds it, every committed event is pending for it.
         assert unit.delivery_state("E1", "late") == (p1, PENDING)
     assert outbox.latest.next_due("late", 0, 10) == [p1, p2]
@@ -618,7 +619,7 @@ def test_a_unit_that_raises_leaves_nothing(outbox):
     with pytest.raises(Boom), outbox.write() as unit:
         unit.put_flow("F", 1, "open", '{"n": 1}')
         unit.append_event(env("E1", "F", 1))
-        unit.add_consumer("c1", "uid-1")
+        add_consumer(unit, "c1", "uid-1")
         unit.claim("c0", [p0], 500.0, "relay", 1.0)
         unit.mark("c0", [(p0, "accepted")], [], 1.0)
         unit.record_action(OperatorAction(1.0, "c0", "E0", "skip", "ann", "x"))
@@ -626,7 +627,7 @@ def test_a_unit_that_raises_leaves_nothing(outbox):
         raise Boom
     reads = outbox.latest
     assert reads.flows() == []
-    assert reads.flow("F") is None
+    assert flow(reads, "F") is None
     assert reads.find_event("E1") is None
     assert [e.event_id for e in reads.outbox()] == ["E0"]
     kept = record(outbox, "E0", "c0")
@@ -657,7 +658,7 @@ def test_a_failed_step_drops_only_its_own_writes(outbox):
         with pytest.raises(Boom), unit.step():
             unit.put_flow("F", 2, "broken", "{}")
             unit.append_event(env("E2", "F", 2))
-            unit.add_consumer("c1", "uid-1")
+            add_consumer(unit, "c1", "uid-1")
             raise Boom
         assert unit.lost is None
         assert unit.find_event("E2") is None
@@ -667,7 +668,7 @@ def test_a_failed_step_drops_only_its_own_writes(outbox):
         unit.put_flow("F", 2, "open", "{}")
     reads = outbox.latest
     assert [e.event_id for e in reads.outbox()] == ["E1", "E3"]
-    assert reads.flow("F") == {"state": "open", "seq": 2}
+    assert flow(reads, "F") == {"state": "open", "seq": 2}
     with outbox.write() as unit:
         assert unit.bound_uid("c1") is None
 
@@ -703,7 +704,7 @@ def test_latest_sees_every_commit_at_once(outbox_store):
     assert reads.find_event("E1") is None
     append(other, env("E1"))
     assert reads.find_event("E1") is not None
-    assert store.latest.event_body("E1") == env("E1").body
+    assert event_body(store.latest, "E1") == env("E1").body
 
 
 def test_a_snapshot_does_not_see_later_commits(outbox_store):
@@ -717,7 +718,7 @@ def test_a_snapshot_does_not_see_later_commits(outbox_store):
             unit.append_event(env("E2", seq=2))
         assert [e.event_id for e in snap.outbox()] == ["E1"]
         assert snap.find_event("E2") is None
-        assert snap.flow("F") is None
+        assert flow(snap, "F") is None
         assert snap.flows() == []
     assert [e.event_id for e in store.latest.outbox()] == ["E1", "E2"]
     with store.read() as snap:
@@ -758,7 +759,7 @@ def test_a_unit_holds_what_it_read_until_it_commits(outbox_store):
     thread.join(30)
     assert not errors, errors
     assert seen == [FlowState("open", 2, {})]
-    assert store.latest.flow("F") == {"state": "open", "seq": 3}
+    assert flow(store.latest, "F") == {"state": "open", "seq": 3}
 
 
 # -- close, reopen, binding memo ------------------------------------------------------

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from pg_cluster import import_psycopg
-from reliable_flow import Consumer, TransactionConflict
+from reliable_flow import Consumer
+from reliable_flow.errors import TransactionConflict
 from reliable_flow.core import conflicts
 from reliable_flow.reservation import RESERVATION
 from support import envelope

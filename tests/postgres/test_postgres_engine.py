@@ -242,10 +242,10 @@ def test_a_connection_lost_at_commit_raises_commit_outcome_unknown(pg_cluster) -
             terminate(int(unit.user_execute("SELECT pg_backend_pid()")[0][0]), location)
         assert isinstance(raised.value.__cause__, psycopg.Error)
         # The next call opens a new connection; the write was lost (terminated before COMMIT).
-        assert store.latest.body_of("E1") is None
+        assert store.latest.inbox_row("E1") is None
         with store.write() as unit:
             assert unit.insert_new(env("E1"))
-        assert store.latest.body_of("E1") == env("E1").body
+        assert store.latest.inbox_row("E1").body == env("E1").body
     finally:
         store.close()
 
@@ -317,7 +317,8 @@ def test_two_relays_never_claim_the_same_delivery(pg_cluster) -> None:
     second = PgOutboxStore(location, "p")
     try:
         with first.write() as unit:
-            unit.add_consumer("c", "uid-c")
+            unit.register_consumer("c", 0.0, False)
+            unit.bind_consumer("c", "uid-c")
             for i in range(1, 5):
                 unit.append_event(env(f"E{i}", seq=i))
         with first.write(durable=False) as a:
@@ -373,7 +374,7 @@ def test_user_sql_may_not_control_the_transaction(pg_cluster, text: str) -> None
             with pytest.raises(ValueError, match="transaction control"):
                 unit.user_execute(text)
             unit.insert_new(env("E1"))
-        assert store.latest.body_of("E1") is not None
+        assert store.latest.inbox_row("E1") is not None
     finally:
         store.close()
 

@@ -36,7 +36,7 @@ def test_a_factory_with_a_schema_of_its_own_keeps_two_consumers_apart(pg_cluster
         assert a.location.endswith("#" + a_schema) and b.location.endswith("#" + b_schema)
         assert a.uid != b.uid
         for name in ("a", "b"):
-            producer.register_consumer(name, actor="test", reason="two consumers in one database")
+            producer.admin.register_consumer(name, actor="test", reason="two consumers in one database")
         producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
         assert relay(producer, a).status == "accepted" and relay(producer, b).status == "accepted"
         assert a.drain("A").applied == 1 and b.drain("A").applied == 1

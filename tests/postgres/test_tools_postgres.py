@@ -89,7 +89,7 @@ def test_snapshot_takes_a_postgres_location_object_with_its_own_schema(pg_cluste
 
 
 def test_snapshot_of_a_missing_schema_creates_nothing(pg_cluster: Any, tmp_path: Path) -> None:
-    from reliable_flow import WrongFile
+    from reliable_flow.errors import WrongFile
 
     p_loc, c_loc = pg_location("producer"), pg_location("consumer")
     troubled_history(p_loc, str(tmp_path / "consumer.db"))
@@ -177,8 +177,8 @@ def test_compare_agrees_after_everything_is_delivered_and_names_stores_without_p
     p_loc, c_loc, c_path = pg_location("producer"), pg_location("consumer"), str(tmp_path / "consumer.db")
     with Producer(p_loc, RESERVATION) as p, Consumer(c_loc, RESERVATION, name="pg") as on_pg, \
             Consumer(c_path, RESERVATION, name="file") as on_file:
-        p.register_consumer("pg", actor="ops", reason="test")
-        p.register_consumer("file", actor="ops", reason="test")
+        p.admin.register_consumer("pg", actor="ops", reason="test")
+        p.admin.register_consumer("file", actor="ops", reason="test")
         for i, kind in enumerate(["reserved", "confirmed"]):
             p.advance(f"A{i + 1}", "A", expected_seq=i, kind=kind, payload={"amount": 2})
         for consumer in (on_pg, on_file):

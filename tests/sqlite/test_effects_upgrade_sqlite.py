@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import AppSchema, EffectCall, Effects, envelope
+from reliable_flow import AppSchema, EffectCall, EffectRegistry, envelope
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.schema import CONSUMER, FileKind
 from support import KINDS, EffectWorld
@@ -69,7 +69,7 @@ def test_v1_consumer_file_upgrades_in_place_and_effects_work(world: World) -> No
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'effect_outbox'").fetchone()[0] == 0
 
     run = Script({"ok": True})
-    effects = Effects()
+    effects = EffectRegistry()
     effects.register("notify", run)
     c = world.consumer((lambda ctx: ctx.schedule("notify", {"kind": ctx.event.kind}),), effects,
                        app_schema=AppSchema("shop", [["CREATE TABLE note(x)"]]))

@@ -18,19 +18,16 @@ from typing import Any
 import pytest
 
 import reliable_flow
-from reliable_flow import (
+from reliable_flow import Consumer, Producer, relay, snapshot
+from reliable_flow.errors import (
     CommitOutcomeUnknown,
-    Consumer,
-    InboxEntry,
-    Producer,
-    SchemaTooNew,
     SQLiteTooOld,
+    SchemaTooNew,
     StorageError,
     WrongFile,
     WrongProcess,
-    relay,
-    snapshot,
 )
+from reliable_flow.records import InboxEntry
 from reliable_flow.protocol import Protocol, exact, integer
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import MIN_SQLITE, Database, check_sqlite_version

@@ -20,15 +20,8 @@ import pytest
 
 import reliable_flow
 from children.racers import open_producer
-from reliable_flow import (
-    Consumer,
-    DeliveryPolicy,
-    Producer,
-    SchemaTooNew,
-    StorageError,
-    envelope,
-    relay,
-)
+from reliable_flow import Consumer, DeliveryPolicy, Producer, envelope, relay
+from reliable_flow.errors import SchemaTooNew, StorageError
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.schema import PRODUCER, FileKind
@@ -157,7 +150,7 @@ def test_a_v1_file_upgrades_in_place_and_every_row_survives(tmp_path: Path) -> N
         assert sql_rows(producer_path, "SELECT DISTINCT failures, due_at, lease_owner, last_error FROM delivery") == [
             (0, 0.0, None, None)
         ]
-        assert producer.operator_actions() == []
+        assert producer.admin.operator_actions() == []
         assert producer.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
         by_id = {e.event_id: e for e in producer.outbox()}
         assert {k: (e.state, e.last_status) for k, e in by_id.items()} == {
@@ -204,9 +197,9 @@ def test_an_upgraded_file_keeps_delivering(tmp_path: Path) -> None:
             "DELETE FROM effect WHERE flow_id = 'C'",
             "DELETE FROM inbox WHERE flow_id = 'C'",
         )
-        producer.redeliver("C1", consumer="default", actor="ops", reason="removed the stray C1 after the upgrade")
+        producer.admin.redeliver("C1", consumer="default", actor="ops", reason="removed the stray C1 after the upgrade")
         assert relay(producer, consumer, policy=policy).event_id == "C1"
-        assert [a.action for a in producer.operator_actions("C1")] == ["redeliver"]
+        assert [a.action for a in producer.admin.operator_actions("C1")] == ["redeliver"]
         assert all(e.accepted for e in producer.outbox())
 
 

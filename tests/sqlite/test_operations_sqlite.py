@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import Consumer, InboxState, Producer, UnknownConsumer, relay
+from reliable_flow import Consumer, InboxState, Producer, relay
+from reliable_flow.errors import UnknownConsumer
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
@@ -115,7 +116,7 @@ def test_runbook_b_when_writers_already_went_on_the_conflict_is_set_aside_and_sk
     assert code == 1 and report["consumers"][0]["differences"][0]["kind"] == "event_differs"
     # Both steps meant the same; the consumer keeps its own: never deliver the copy.
     with Producer(p_path, RESERVATION) as p:
-        p.skip("A2-again", consumer="default", actor="carol", reason="restored backup; consumer has A2")
+        p.admin.skip("A2-again", consumer="default", actor="carol", reason="restored backup; consumer has A2")
     assert run_cli("inspect", str(p_path), str(c_path)).returncode == 0
     code, report = cli_json("compare", str(p_path), str(c_path))
     assert code == 0
@@ -133,7 +134,7 @@ def test_a_restored_producer_lost_a_registration_and_refuses_the_name_until_regi
     with Producer(backup, RESERVATION) as p, Consumer(tmp_path / "audit.db", RESERVATION, name="audit") as audit:
         with pytest.raises(UnknownConsumer, match="'audit'"):
             relay(p, audit)
-        p.register_consumer("audit", actor="ops", reason="lost with the restore")
+        p.admin.register_consumer("audit", actor="ops", reason="lost with the restore")
         assert relay_log(p, audit) == ["A1 accepted"]
 
 
@@ -170,7 +171,7 @@ def test_a_v2_consumer_file_upgrades_in_place_and_its_rows_can_be_skipped_or_rep
         assert c.stuck("B").since is None  # arrived before arrival times were kept
         c.apply_next("A")  # examined again: now the detail is stored; blocked_at stays unknown
         assert c.stuck("A").detail == "payload.amount: must stay 3 as reserved, got 9"
-        c.replace_event("A2", envelope("A2-fix", "A", 2, "confirmed"), actor="ops", reason="after the upgrade")
+        c.admin.replace_event("A2", envelope("A2-fix", "A", 2, "confirmed"), actor="ops", reason="after the upgrade")
         assert c.apply_next("A").status == "applied"
         assert (c.name, c.uid) == ("default", "u-old")
     schema = sql_rows(path, "SELECT sql FROM sqlite_master WHERE name = 'inbox'")[0][0]
@@ -212,10 +213,10 @@ def test_a_v2_producer_file_upgrades_keeping_its_bound_consumers(tmp_path: Path)
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c, \
             Consumer(tmp_path / "new.db", RESERVATION, name="new") as new:
         assert sql_pragma(p_path, "user_version") == PRODUCER.version
-        [entry] = p.consumers()
+        [entry] = p.admin.consumers()
         assert (entry.name, entry.uid, entry.bound, entry.registered_at, entry.backlog) == (
             "default", uid, True, None, 1)
-        assert p.registry_actions() == []
+        assert p.admin.registry_actions() == []
         assert relay_log(p, c) == ["A2 accepted"]
         with pytest.raises(UnknownConsumer):
             relay(p, new)  # the upgraded file has a consumer: a new name is no longer implicit

@@ -43,13 +43,13 @@ def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: P
         assert sql_pragma(p_path, "user_version") == PRODUCER.version == 4
         assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
             ("A1", None), ("A2", None)]
-        assert p.prune(3600).events == 1  # A1: no commit time counts as old; A2 is still pending
+        assert p.admin.prune(3600).events == 1  # A1: no commit time counts as old; A2 is still pending
         assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
         relay_log(p, c)
-        assert p.prune(3600).events == 1
+        assert p.admin.prune(3600).events == 1
         r = p.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3})
         assert r.status == "committed"
-        assert p.prune(3600).events == 0  # A3 has a commit time: young
+        assert p.admin.prune(3600).events == 0  # A3 has a commit time: young
 
 
 def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
     db.close()
     with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
         assert sql_pragma(path, "user_version") == CONSUMER.version == 4
-        assert c.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
+        assert c.admin.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
         assert c.receive(body("A1", "A", 1)).status == "duplicate"
         assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"
         assert c.apply_next("A").status == "applied"
@@ -75,7 +75,7 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
 
 
 def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_path: Path) -> None:
-    from reliable_flow.store.sqlite import inbox, retention
+    from reliable_flow.store.sqlite import inbox, inbox_sql, outbox_sql
 
     Producer(tmp_path / "p.db", RESERVATION).close()
     Consumer(tmp_path / "c.db", RESERVATION).close()
@@ -85,7 +85,7 @@ def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_pat
 
     insert = plan(tmp_path / "c.db", inbox.INSERT_NEW, ("e", "f", 1, "b", 1.0))
     assert "SEARCH inbox_tombstone USING PRIMARY KEY" in insert and "SEARCH projection" in insert
-    outbox = plan(tmp_path / "p.db", retention.OUTBOX_PRUNABLE, (1.0, "pending", "set_aside", 10))
+    outbox = plan(tmp_path / "p.db", outbox_sql.OUTBOX_PRUNABLE, (1.0, "pending", "set_aside", 10))
     assert "SEARCH o USING INTEGER PRIMARY KEY" in outbox and "SEARCH d USING PRIMARY KEY" in outbox
-    assert "SEARCH i USING INTEGER PRIMARY KEY" in plan(tmp_path / "c.db", retention.INBOX_PRUNABLE, (1.0, 10))
-    assert "USING INDEX effect_by_state" in plan(tmp_path / "c.db", retention.EFFECTS_PRUNABLE, (1.0, 10))
+    assert "SEARCH i USING INTEGER PRIMARY KEY" in plan(tmp_path / "c.db", inbox_sql.INBOX_PRUNABLE, (1.0, 10))
+    assert "USING INDEX effect_by_state" in plan(tmp_path / "c.db", inbox_sql.EFFECTS_PRUNABLE, (1.0, 10))

@@ -47,20 +47,16 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import (
+from reliable_flow import Consumer, DeliveryPolicy, Producer, relay, snapshot
+from reliable_flow.errors import (
     CommitOutcomeUnknown,
-    Consumer,
     DatabaseBusy,
-    DeliveryPolicy,
-    InboxEntry,
-    Producer,
     ReadOnlyStorage,
     StorageError,
     StorageFull,
     WrongProcess,
-    relay,
-    snapshot,
 )
+from reliable_flow.records import InboxEntry
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite.connection import Database
 from reliable_flow.store.sqlite.errors import BEGIN_RETRIES

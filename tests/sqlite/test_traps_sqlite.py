@@ -15,17 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reliable_flow import (
-    Consumer,
-    Producer,
-    StorageError,
-    StorageFull,
-    Worker,
-    WrongFile,
-    relay,
-    relay_batch,
-    snapshot,
-)
+from reliable_flow import Consumer, Producer, Worker, relay, relay_batch, snapshot
+from reliable_flow.errors import StorageError, StorageFull, WrongFile
 from reliable_flow.reservation import RESERVATION
 from reliable_flow.store.sqlite import SqliteOutboxStore
 from support import commit, outbox_entry, run_cli

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import NotResolvable, UnknownEffect, UnknownEvent
-from ..statuses import DeliveryState, Effect, EffectAction, EffectState, OperatorAction
+from ..statuses import DeliveryState, EffectAction, EffectState, OperatorAction, ScheduledEffect
 from ..store import OutboxUnit
 from ..store.effects import EffectUnit
 
@@ -68,7 +68,7 @@ def effect_changes(action: str, reason: str, result: str | None = None) -> dict[
 
 
 def effect_action_in(unit: EffectUnit, action: str, key: str, actor: str, reason: str, now: float, location: str,
-                     result: str | None = None) -> tuple[EffectAction, Effect]:
+                     result: str | None = None) -> tuple[EffectAction, ScheduledEffect]:
     """Retry, resolve or cancel one effect inside ``unit``'s transaction; the
     recorded action and the effect as it was before."""
     effect = unit.effect(key)

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import envelope
 from ..crash import crash_point
-from ..effects import Effects
+from ..effects import EffectRegistry
 from ..envelope import Envelope
 from ..handlers import ApplyContext, Event, Handler
 from ..protocol import PayloadError, Protocol, Rejected
@@ -36,7 +36,7 @@ class ApplyRules:
     protocol: Protocol
     schemas: Collection[int]
     handlers: Sequence[Handler] = ()
-    effects: Effects | None = None
+    effects: EffectRegistry | None = None
     consumer: str = "default"
     clock: Callable[[], float] | None = None
 

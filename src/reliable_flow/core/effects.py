@@ -18,7 +18,7 @@ from .. import envelope
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..effects import EffectSpec, Happened, NotHappened, check_json_value
 from ..errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
-from ..statuses import AdvanceResult, AdvanceStatus, Effect, EffectState
+from ..statuses import AdvanceResult, AdvanceStatus, EffectState, ScheduledEffect
 from ..store.effects import EffectReads, EffectUnit, NewEffect
 
 __all__ = [
@@ -55,7 +55,7 @@ class Plan(enum.Enum):
     PARK = "park"            # in doubt, and nothing can settle it: unknown, for an operator
 
 
-def _late(effect: Effect, now: float, last_seq: int) -> tuple[Plan, str] | None:
+def _late(effect: ScheduledEffect, now: float, last_seq: int) -> tuple[Plan, str] | None:
     if effect.deadline is not None and now > effect.deadline:
         return Plan.EXPIRE, f"its deadline {effect.deadline:.3f} passed (now {now:.3f})"
     if effect.version is not None and last_seq > effect.version:
@@ -65,7 +65,7 @@ def _late(effect: Effect, now: float, last_seq: int) -> tuple[Plan, str] | None:
     return None
 
 
-def plan(effect: Effect, spec: EffectSpec, now: float, last_seq: int) -> tuple[Plan, str | None]:
+def plan(effect: ScheduledEffect, spec: EffectSpec, now: float, last_seq: int) -> tuple[Plan, str | None]:
     """Decide, before any call, what happens to an effect an executor picked up.
 
     An effect that may already have taken effect (``in_doubt``, or
@@ -92,7 +92,7 @@ def plan(effect: Effect, spec: EffectSpec, now: float, last_seq: int) -> tuple[P
     )
 
 
-def claim_changes(effect: Effect, chosen: Plan, reason: str | None, policy: DeliveryPolicy,
+def claim_changes(effect: ScheduledEffect, chosen: Plan, reason: str | None, policy: DeliveryPolicy,
                   now: float) -> Changes:
     """What the claim transaction writes for ``chosen`` (before any call)."""
     if chosen is Plan.EXPIRE:
@@ -129,7 +129,7 @@ def _succeeded(spec: EffectSpec, result: Any) -> Changes:
             "fed": False if spec.feedback is not None else None}
 
 
-def after_run(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: float, outcome: Outcome,
+def after_run(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float, outcome: Outcome,
               value: Any) -> Changes:
     """What a finished call leaves (``effect`` as claimed; ``value`` the result or the exception)."""
     if outcome is Outcome.SUCCEEDED:
@@ -151,7 +151,7 @@ def after_run(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: flo
             "last_error": retry.error}
 
 
-def after_reconcile(effect: Effect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
+def after_reconcile(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
                     answer: object) -> Changes:
     """What a reconcile answer leaves: ``Happened`` settles it, ``NotHappened``
     lets it run again (or makes it dead once ``max_attempts`` attempts are
@@ -196,7 +196,7 @@ def feedback_refusal(result: AdvanceResult) -> str | None:
     return f"feedback {result.status}: {result.reason}"
 
 
-def lease_held(held: Effect | None, owner: str) -> bool:
+def lease_held(held: ScheduledEffect | None, owner: str) -> bool:
     """Whether an executor's claim on an effect is still its own: when the
     lease ran out during the call and another executor took the effect up,
     the outcome is not recorded (lease_seconds must exceed the function's
@@ -233,7 +233,7 @@ def default_key(consumer: str, event_id: str, name: str) -> str:
     return f"{consumer}:{event_id}:{name}"
 
 
-def schedule_in(unit: EffectUnit, new: NewEffect) -> Effect | None:
+def schedule_in(unit: EffectUnit, new: NewEffect) -> ScheduledEffect | None:
     """Write a scheduled effect, once.  The same key with the same name and
     payload is a no-op (an apply retried after an unknown commit outcome);
     with anything else it raises :class:`EffectKeyConflict`, like an event id
@@ -261,7 +261,7 @@ ORDER_BLOCKING = (_S.PENDING, _S.RUNNING, _S.IN_DOUBT, _S.DEAD, _S.UNKNOWN)
 _TAKEN_UP = (_S.PENDING, _S.RUNNING, _S.IN_DOUBT)  # the states an executor claims from
 
 
-def waiting_behind(effect: Effect, flow_effects: Sequence[Effect]) -> Effect | None:
+def waiting_behind(effect: ScheduledEffect, flow_effects: Sequence[ScheduledEffect]) -> ScheduledEffect | None:
     """The earliest ordered effect scheduled before ``effect`` in its flow that
     it waits behind (``flow_effects``: the flow's effects in scheduling
     order), or None when it does not wait (not ordered, already final, or
@@ -276,7 +276,7 @@ def waiting_behind(effect: Effect, flow_effects: Sequence[Effect]) -> Effect | N
     return None
 
 
-def with_waits(reads: EffectReads, effects: Sequence[Effect]) -> list[Effect]:
+def with_waits(reads: EffectReads, effects: Sequence[ScheduledEffect]) -> list[ScheduledEffect]:
     """``effects`` with ``waiting_behind`` / ``waiting_behind_state`` filled in
     (their flows' effects read from ``reads``; pass the reads the effects
     came from, for one picture)."""

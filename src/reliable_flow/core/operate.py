@@ -13,8 +13,8 @@ from ..envelope import Envelope
 from ..errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEvent
 from ..operations import ConsumerEntry, FlowWait, InboxAction, InboxRow, RegistryAction, StuckFlow
 from ..protocol import Protocol
-from ..statuses import Effect, EffectState, InboxState
-from ..store import FlowState, InboxReads, InboxUnit, OutboxReads, OutboxUnit
+from ..statuses import EffectState, InboxState, ScheduledEffect
+from ..store import FlowState, InboxReads, InboxUnit, OutboxReads, OutboxUnit, StoredRow
 from .effects import waiting_behind
 
 __all__ = [
@@ -34,7 +34,7 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
     state = None if projection is None else str(projection["state"])
     last_seq = 0 if projection is None else int(projection["last_seq"])
     next_seq = last_seq + 1
-    rows = tuple(reads.inbox_rows(flow_id, next_seq))
+    rows = tuple(r.row() for r in reads.inbox_rows(flow_id, next_seq))
     live = [r for r in rows if r.state is not InboxState.REPLACED]
 
     def stuck(wait: FlowWait, since: float | None = None, row: InboxRow | None = None,
@@ -63,7 +63,7 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
     return stuck(FlowWait.GAP, since, detail=f"seq {next_seq} has not arrived")
 
 
-def _effect_wait(reads: InboxReads, flow_id: str) -> tuple[Effect, Effect] | None:
+def _effect_wait(reads: InboxReads, flow_id: str) -> tuple[ScheduledEffect, ScheduledEffect] | None:
     """The flow's first effect that waits behind an earlier one, and that one."""
     effects = reads.effect_list(flow_id=flow_id)
     for effect in effects:
@@ -85,7 +85,7 @@ def needs_attention(flow: StuckFlow, now: float, stuck_after: float) -> bool:
     return flow.since is None or now - flow.since >= stuck_after
 
 
-def feedback_refused(effect: Effect) -> bool:
+def feedback_refused(effect: ScheduledEffect) -> bool:
     """Succeeded, its result owed to the producer, and the last try to feed it
     back was refused (the executor records the refusal, a text beginning with
     ``feedback``, in ``last_error``, and tries again on every pass)."""
@@ -93,7 +93,7 @@ def feedback_refused(effect: Effect) -> bool:
             and (effect.last_error or "").startswith("feedback "))
 
 
-def effect_attention(effect: Effect, now: float) -> str | None:
+def effect_attention(effect: ScheduledEffect, now: float) -> str | None:
     """Why ``inspect`` lists an effect as needing attention (its attention
     ``kind``), or None: ``effect_dead`` and ``effect_unknown`` (they wait for
     an operator), ``effect_in_doubt`` (``in_doubt``, or ``running`` with its
@@ -113,7 +113,7 @@ def effect_attention(effect: Effect, now: float) -> str | None:
 # -- a way past a bad accepted event ---------------------------------------------------------------
 
 
-def _waiting_row(unit: InboxUnit, event_id: str, action: str, location: str) -> InboxRow:
+def _waiting_row(unit: InboxUnit, event_id: str, action: str, location: str) -> StoredRow:
     row = unit.inbox_row(event_id)
     if row is None:
         raise UnknownEvent(f"event {event_id!r} is not in the inbox of {location}")
@@ -152,7 +152,7 @@ def replace_in(unit: InboxUnit, event_id: str, corrected: Envelope, actor: str, 
             "envelope", f"a replacement must have the flow and seq of the event it replaces "
             f"({row.flow_id!r}, {row.seq}), got ({corrected.flow_id!r}, {corrected.seq})"
         )
-    if unit.body_of(corrected.event_id) is not None or unit.tombstone(corrected.event_id) is not None:
+    if unit.inbox_row(corrected.event_id) is not None or unit.tombstone(corrected.event_id) is not None:
         raise InvalidEnvelope("event_id", f"{corrected.event_id!r} is already in the inbox (or was, and was "
                                           f"pruned); a replacement needs a new event id")
     unit.set_replaced(event_id)
@@ -171,7 +171,7 @@ def unknown_consumer(location: str, name: str, known: Sequence[ConsumerEntry]) -
     return UnknownConsumer(
         f"producer {location} has no consumer named {name!r} (registered: {names}). A new name "
         f"gets every event from the first one, so it is registered only when asked: "
-        f"producer.register_consumer({name!r}, actor=..., reason=...), relay(..., register=True), "
+        f"producer.admin.register_consumer({name!r}, actor=..., reason=...), relay(..., register=True), "
         f"Worker(..., register=True) or `reliable-flow run --register`"
     )
 

@@ -29,9 +29,9 @@ def receive_in(
     # when a unique key refused it do we look at why.
     if max_inbox is None and unit.insert_new(env, now):
         return _stored(unit, env, apply)
-    body = unit.body_of(env.event_id)
-    if body is not None:
-        if body == env.body:
+    held = unit.inbox_row(env.event_id)
+    if held is not None:
+        if held.body == env.body:
             return ReceiveResult(ReceiveStatus.DUPLICATE, env.event_id, env.flow_id, env.seq)
         return ReceiveResult(
             ReceiveStatus.ID_CONFLICT, env.event_id, env.flow_id, env.seq,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .inbox import InboxReads, InboxStore, InboxUnit
 from .outbox import OutboxReads, OutboxStore, OutboxUnit
-from .records import FlowState, NextRow, StoredEvent
+from .records import FlowState, NextRow, StoredEvent, StoredRow
 
 __all__ = [
     "FlowState",
@@ -22,4 +22,5 @@ __all__ = [
     "OutboxStore",
     "OutboxUnit",
     "StoredEvent",
+    "StoredRow",
 ]

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..statuses import Effect, EffectAction, EffectState
+from ..statuses import EffectAction, EffectState, ScheduledEffect
 
 __all__ = ["EFFECT_COLUMNS", "EffectReads", "EffectUnit", "NewEffect"]
 
@@ -44,12 +44,12 @@ class NewEffect:
 class EffectReads(Protocol):
     """Reads of the effect outbox."""
 
-    def effect(self, key: str) -> Effect | None:
+    def effect(self, key: str) -> ScheduledEffect | None:
         """The effect with this idempotency key, or None."""
 
     def effect_list(
         self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
-    ) -> list[Effect]:
+    ) -> list[ScheduledEffect]:
         """Effects in scheduling order, filtered by state and flow, at most ``limit``."""
 
     def effect_counts(self) -> dict[str, int]:
@@ -58,7 +58,7 @@ class EffectReads(Protocol):
     def effect_actions(self, key: str | None = None) -> list[EffectAction]:
         """Recorded operator actions on effects (for one key if given), in order."""
 
-    def unfed_effects(self, limit: int) -> list[Effect]:
+    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
         """Succeeded effects whose result still has to be fed back, oldest first."""
 
     def next_effect_due_at(self, names: Collection[str]) -> float | None:
@@ -77,11 +77,11 @@ class EffectUnit(EffectReads, Protocol):
     def engine(self) -> str:
         """Which engine runs the application's SQL: ``"sqlite"`` or ``"postgres"``."""
 
-    def add_effect(self, new: NewEffect) -> Effect | None:
+    def add_effect(self, new: NewEffect) -> ScheduledEffect | None:
         """Store a pending effect due at once; if its key is taken, store
         nothing and return the effect that holds it."""
 
-    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[Effect]:
+    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
         """Effects an executor may take up now, oldest due first: ``pending``
         or ``in_doubt`` ones due at ``now``, and ``running`` ones whose lease
         ended; only these ``names``; never an ordered effect while an earlier

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..envelope import Envelope
-from ..operations import InboxAction, InboxRow
-from ..statuses import BlockReason, EffectRecord, InboxEntry
+from ..operations import InboxAction
+from ..statuses import AppliedEvent, BlockReason
 from .base import Store
 from .effects import EffectReads, EffectUnit
-from .records import FlowState, InboxCounts, NextRow, PruneStep, Tombstone
+from .records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
@@ -28,11 +28,8 @@ class InboxReads(EffectReads, Protocol):
     def projection(self, flow_id: str) -> dict[str, Any] | None:
         """``{"state", "last_seq", **view}`` as applied, or None."""
 
-    def effects(self, flow_id: str) -> list[EffectRecord]:
+    def effects(self, flow_id: str) -> list[AppliedEvent]:
         """The flow's effect records in apply order."""
-
-    def inbox(self, flow_id: str) -> list[InboxEntry]:
-        """The flow's inbox rows by seq (a replaced row just before its replacement)."""
 
     def flows(self) -> list[str]:
         """Every flow with an inbox row, sorted."""
@@ -44,18 +41,17 @@ class InboxReads(EffectReads, Protocol):
     def open_flows(self) -> list[str]:
         """Flows with a row still waiting (pending or blocked), sorted."""
 
-    def body_of(self, event_id: str) -> str | None:
-        """The stored body of ``event_id`` (in any state), or None."""
-
     def tombstone(self, event_id: str) -> Tombstone | None:
         """What stays of ``event_id`` if its row was pruned (flow, seq, body
         hash), else None.  Tombstones are never removed."""
 
-    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[InboxRow]:
-        """The flow's rows at or after ``from_seq`` in full, ordered as :meth:`inbox`."""
+    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[StoredRow]:
+        """The flow's rows at or after ``from_seq`` in full, with their
+        bodies, by seq (a replaced row just before its replacement)."""
 
-    def inbox_row(self, event_id: str) -> InboxRow | None:
-        """The row of ``event_id`` in full, or None."""
+    def inbox_row(self, event_id: str) -> StoredRow | None:
+        """The row of ``event_id`` (in any state) in full, with its body, or
+        None.  In a unit, the event id is held until it ends (see the engine)."""
 
     def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
         """Recorded skips and replacements, oldest first; with ``event_id``,
@@ -84,9 +80,6 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
 
     def unapplied(self, cap: int) -> int:
         """Rows still waiting (pending or blocked), counted up to ``cap``."""
-
-    def last_seq(self, flow_id: str) -> int:
-        """The flow's last applied seq (0 before any)."""
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         """The flow's applied state, last seq and data, or None."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..delivery import Retry
 from ..envelope import Envelope
@@ -28,17 +28,16 @@ class OutboxReads(Protocol):
     def protocol_name(self) -> str | None:
         """The protocol the store was created for."""
 
-    def flow(self, flow_id: str) -> dict[str, Any] | None:
-        """``{"state", "seq", **data}`` as committed, or None."""
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        """The flow's committed state, seq and data, or None before its first
+        event.  In a unit, the flow is held until it ends (see the engine)."""
 
     def flows(self) -> list[str]:
         """Every flow with a flow row (written by ``put_flow``), sorted."""
 
-    def event_body(self, event_id: str) -> str | None:
-        """The canonical body stored for ``event_id``, or None."""
-
     def find_event(self, event_id: str) -> StoredEvent | None:
-        """Position, seq and body of ``event_id``, or None."""
+        """Position, seq and canonical body of ``event_id``, or None (never
+        stored, or pruned: see :meth:`tombstone`)."""
 
     def tombstone(self, event_id: str) -> Tombstone | None:
         """What stays of ``event_id`` if it was pruned (flow, seq, body hash),
@@ -60,17 +59,15 @@ class OutboxReads(Protocol):
         """Positions of the oldest pending deliveries to ``consumer`` due at ``horizon``."""
 
     def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
-        """The oldest due pending delivery's position and body, or None."""
+        """The oldest due pending delivery's position and body, or None: a
+        relay without a lease picks one event in one read (:meth:`next_due`
+        with :meth:`bodies` is two)."""
 
     def next_due_at(self, consumer: str) -> float | None:
         """The earliest due time of a pending delivery to ``consumer`` (new:
         at once; leased: when the lease ends; failed: after its backoff), or
         None when nothing is pending for it (accepted, set aside and skipped
         deliveries wait for nothing)."""
-
-    def body_at(self, pos: int) -> str | None:
-        """The body of the event at ``pos``, or None when no event is stored
-        there (any more: a relay's position may be pruned before its body is read)."""
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
         """Bodies of the events at ``positions``; a position with no event
@@ -90,9 +87,6 @@ class OutboxUnit(OutboxReads, Protocol):
     """
 
     lost: BaseException | None
-
-    def flow_state(self, flow_id: str) -> FlowState | None:
-        """The flow's committed state, seq and data, or None before its first event."""
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries over all consumers (events, before any consumer), up to ``cap``."""
@@ -126,10 +120,6 @@ class OutboxUnit(OutboxReads, Protocol):
     def bound_uid(self, name: str) -> str | None:
         """The uid of the consumer file bound to ``name``, or None (not
         registered, or registered and not bound yet)."""
-
-    def add_consumer(self, name: str, uid: str) -> None:
-        """Register ``name`` bound to ``uid`` at once (registration time
-        unknown); every committed event becomes pending for it."""
 
     def has_consumers(self) -> bool:
         """True if any consumer name is registered (bound or not)."""

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..operations import InboxRow
+from ..statuses import BlockReason, InboxEntry, InboxState
+
 __all__ = [
-    "DeliveryCounts", "FlowState", "InboxCounts", "NextRow", "OutboxCounts", "PruneStep", "StoredEvent", "Tombstone",
+    "DeliveryCounts",
+    "FlowState",
+    "InboxCounts",
+    "NextRow",
+    "OutboxCounts",
+    "PruneStep",
+    "StoredEvent",
+    "StoredRow",
+    "Tombstone",
+    "as_flow_dict",
 ]
 
 
@@ -20,6 +33,11 @@ class FlowState:
     data: dict[str, Any]
 
 
+def as_flow_dict(flow: FlowState | None) -> dict[str, Any] | None:
+    """A producer's flow as ``Producer.flow`` shows it: ``{"state", "seq", **data}``, or None."""
+    return None if flow is None else {"state": flow.state, "seq": flow.seq, **flow.data}
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     """An outbox event: its position in commit order, its seq and canonical body."""
@@ -27,6 +45,32 @@ class StoredEvent:
     pos: int
     seq: int
     body: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """An inbox row as stored: what an operator sees of it (:meth:`row`), and
+    its canonical body (whose ``meta`` a reader sees: :meth:`entry`)."""
+
+    event_id: str
+    flow_id: str
+    seq: int
+    state: InboxState
+    reason: BlockReason | None
+    detail: str | None
+    received_at: float | None
+    blocked_at: float | None
+    body: str
+
+    def row(self) -> InboxRow:
+        """The row in full, as :class:`~reliable_flow.records.InboxRow` (no body)."""
+        return InboxRow(self.event_id, self.flow_id, self.seq, self.state, self.reason, self.detail,
+                        self.received_at, self.blocked_at)
+
+    def entry(self) -> InboxEntry:
+        """The row as :class:`~reliable_flow.records.InboxEntry`, with the event's ``meta``."""
+        return InboxEntry(self.event_id, self.seq, self.state, self.reason,
+                          dict(json.loads(self.body).get("meta", {})))
 
 
 @dataclass(frozen=True, slots=True)

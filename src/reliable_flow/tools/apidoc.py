@@ -1,5 +1,7 @@
 """``python -m reliable_flow.tools.apidoc``: the API reference (``docs/api.md``),
-generated from ``reliable_flow.__all__``, the signatures and the docstrings.
+generated from ``reliable_flow.__all__``, the ``__all__`` of the public
+namespaces (``records``, ``errors``, ``statuses``, the protocol's field
+checks), the signatures and the docstrings.
 
 A test regenerates it and compares, so the page cannot fall behind the code:
 every public name, every public method and argument, and every result field
@@ -22,9 +24,10 @@ import reliable_flow
 __all__ = ["render"]
 
 _SECTIONS: tuple[tuple[str, Callable[[Any], bool]], ...] = (
-    ("Errors", lambda obj: isinstance(obj, type) and issubclass(obj, BaseException)),
+    ("Namespaces", inspect.ismodule),
+    ("Exceptions your code raises", lambda obj: isinstance(obj, type) and issubclass(obj, BaseException)),
     ("Statuses", lambda obj: isinstance(obj, type) and issubclass(obj, enum.Enum)),
-    ("Results and records", lambda obj: dataclasses.is_dataclass(obj) and isinstance(obj, type)),
+    ("Values you build", lambda obj: dataclasses.is_dataclass(obj) and isinstance(obj, type)),
     ("Classes", lambda obj: isinstance(obj, type)),
     ("Functions", callable),
     ("Values", lambda obj: True),
@@ -33,10 +36,22 @@ _SECTIONS: tuple[tuple[str, Callable[[Any], bool]], ...] = (
 _HEADER = """# API reference
 
 Generated from the code by `python -m reliable_flow.tools.apidoc > docs/api.md`
-(`tests/test_api_doc.py` fails when this page and the code differ). Every
-name below is importable from `reliable_flow`. Guides: [concepts](concepts.md),
-[effects](effects.md), [worker](worker.md), [operations](operations.md).
+(`tests/test_api_doc.py` fails when this page and the code differ). The
+first sections are the names importable from `reliable_flow` (what you write
+daily); then, one section each, the namespaces `reliable_flow.errors` (every
+error), `reliable_flow.statuses` (every status enum; the common ones are at
+the top level too), `reliable_flow.records` (every result and record) and
+the field checks of `reliable_flow.protocol`. The other public modules are
+`reliable_flow.delivery`, `reliable_flow.reservation` and
+`reliable_flow.tracing`; every other module is internal. Guides:
+[concepts](concepts.md), [effects](effects.md), [worker](worker.md),
+[operations](operations.md), [writing a protocol](writing-a-protocol.md).
 """
+
+# name -> where its heading is: a namespace documents its own names, so a
+# top-level status enum or ReliableFlowError has one heading, in its namespace.
+_NAMESPACES = ("errors", "statuses", "records")
+_PROTOCOL_CHECKS = ("integer", "number", "text", "boolean", "optional", "exact", "by_kind")
 
 
 def _doc(obj: Any) -> str:
@@ -66,7 +81,7 @@ def _members(cls: type) -> Iterator[tuple[str, Any]]:
             member = member.__func__
         if isinstance(member, (types.FunctionType, property)):
             yield name, member
-    # Public methods inherited from the library's own mixins (e.g. Consumer's effect admin).
+    # Public methods inherited from the library's own base classes (none on Producer / Consumer).
     seen = set(vars(cls))
     for base in cls.__mro__[1:]:
         if not base.__module__.startswith("reliable_flow"):
@@ -116,9 +131,24 @@ def _first_line(obj: Any) -> str:
     return (_doc(obj).splitlines() or [""])[0]
 
 
+def _entry(name: str, obj: Any, out: list[str]) -> None:
+    if isinstance(obj, type):
+        _class(name, obj, out)
+    elif inspect.ismodule(obj):
+        out.append(f"### `{name}`\n")
+        out.append(f"`reliable_flow.{name}` (its section below): {_first_line(obj)}\n")
+    elif callable(obj):
+        out.append(f"### `{name}{_signature(obj)}`\n")
+        out.append(_doc(obj) + "\n")
+    else:
+        out.append(f"### `{name}`\n")
+        out.append(f"`{obj!r}`\n")
+
+
 def render() -> str:
     """The whole page, deterministic."""
-    names = [n for n in reliable_flow.__all__ if n != "__version__"]
+    elsewhere = {n for space in _NAMESPACES for n in getattr(reliable_flow, space).__all__}
+    names = [n for n in reliable_flow.__all__ if n != "__version__" and n not in elsewhere]
     placed: set[str] = set()
     out = [_HEADER]
     for title, belongs in _SECTIONS:
@@ -128,15 +158,19 @@ def render() -> str:
         out.append(f"## {title}\n")
         for name in chosen:
             placed.add(name)
-            obj = getattr(reliable_flow, name)
-            if isinstance(obj, type):
-                _class(name, obj, out)
-            elif callable(obj):
-                out.append(f"### `{name}{_signature(obj)}`\n")
-                out.append(_doc(obj) + "\n")
-            else:
-                out.append(f"### `{name}`\n")
-                out.append(f"`{obj!r}`\n")
+            _entry(name, getattr(reliable_flow, name), out)
+    for space in _NAMESPACES:
+        module = getattr(reliable_flow, space)
+        out.append(f"## `reliable_flow.{space}`\n")
+        out.append(_doc(module).split("\n\n")[0] + "\n")
+        for name in sorted(module.__all__):
+            _entry(name, getattr(module, name), out)
+    out.append("## `reliable_flow.protocol`: field checks\n")
+    out.append("What a protocol's ``schemas`` are written with, next to `Protocol` "
+               "(see [writing a protocol](writing-a-protocol.md)).\n")
+    protocol = reliable_flow.protocol
+    for name in _PROTOCOL_CHECKS:
+        _entry(name, getattr(protocol, name), out)
     text = "\n".join(part.rstrip("\n") + "\n" for part in out if part is not None)
     return text.replace("\n\n\n", "\n\n")
 

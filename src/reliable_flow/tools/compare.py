@@ -21,7 +21,7 @@ from typing import Any
 from ..operations import InboxAction
 from ..statuses import DeliveryState, InboxState, OperatorAction, OutboxEntry
 from ..store.outbox import OutboxStore
-from ..store.records import Tombstone
+from ..store.records import Tombstone, as_flow_dict
 from .stores import Location, open_consumer, open_producer, shown
 
 __all__ = ["KINDS", "compare_files", "dumps", "format_comparison"]
@@ -32,7 +32,7 @@ KINDS = ("missing_on_consumer", "missing_on_producer", "ahead", "behind", "event
 
 def _producer_side(store: OutboxStore) -> dict[str, Any]:
     with store.read() as reads:
-        flows = {f: reads.flow(f) for f in reads.flows()}
+        flows = {f: as_flow_dict(reads.flow_state(f)) for f in reads.flows()}
         entries = reads.outbox()
         registered = {c.name for c in reads.consumers()}
         actions = reads.operator_actions()

@@ -19,8 +19,9 @@ from typing import Any
 from ..core.effects import with_waits
 from ..core.operate import effect_attention, needs_attention, why_waiting
 from ..operations import FlowWait, InboxRow, StuckFlow
-from ..statuses import DeliveryRecord, DeliveryState, Effect, EffectState, OutboxEntry
+from ..statuses import DeliveryRecord, DeliveryState, EffectState, OutboxEntry, ScheduledEffect
 from ..store import InboxReads, OutboxReads
+from ..store.records import as_flow_dict
 from .stores import Location, open_consumer, open_producer
 
 __all__ = [
@@ -79,7 +80,7 @@ def _delivery(d: DeliveryRecord, now: float) -> dict[str, Any]:
             "lease_expired": None if d.lease_owner is None else d.due_at <= now}
 
 
-def effect_dict(e: Effect) -> dict[str, Any]:
+def effect_dict(e: ScheduledEffect) -> dict[str, Any]:
     return {"key": e.key, "name": e.name, "flow_id": e.flow_id, "event_id": e.event_id, "seq": e.seq,
             "state": e.state.value, "ordered": e.ordered, "attempts": e.attempts, "due_at": e.due_at,
             "lease_owner": e.lease_owner, "last_error": e.last_error, "reason": e.reason, "fed": e.fed,
@@ -124,7 +125,7 @@ _EFFECT_ADVICE = {
 }
 
 
-def effect_item(name: str | None, effect: Effect, now: float) -> dict[str, Any] | None:
+def effect_item(name: str | None, effect: ScheduledEffect, now: float) -> dict[str, Any] | None:
     """The attention item for an effect that is dead, unknown, in doubt, or
     whose feedback was refused (see docs/effects.md, 'Operating it')."""
     kind = effect_attention(effect, now)
@@ -135,7 +136,7 @@ def effect_item(name: str | None, effect: Effect, now: float) -> dict[str, Any] 
                  f"effect {effect.name!r}: {error}{_EFFECT_ADVICE[kind]}", effect.key)
 
 
-def _effect_items(name: str | None, effects: list[Effect], now: float) -> list[dict[str, Any]]:
+def _effect_items(name: str | None, effects: list[ScheduledEffect], now: float) -> list[dict[str, Any]]:
     return [item for e in effects if (item := effect_item(name, e, now)) is not None]
 
 
@@ -173,7 +174,7 @@ def flow_report(producer_path: Location, consumer_path: Location, flow_id: str, 
     now = time.time() if now is None else now
     with opened(producer_path, consumer_path) as (p, c):
         entries = p.outbox(flow_id)
-        produced = p.flow(flow_id)
+        produced = as_flow_dict(p.flow_state(flow_id))
         name = c.meta().get("name")
         flow = why_waiting(c, flow_id)
         effects = with_waits(c, c.effect_list(flow_id=flow_id))
@@ -197,12 +198,14 @@ def event_report(producer_path: Location, consumer_path: Location, event_id: str
     the skips / replacements naming it (consumer)."""
     now = time.time() if now is None else now
     with opened(producer_path, consumer_path) as (p, c):
-        envelope = p.event_body(event_id)
+        stored = p.find_event(event_id)
+        envelope = None if stored is None else stored.body
         entries = [] if envelope is None else [e for e in p.outbox(_flow_of(envelope)) if e.event_id == event_id]
         actions = [asdict(a) for a in p.operator_actions(event_id)]
         name = c.meta().get("name")
-        row = c.inbox_row(event_id)
-        inbox_body = c.body_of(event_id)
+        found = c.inbox_row(event_id)
+        row = None if found is None else found.row()
+        inbox_body = None if found is None else found.body
         flow = None if row is None else why_waiting(c, row.flow_id)
         inbox_actions = [asdict(a) for a in c.inbox_actions(event_id)]
         effects = [] if row is None else with_waits(

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core.operate import feedback_refused, why_waiting
 from ..operations import FlowWait
-from ..statuses import Effect, EffectState, InboxState
+from ..statuses import EffectState, InboxState, ScheduledEffect
 from .drilldown import (
     DEFAULT_STUCK_AFTER,
     attention_lines,
@@ -84,7 +84,7 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
             gaps.append({"flow_id": flow_id, "missing_seq": next_seq, "waiting": waiting,
                          "meta": [metas[s] for s in waiting]})  # of the waiting events, in order
 
-    outbox = [Effect(**e) for e in cons["effect_outbox"]]
+    outbox = [ScheduledEffect(**e) for e in cons["effect_outbox"]]
     effect_counts = {state.value: 0 for state in EffectState}
     for effect in outbox:
         effect_counts[effect.state.value] += 1
@@ -123,7 +123,7 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
 
 
 def _add_operations(report: dict[str, Any], producer_path: Location, consumer_path: Location,
-                    stuck_after: float, now: float, effects: list[Effect]) -> None:
+                    stuck_after: float, now: float, effects: list[ScheduledEffect]) -> None:
     """The registry, why each open flow (or flow with an effect waiting behind
     another) waits, the operators' skips and replacements, and what needs
     attention (read after the snapshot, except ``effects``)."""

@@ -1,14 +1,14 @@
 """Operator actions from the command line: one command per operator method
 of the Python API, each recorded with ``--actor`` and ``--reason``.
 
-* ``effect retry|resolve|cancel CONSUMER_DB KEY``: ``Consumer.retry_effect``
+* ``effect retry|resolve|cancel CONSUMER_DB KEY``: ``consumer.admin.retry_effect``
   / ``resolve_effect`` (``--result JSON``) / ``cancel_effect``;
 * ``delivery redeliver|skip PRODUCER_DB CONSUMER_NAME EVENT_ID``:
-  ``Producer.redeliver`` / ``skip``;
-* ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``Consumer.skip_event`` /
+  ``producer.admin.redeliver`` / ``skip``;
+* ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``consumer.admin.skip_event`` /
   ``replace_event`` (``--envelope FILE``);
 * ``registry register|remove PRODUCER_DB NAME``:
-  ``Producer.register_consumer`` (``--from-now``) / ``remove_consumer``.
+  ``producer.admin.register_consumer`` (``--from-now``) / ``remove_consumer``.
 
 The command only parses its arguments, opens the store and calls the
 method, which decides and records.  A store must already exist: it is first
@@ -153,16 +153,16 @@ def _effect(args: argparse.Namespace) -> tuple[Any, str]:
     with _opened(args, "consumer") as consumer:
         who = {"actor": args.actor, "reason": args.reason}
         if args.action == "retry":
-            return consumer.retry_effect(args.key, **who), f"effect {args.key!r} is pending again, due now"
+            return consumer.admin.retry_effect(args.key, **who), f"effect {args.key!r} is pending again, due now"
         if args.action == "resolve":
-            record = consumer.resolve_effect(args.key, result=args.result, **who)
+            record = consumer.admin.resolve_effect(args.key, result=args.result, **who)
             return record, f"effect {args.key!r} is succeeded, result {json.dumps(args.result)}"
-        return consumer.cancel_effect(args.key, **who), f"effect {args.key!r} is cancelled: it will never run"
+        return consumer.admin.cancel_effect(args.key, **who), f"effect {args.key!r} is cancelled: it will never run"
 
 
 def _delivery(args: argparse.Namespace) -> tuple[Any, str]:
     with _opened(args, "producer") as producer:
-        act = producer.redeliver if args.action == "redeliver" else producer.skip
+        act = producer.admin.redeliver if args.action == "redeliver" else producer.admin.skip
         record = act(args.event_id, consumer=args.consumer, actor=args.actor, reason=args.reason)
     was = f"(was {record.previous_state})"
     if args.action == "redeliver":
@@ -174,9 +174,9 @@ def _inbox(args: argparse.Namespace) -> tuple[Any, str]:
     corrected = _envelope(args.envelope) if args.action == "replace" else None
     with _opened(args, "consumer") as consumer:
         if corrected is None:
-            record = consumer.skip_event(args.event_id, actor=args.actor, reason=args.reason)
+            record = consumer.admin.skip_event(args.event_id, actor=args.actor, reason=args.reason)
         else:
-            record = consumer.replace_event(args.event_id, corrected, actor=args.actor, reason=args.reason)
+            record = consumer.admin.replace_event(args.event_id, corrected, actor=args.actor, reason=args.reason)
     step = f"flow {record.flow_id!r} seq {record.seq}, was {record.previous_state}"
     if corrected is None:
         return record, f"event {args.event_id!r} skipped ({step}): the flow goes on past it"
@@ -186,10 +186,10 @@ def _inbox(args: argparse.Namespace) -> tuple[Any, str]:
 def _registry(args: argparse.Namespace) -> tuple[Any, str]:
     with _opened(args, "producer") as producer:
         if args.action == "register":
-            record = producer.register_consumer(args.name, args.from_now, actor=args.actor, reason=args.reason)
+            record = producer.admin.register_consumer(args.name, args.from_now, actor=args.actor, reason=args.reason)
             gets = "events committed from now on" if args.from_now else "every event from the first one"
             return record, f"consumer {args.name!r} registered: it gets {gets}"
-        record = producer.remove_consumer(args.name, actor=args.actor, reason=args.reason)
+        record = producer.admin.remove_consumer(args.name, actor=args.actor, reason=args.reason)
     return record, f"consumer {args.name!r} removed, with its deliveries"
 
 

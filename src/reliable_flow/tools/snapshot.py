@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..core.effects import with_waits
+from ..store.records import as_flow_dict
 from .stores import Location, open_consumer, open_producer
 
 __all__ = ["snapshot"]
@@ -20,7 +21,7 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
     Plain dicts and lists (JSON-able), because this is a dump for tools.
     The consumer's flows are those with an inbox row or a projection (a
     flow whose rows were all pruned keeps its projection); its effects
-    carry ``waiting_behind`` (see :class:`~reliable_flow.Effect`).
+    carry ``waiting_behind`` (see :class:`~reliable_flow.records.ScheduledEffect`).
     Each store is read in its own read transaction (on PostgreSQL a
     read-only REPEATABLE READ snapshot), so each half is internally
     consistent; the two halves are *not* one atomic picture (no transaction
@@ -36,7 +37,7 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
                 outbox.setdefault(entry.flow_id, []).append(asdict(entry))
             out["producer"] = {
                 "protocol": reads.protocol_name(),
-                "flows": {f: reads.flow(f) for f in reads.flows()},
+                "flows": {f: as_flow_dict(reads.flow_state(f)) for f in reads.flows()},
                 "outbox": outbox,
                 "operator_actions": [_action(a) for a in reads.operator_actions()],
             }
@@ -52,7 +53,7 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
                 "protocol": meta.get("protocol"),
                 "name": meta.get("name"),
                 "projections": {f: view.projection(f) for f in flows},
-                "inbox": {f: [asdict(row) for row in view.inbox(f)] for f in flows},
+                "inbox": {f: [asdict(row.entry()) for row in view.inbox_rows(f)] for f in flows},
                 "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
                 "effect_outbox": [asdict(e) for e in with_waits(view, view.effect_list())],
                 "effect_actions": [asdict(a) for a in view.effect_actions()],

@@ -43,7 +43,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     run.add_argument("--handlers", action="append", metavar="[NAME=]MODULE:ATTR",
                      help="a list of apply handlers the consumers run" + each)
     run.add_argument("--effects", action="append", metavar="[NAME=]MODULE:ATTR",
-                     help="an Effects registry: the consumers may schedule these effects and the worker "
+                     help="an EffectRegistry: the consumers may schedule these effects and the worker "
                           "runs them" + each)
     run.add_argument("--app-schema", action="append", metavar="[NAME=]MODULE:ATTR",
                      help="the application's own tables (an AppSchema)" + each)
@@ -76,7 +76,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     )
     execute.add_argument("consumer", metavar="CONSUMER", help="the consumer's store")
     execute.add_argument("--effects", required=True, metavar="MODULE:ATTR",
-                         help="the Effects registry to run (only its names are claimed)")
+                         help="the EffectRegistry to run (only its names are claimed)")
     execute.add_argument("--producer", metavar="PATH", help="where results of effects with feedback= are advanced")
     execute.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
                          help="the protocol object to import (default: %(default)s)")
@@ -93,7 +93,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
 
 
 def _load_one(key: str, spec: str) -> Any:
-    from ..effects import Effects
+    from ..effects import EffectRegistry
     from ..handlers import AppSchema
     from ..protocol import Protocol
 
@@ -101,7 +101,7 @@ def _load_one(key: str, spec: str) -> Any:
         "protocol": (lambda o: isinstance(o, Protocol), "a reliable_flow Protocol"),
         "handlers": (lambda o: isinstance(o, (list, tuple)) and all(callable(h) for h in o),
                      "a list of handler functions"),
-        "effects": (lambda o: isinstance(o, Effects), "a reliable_flow Effects registry"),
+        "effects": (lambda o: isinstance(o, EffectRegistry), "a reliable_flow EffectRegistry"),
         "app_schema": (lambda o: isinstance(o, AppSchema), "a reliable_flow AppSchema"),
     }
     check, what = checks[key]

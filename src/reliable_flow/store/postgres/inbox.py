@@ -7,69 +7,116 @@ it, a unit of work inside :meth:`PgInboxStore.write` or a snapshot inside
 What a unit locks, until it ends: a new event is stored by one ``INSERT
 ... ON CONFLICT DO NOTHING`` (a racing twin waits on the unique key, then
 stores nothing, and receive compares); when it was refused, receive's
-slower reads lock what they read: ``body_of`` the event id, ``holder`` the
+slower reads lock what they read: ``inbox_row`` the event id, ``holder`` the
 flow (advisory), ``unapplied`` the schema's room (so two receives never both
 take the last place under ``max_inbox``).  ``flow_state`` (apply) locks
 the flow and its projection row (``FOR UPDATE``), so two applies of one
 flow take turns and the second sees the first's result.
+
+The statement texts live in :mod:`.inbox_sql`.  Besides receive and
+apply: the inbox as an operator sees and repairs it, the effect outbox and
+the application's own SQL run inside an apply, and retention (see
+:mod:`.outbox`).
 """
 
 from __future__ import annotations
 
-import json
+import re
 import uuid
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ...envelope import Envelope
-from ...statuses import BlockReason, EffectRecord, InboxEntry, InboxState
-from ..records import FlowState, InboxCounts, NextRow
-from ..shared import identity_problem
-from .base import PgStore
+from psycopg import sql
+
+from ...envelope import Envelope, body_hash
+from ...operations import InboxAction
+from ...statuses import (
+    AppliedEvent,
+    BlockReason,
+    EffectAction,
+    EffectState,
+    ScheduledEffect,
+)
+from .. import rows
+from ..effects import NewEffect
+from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
+from ..rows import EFFECT_SELECT as _COLUMNS
+from ..rows import effect as effect_row
+from ..rows import effect_action
+from ..shared import effect_changes, identity_problem
+from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
-from .effects import PgEffects
-from .inbox_admin import PgInboxAdmin
+from .inbox_sql import (
+    ACTION,
+    APPLIED,
+    BLOCK,
+    DUE_EFFECTS,
+    EFFECTS_PRUNABLE,
+    GAPS,
+    INBOX_COUNTS,
+    INBOX_PRUNABLE,
+    INSERT,
+    INSERT_NEW,
+    MAX_POS,
+    NEXT_EFFECT_DUE,
+    NEXT_ROW,
+    OPEN_FLOWS,
+    REPLACED,
+    ROW,
+    SKIPPED,
+    UPSERT_PROJECTION,
+    Candidate,
+)
 from .location import Target, parse
-from .retention import PgInboxRetention
+from .placeholders import pyformat
 from .schema import CONSUMER
 
 __all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "PgInbox", "PgInboxStore"]
 
-_BLOCKED = InboxState.BLOCKED.value
-_APPLIED = InboxState.APPLIED.value
+# Statements that end, split or reshape the library's transaction.
+_TRANSACTION_CONTROL = frozenset({
+    "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release", "prepare", "set",
+    "reset", "discard", "listen", "unlisten",
+})
 
-NEXT_ROW = (
-    "SELECT seq, event_id, body FROM inbox WHERE flow_id = %s AND seq >= %s AND live = 1 ORDER BY seq LIMIT 1"
-)
-OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
-_INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (%s, %s, %s, %s, %s)"
-INSERT_NEW = (
-    "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT %(id)s, %(flow)s, %(seq)s, %(body)s, %(at)s "
-    "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone WHERE event_id = %(id)s) "
-    "AND %(seq)s > coalesce((SELECT last_seq FROM projection WHERE flow_id = %(flow)s), 0) ON CONFLICT DO NOTHING"
-)
-_UPSERT_PROJECTION = (
-    "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (%s, %s, %s, %s, %s) "
-    "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
-    "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
-)
-_INBOX_COUNTS = "SELECT state, reason, count(*) FROM inbox GROUP BY state, reason"
-_GAPS = (
-    "SELECT count(*) FROM (SELECT flow_id, min(seq) AS first FROM inbox WHERE state IN ('pending','blocked') "
-    "GROUP BY flow_id) o LEFT JOIN projection p ON p.flow_id = o.flow_id "
-    "WHERE o.first > coalesce(p.last_seq, 0) + 1"
-)
-# Only a change is written; blocked_at keeps the time the row first became blocked.
-_BLOCK = (
-    f"UPDATE inbox SET blocked_at = CASE WHEN state = '{_BLOCKED}' THEN blocked_at ELSE %s END, "
-    f"state = '{_BLOCKED}', reason = %s, detail = %s "
-    f"WHERE event_id = %s AND (state <> '{_BLOCKED}' OR reason IS DISTINCT FROM %s OR detail IS DISTINCT FROM %s)"
-)
+_SKIP = re.compile(r"(?:\s+|;|--[^\n]*(?:\n|$))+")  # an empty statement before ';' is no statement
+
+_WORD = re.compile(r"[A-Za-z_]+")
+
+def first_keyword(text: str) -> str:
+    """The statement's first word, past whitespace, comments (``--`` and
+    nested ``/* */``) and empty statements (``;``: the server drops them, so
+    ``; COMMIT`` is one statement, COMMIT), lower-cased; '' if there is none."""
+    i = 0
+    while i < len(text):
+        skipped = _SKIP.match(text, i)
+        if skipped and skipped.end() > i:
+            i = skipped.end()
+            continue
+        if text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < len(text) and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+            continue
+        if text[i] == "(":
+            i += 1
+            continue
+        word = _WORD.match(text, i)
+        return word.group(0).lower() if word else ""
+    return ""
 
 
-class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
-    """The consumer's tables, seen through one connection."""
+class PgInbox(PgView):
+    """The consumer's tables, seen through one connection: receive, apply,
+    the operator's repairs, the effect outbox, tombstones and pruning."""
 
-    # -- receive --------------------------------------------------------------------
+    engine = "postgres"
+    _TABLE = "inbox_tombstone"
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
@@ -78,7 +125,7 @@ class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
         }))
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
-        self._run(_INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
+        self._run(INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
 
     def holder(self, flow_id: str, seq: int) -> str | None:
         """The event id holding (flow, seq), if any (a replaced row does not)."""
@@ -98,13 +145,11 @@ class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
         row = self._one("SELECT last_seq FROM projection WHERE flow_id = %s", (flow_id,))
         return int(row[0]) if row else 0
 
-    # -- apply ----------------------------------------------------------------------
-
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
         lock = " FOR UPDATE" if self._writing else ""
         row = self._one("SELECT state, last_seq, data FROM projection WHERE flow_id = %s" + lock, (flow_id,))
-        return None if row is None else FlowState(row[0], int(row[1]), json.loads(row[2]))
+        return None if row is None else rows.flow_state(row)
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
         row = self._one(NEXT_ROW, (flow_id, seq))
@@ -112,10 +157,10 @@ class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
 
     def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
               now: float | None = None) -> None:
-        self._run(_BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
+        self._run(BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
-        self._run(_UPSERT_PROJECTION, (flow_id, state, seq, data, view))
+        self._run(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
         """The event's one effect record, and its inbox row marked applied."""
@@ -123,40 +168,23 @@ class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
             "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (%s, %s, %s, %s)", (event_id, flow_id, seq, kind)
         )
         self._run(
-            f"UPDATE inbox SET state = '{_APPLIED}', reason = NULL, detail = NULL WHERE event_id = %s", (event_id,)
+            f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = %s", (event_id,)
         )
 
     def open_flows(self) -> list[str]:
         return [str(r[0]) for r in self._rows(OPEN_FLOWS)]
-
-    # -- reads ----------------------------------------------------------------------
 
     def meta(self) -> dict[str, str]:
         return {str(k): str(v) for k, v in self._rows("SELECT key, value FROM meta")}
 
     def projection(self, flow_id: str) -> dict[str, Any] | None:
         row = self._one("SELECT state, last_seq, view FROM projection WHERE flow_id = %s", (flow_id,))
-        if row is None:
-            return None
-        return {"state": row[0], "last_seq": int(row[1]), **json.loads(row[2])}
+        return None if row is None else rows.projection(row)
 
-    def effects(self, flow_id: str) -> list[EffectRecord]:
-        return [
-            EffectRecord(r[0], r[1], int(r[2]), r[3])
-            for r in self._rows(
-                "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = %s ORDER BY id", (flow_id,)
-            )
-        ]
-
-    def inbox(self, flow_id: str) -> list[InboxEntry]:
-        return [
-            InboxEntry(r[0], int(r[1]), InboxState(r[2]), None if r[3] is None else BlockReason(r[3]),
-                       dict(json.loads(r[4]).get("meta", {})))
-            for r in self._rows(
-                "SELECT event_id, seq, state, reason, body FROM inbox WHERE flow_id = %s "
-                "ORDER BY seq, live NULLS FIRST", (flow_id,)
-            )
-        ]
+    def effects(self, flow_id: str) -> list[AppliedEvent]:
+        return [rows.effect_record(r) for r in self._rows(
+            "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = %s ORDER BY id", (flow_id,)
+        )]
 
     def flows(self) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
@@ -166,14 +194,200 @@ class PgInbox(PgEffects, PgInboxAdmin, PgInboxRetention):
 
     def inbox_counts(self) -> InboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
-        by_state: dict[str, int] = {}
-        blocked: dict[str, int] = {}
-        for state, reason, n in self._rows(_INBOX_COUNTS):
-            by_state[state] = by_state.get(state, 0) + int(n)
-            if state == _BLOCKED and reason is not None:
-                blocked[reason] = blocked.get(reason, 0) + int(n)
-        gaps = self._one(_GAPS)
-        return InboxCounts(by_state, blocked, 0 if gaps is None else int(gaps[0]))
+        gaps = self._one(GAPS)
+        return rows.inbox_counts(self._rows(INBOX_COUNTS), 0 if gaps is None else int(gaps[0]))
+
+    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[StoredRow]:
+        return [rows.stored_row(r) for r in self._rows(
+            ROW + "WHERE flow_id = %s AND seq >= %s ORDER BY seq, live NULLS FIRST", (flow_id, from_seq)
+        )]
+
+    def inbox_row(self, event_id: str) -> StoredRow | None:
+        """In a unit, the event id is locked first: a receive racing another
+        receive of the same event waits, then finds it (``duplicate``)."""
+        self._lock("event", event_id)
+        found = self._one(ROW + "WHERE event_id = %s", (event_id,))
+        return None if found is None else rows.stored_row(found)
+
+    def set_skipped(self, event_id: str) -> None:
+        self._run(f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = %s", (event_id,))
+
+    def set_replaced(self, event_id: str) -> None:
+        """The row gives up its (flow, seq) slot: live NULL, which the CHECK ties to 'replaced'."""
+        self._run(f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = %s", (event_id,))
+
+    def record_inbox_action(self, action: InboxAction) -> None:
+        self._run(
+            "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
+            "replacement_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (action.at, action.event_id, action.flow_id, action.seq, action.action, action.previous_state.value,
+             action.actor, action.reason, action.replacement_event_id),
+        )
+
+    def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
+        if event_id is None:
+            return [rows.inbox_action(r) for r in self._rows(ACTION + "ORDER BY id")]
+        return [rows.inbox_action(r) for r in self._rows(
+            ACTION + "WHERE event_id = %s OR replacement_event_id = %s ORDER BY id", (event_id, event_id)
+        )]
+
+    def add_effect(self, new: NewEffect) -> ScheduledEffect | None:
+        stored = self._run(
+            "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
+            "version, fed, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT(key) DO NOTHING",
+            (new.key, new.name, new.payload, new.event_id, new.flow_id, new.seq, new.meta, int(new.ordered),
+             new.deadline, new.version, None if new.fed is None else int(new.fed), new.created_at,
+             new.created_at),
+        )
+        return None if stored else self.effect(new.key)
+
+    def effect(self, key: str) -> ScheduledEffect | None:
+        row = self._one(f"SELECT {_COLUMNS} FROM effect_outbox WHERE key = %s", (key,))
+        return None if row is None else effect_row(row)
+
+    def effect_list(
+        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
+    ) -> list[ScheduledEffect]:
+        where: list[str] = []
+        params: list[Any] = []
+        if state is not None:
+            where.append("state = %s")
+            params.append(EffectState(state).value)
+        if flow_id is not None:
+            where.append("flow_id = %s")
+            params.append(flow_id)
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        return [effect_row(r) for r in self._rows(
+            f"SELECT {_COLUMNS} FROM effect_outbox {clause} ORDER BY id LIMIT %s", (*params, limit)
+        )]
+
+    def effect_counts(self) -> dict[str, int]:
+        return {str(s): int(n) for s, n in self._rows(
+            "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
+        )}
+
+    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
+        where, params = ("WHERE key = %s", (key,)) if key is not None else ("", ())
+        return [effect_action(r) for r in self._rows(
+            f"SELECT at, key, action, actor, reason FROM effect_action {where} ORDER BY id", params
+        )]
+
+    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
+        """In a unit, the effects returned are locked and those another unit
+        holds (being claimed) are skipped: two executors never take one."""
+        chosen = sorted(names)
+        if not chosen:
+            return []
+        lock = " FOR UPDATE OF e SKIP LOCKED" if self._writing else ""
+        return [effect_row(r) for r in self._rows(DUE_EFFECTS + lock, (now, chosen, limit))]
+
+    def next_effect_due_at(self, names: Collection[str]) -> float | None:
+        chosen = sorted(names)
+        if not chosen:
+            return None
+        row = self._one(NEXT_EFFECT_DUE, (chosen,))
+        return None if row is None else float(row[0])
+
+    def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
+        columns, values = effect_changes(changes)
+        assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
+        self._conn.execute(
+            sql.SQL("UPDATE effect_outbox SET {}, updated_at = %s WHERE key = %s").format(assignments),
+            (*values, now, key),
+        )
+
+    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
+        return [effect_row(r) for r in self._rows(
+            f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND state = 'succeeded' ORDER BY id LIMIT %s",
+            (limit,),
+        )]
+
+    def record_effect_action(self, action: EffectAction) -> None:
+        self._run(
+            "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (%s, %s, %s, %s, %s)",
+            (action.at, action.key, action.action, action.actor, action.reason),
+        )
+
+    def user_execute(self, sql_text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """One statement of the application's SQL, with ``?`` placeholders
+        (see :mod:`.placeholders`; a statement without any is passed as it is,
+        so psycopg's ``%s`` still work), run in this unit.  It is sent with the extended protocol,
+        so a second statement hidden after a ``;`` is refused by the server;
+        a statement that would end or reshape the library's transaction
+        (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE TRANSACTION,
+        SET, ...) is refused before it is sent."""
+        if first_keyword(sql_text) in _TRANSACTION_CONTROL:
+            raise ValueError(
+                f"sql must not use transaction control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE, "
+                f"SET, ...): the library commits or rolls back the whole apply; got {sql_text!r}"
+            )
+        # Binary results make psycopg use the extended protocol even without
+        # parameters: one statement only, nothing prepared and cached.
+        translated = pyformat(sql_text)
+        text, args = (sql_text, tuple(params) or None) if translated is None else (translated, tuple(params))
+        cur = self._conn.execute(text.encode(), args, prepare=False, binary=True)
+        return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
+
+    def app_version(self, name: str) -> int:
+        # In a unit of work, the caller migrates on what it reads here: take the
+        # app-schema lock first, so two consumers opening at once migrate one
+        # after the other and the second reads the first's version (READ
+        # COMMITTED: the SELECT after the lock sees its commit), as SQLite's
+        # write lock does.
+        self._lock("app_schema")
+        row = self._one("SELECT version FROM app_schema WHERE name = %s", (name,))
+        return 0 if row is None else int(row[0])
+
+    def set_app_version(self, name: str, version: int) -> None:
+        self._run(
+            "INSERT INTO app_schema(name, version) VALUES (%s, %s) "
+            "ON CONFLICT(name) DO UPDATE SET version = excluded.version",
+            (name, version),
+        )
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        row = self._one(f"SELECT flow_id, seq, body_hash FROM {self._TABLE} WHERE event_id = %s", (event_id,))
+        return None if row is None else rows.tombstone(row)
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        gone = self._run(
+            f"DELETE FROM {self._TABLE} WHERE event_id IN "
+            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+            (before, limit),
+        )
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _bury(self, rows: list[Candidate], now: float) -> None:
+        self._conn.cursor().executemany(
+            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)",
+            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
+        )
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        rows: list[Candidate] = [
+            (int(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4]))
+            for r in self._rows(INBOX_PRUNABLE, (horizon, MAX_POS, limit))
+        ]
+        records = 0
+        if rows:
+            self._bury(rows, now)
+            ids = [r[1] for r in rows]
+            records = self._run("DELETE FROM effect WHERE event_id = ANY(%s)", (ids,))
+            self._run("DELETE FROM inbox WHERE event_id = ANY(%s)", (ids,))
+        finished = [int(r[0]) for r in self._rows(EFFECTS_PRUNABLE, (horizon, limit))]
+        effect_rows = self._run("DELETE FROM effect_outbox WHERE id = ANY(%s)", (finished,)) if finished else 0
+        step = PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._run(
+            "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (now, horizon, step.events, step.effect_records, step.effect_rows),
+        )
 
 
 class PgInboxStore(PgStore[PgInbox]):
@@ -203,3 +417,4 @@ class PgInboxStore(PgStore[PgInbox]):
             parse(location, CONSUMER.name, schema), CONSUMER, lock_timeout=busy_timeout, on_create=on_create,
             check_meta=check_meta, readonly=readonly,
         ), PgInbox)
+

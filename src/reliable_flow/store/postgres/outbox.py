@@ -12,7 +12,7 @@ What a unit locks (READ COMMITTED holds nothing by itself), all until it ends:
   event, when there is no row yet) and its row (``FOR UPDATE``);
 * ``backlog``: one advisory lock per schema, so two writers never both pass
   a ``max_backlog`` check that only one of them fits under;
-* ``append_event``: the registry lock in shared mode (see :mod:`.registry`);
+* ``append_event``: the registry lock in shared mode (see below);
 * ``next_due`` in a unit (a relay's claim): the deliveries it picks,
   ``FOR UPDATE SKIP LOCKED``, so two relays never claim the same one;
 * ``pending_failures`` / ``delivery_state``: the delivery row.
@@ -20,85 +20,87 @@ What a unit locks (READ COMMITTED holds nothing by itself), all until it ends:
 Lock order is event, flow, backlog, registry, rows; a batch that takes them
 for many events may still meet another batch in a cycle, which PostgreSQL
 breaks by aborting one (:class:`DatabaseBusy`, nothing written).
+
+The statement texts live in :mod:`.outbox_sql`.
+
+The consumer registry (which names get deliveries, which consumer store
+each is bound to, and the record of changes).  Registering (or removing) a name must not race with ``append_event``: an
+event committed while a name is being registered would otherwise be
+pending for nobody new (``append_event`` read the consumer table before the
+name was there, and the registration's "every committed event" did not see
+the event yet).  So a unit takes the schema's ``registry`` advisory lock:
+``append_event`` and pruning in shared mode, registration, binding checks
+and removal in exclusive mode.  A registration therefore waits for the
+appends in flight and the appends after it see the new name.
+
+Retention: tombstones of pruned events, and the bounded pruning
+transactions that leave them.  Age is read as on SQLite: the rows before the first one stamped after the
+horizon.  Concurrency: the candidate rows are locked (``FOR UPDATE ...
+SKIP LOCKED``, so two pruners never bury one row twice), and on the producer
+side their deliveries are locked and re-read before anything is removed, so
+an operator's redelivery committed meanwhile keeps its event; a pruning
+unit holds the registry lock in shared mode, so no name is registered (and
+given every committed event) while events disappear.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
 
 from ...delivery import Retry
-from ...envelope import Envelope
-from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
-from ..records import DeliveryCounts, FlowState, OutboxCounts, StoredEvent
-from ..shared import delivery_summary, identity_problem
-from .base import PgStore
+from ...envelope import Envelope, body_hash
+from ...operations import ConsumerEntry, RegistryAction
+from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from .. import rows
+from ..binding import BindingMemo
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..shared import identity_problem
+from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .location import Target, parse
-from .registry import REGISTRY_LOCK, PgRegistry
-from .retention import PgOutboxRetention
+from .outbox_sql import (
+    APPEND,
+    CONSUMERS,
+    DELIVERIES,
+    DELIVERY_COUNTS,
+    LOCK_DELIVERIES,
+    MARK_CONFLICT,
+    MARK_DELIVERED,
+    MAX_POS,
+    NEXT_DUE,
+    NEXT_DUE_AT,
+    NEXT_DUE_BODY,
+    OUTBOX_PRUNABLE,
+    PENDING,
+    PENDING_FOR_ALL,
+    REGISTER,
+    REGISTRY_LOCK,
+    STILL_WAITING,
+    UPSERT_FLOW,
+    WAITING,
+    Candidate,
+)
 from .schema import PRODUCER
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "PgOutbox", "PgOutboxStore"]
 
-_PENDING = DeliveryState.PENDING.value
-_ACCEPTED = DeliveryState.ACCEPTED.value
-_SET_ASIDE = DeliveryState.SET_ASIDE.value
 
-NEXT_DUE = (
-    "SELECT pos FROM delivery WHERE consumer = %s AND state = 'pending' AND due_at <= %s ORDER BY pos LIMIT %s"
-)
-NEXT_DUE_BODY = (
-    "SELECT d.pos, o.body FROM delivery d JOIN outbox o ON o.pos = d.pos "
-    "WHERE d.consumer = %s AND d.state = 'pending' AND d.due_at <= %s ORDER BY d.pos LIMIT 1"
-)
-NEXT_DUE_AT = "SELECT min(due_at) FROM delivery WHERE consumer = %s AND state = 'pending'"
-_UPSERT_FLOW = (
-    "INSERT INTO flow(flow_id, seq, state, data) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT(flow_id) DO UPDATE SET seq = excluded.seq, state = excluded.state, data = excluded.data"
-)
-_APPEND = (
-    "WITH e AS (INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (%s, %s, %s, %s, %s) "
-    "RETURNING pos) INSERT INTO delivery(consumer, pos) SELECT c.name, e.pos FROM consumer c CROSS JOIN e"
-)
-_MARK_DELIVERED = (
-    f"UPDATE delivery SET state = '{_ACCEPTED}', last_status = %s, attempts = attempts + 1, "
-    "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = %s WHERE consumer = %s AND pos = %s"
-)
-# A conflict never turns into "accepted", and never undoes one.
-_MARK_CONFLICT = (
-    f"UPDATE delivery SET state = CASE state WHEN '{_ACCEPTED}' THEN state ELSE '{_SET_ASIDE}' END, "
-    "last_status = %s, attempts = attempts + 1, lease_owner = NULL, updated_at = %s "
-    "WHERE consumer = %s AND pos = %s"
-)
-_DELIVERY_COUNTS = (
-    "SELECT consumer, state, count(*), coalesce(sum(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END), 0), "
-    "count(*) FILTER (WHERE failures > 0), count(*) FILTER (WHERE lease_owner IS NOT NULL AND due_at > %s), "
-    "count(*) FILTER (WHERE attempts = 0), min(updated_at) "
-    "FROM delivery GROUP BY consumer, state ORDER BY consumer, state"
-)
-_DELIVERIES = (
-    "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
-    "FROM outbox o JOIN delivery d ON d.pos = o.pos "
-)
+class PgOutbox(PgView):
+    """The producer's tables, seen through one connection: advance,
+    deliveries, the consumer registry, tombstones and pruning."""
 
-
-class PgOutbox(PgRegistry, PgOutboxRetention):
-    """The producer's tables, seen through one connection."""
-
-    # -- advance ----------------------------------------------------------------
+    _TABLE = "outbox_tombstone"
 
     def find_event(self, event_id: str) -> StoredEvent | None:
         self._lock("event", event_id)
         row = self._one("SELECT pos, seq, body FROM outbox WHERE event_id = %s", (event_id,))
-        return None if row is None else StoredEvent(int(row[0]), int(row[1]), str(row[2]))
+        return None if row is None else rows.stored_event(row)
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
         lock = " FOR UPDATE" if self._writing else ""
         row = self._one("SELECT state, seq, data FROM flow WHERE flow_id = %s" + lock, (flow_id,))
-        return None if row is None else FlowState(row[0], int(row[1]), json.loads(row[2]))
+        return None if row is None else rows.flow_state(row)
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
@@ -112,14 +114,12 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
         return 0 if row is None else int(row[0])
 
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
-        self._run(_UPSERT_FLOW, (flow_id, seq, state, data))
+        self._run(UPSERT_FLOW, (flow_id, seq, state, data))
 
     def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
         """The event, pending for every consumer registered when it commits."""
         self._lock(REGISTRY_LOCK, shared=True)
-        self._run(_APPEND, (env.event_id, env.flow_id, env.seq, env.body, committed_at))
-
-    # -- consumers and deliveries ---------------------------------------------------
+        self._run(APPEND, (env.event_id, env.flow_id, env.seq, env.body, committed_at))
 
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
         """Positions of the oldest pending deliveries due at ``horizon``; in a
@@ -135,10 +135,6 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
     def next_due_at(self, consumer: str) -> float | None:
         row = self._one(NEXT_DUE_AT, (consumer,))
         return None if row is None or row[0] is None else float(row[0])
-
-    def body_at(self, pos: int) -> str | None:
-        row = self._one("SELECT body FROM outbox WHERE pos = %s", (pos,))
-        return None if row is None else str(row[0])
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
         if not positions:
@@ -160,7 +156,7 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
         lock = " FOR UPDATE" if self._writing else ""
         row = self._one(
             "SELECT failures FROM delivery WHERE consumer = %s AND pos = %s AND state = %s" + lock,
-            (consumer, pos, _PENDING),
+            (consumer, pos, PENDING),
         )
         return None if row is None else int(row[0])
 
@@ -176,9 +172,9 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
         cur = self._conn.cursor()
         if delivered:
-            cur.executemany(_MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
+            cur.executemany(MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
         if conflicts:
-            cur.executemany(_MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
+            cur.executemany(MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
 
     def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
         lock = " FOR UPDATE OF d" if self._writing else ""
@@ -204,58 +200,23 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
             (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason),
         )
 
-    # -- reads ----------------------------------------------------------------------
-
     def protocol_name(self) -> str | None:
         row = self._one("SELECT value FROM meta WHERE key = 'protocol'")
         return None if row is None else str(row[0])
 
-    def flow(self, flow_id: str) -> dict[str, Any] | None:
-        row = self._one("SELECT state, seq, data FROM flow WHERE flow_id = %s", (flow_id,))
-        if row is None:
-            return None
-        return {"state": row[0], "seq": int(row[1]), **json.loads(row[2])}
-
     def flows(self) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT flow_id FROM flow ORDER BY flow_id")]
-
-    def event_body(self, event_id: str) -> str | None:
-        row = self._one("SELECT body FROM outbox WHERE event_id = %s", (event_id,))
-        return None if row is None else str(row[0])
 
     def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
         """Outbox entries with their delivery state; call inside a read transaction."""
         where, params = ("WHERE o.flow_id = %s", (flow_id,)) if flow_id is not None else ("", ())
         events = self._rows(f"SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o {where} ORDER BY o.pos", params)
-        per_event: dict[int, dict[str, DeliveryRecord]] = {int(r[0]): {} for r in events}
-        for pos, name, state, last_status, attempts, last_error, due_at, owner in self._rows(
-            f"{_DELIVERIES}{where} ORDER BY d.pos, d.consumer", params
-        ):
-            per_event[int(pos)][name] = DeliveryRecord(
-                DeliveryState(state), last_status, int(attempts), last_error, float(due_at), owner
-            )
-        out = []
-        for pos, event_id, fid, seq in events:
-            deliveries = per_event[int(pos)]
-            if consumer is None:
-                chosen = deliveries
-            else:
-                chosen = {consumer: deliveries[consumer]} if consumer in deliveries else {}
-            state = delivery_summary(chosen)
-            last = [d.last_status for d in chosen.values() if d.last_status is not None]
-            out.append(OutboxEntry(
-                event_id, fid, int(seq), state == DeliveryState.ACCEPTED, state, last[-1] if last else None,
-                deliveries,
-            ))
-        return out
+        deliveries = self._rows(f"{DELIVERIES}{where} ORDER BY d.pos, d.consumer", params)
+        return rows.outbox_entries(events, deliveries, consumer)
 
     def outbox_counts(self, now: float) -> OutboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
-        groups = tuple(
-            DeliveryCounts(str(c), str(st), int(n), int(retries), int(failing), int(leased), int(untried),
-                           None if touch is None else float(touch))
-            for c, st, n, retries, failing, leased, untried, touch in self._rows(_DELIVERY_COUNTS, (now,))
-        )
+        groups = rows.delivery_counts(self._rows(DELIVERY_COUNTS, (now,)))
         events = self._one("SELECT count(*) FROM outbox")
         flows = self._one("SELECT count(*) FROM flow")
         return OutboxCounts(
@@ -273,8 +234,106 @@ class PgOutbox(PgRegistry, PgOutboxRetention):
             )
         ]
 
+    def has_consumers(self) -> bool:
+        self._lock(REGISTRY_LOCK)
+        return self._one("SELECT 1 FROM consumer LIMIT 1") is not None
 
-class PgOutboxStore(PgStore[PgOutbox]):
+    def is_registered(self, name: str) -> bool:
+        self._lock(REGISTRY_LOCK)
+        return self._one("SELECT 1 FROM consumer WHERE name = %s", (name,)) is not None
+
+    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+        """A name with no store yet: from now, after the last committed event; else from the first."""
+        self._lock(REGISTRY_LOCK)
+        self._run(REGISTER, (name, now, bool(from_now)))
+        if not from_now:
+            self._run(PENDING_FOR_ALL, (name,))
+
+    def bound_uid(self, name: str) -> str | None:
+        row = self._one("SELECT uid FROM consumer WHERE name = %s", (name,))
+        return None if row is None or row[0] is None else str(row[0])
+
+    def bind_consumer(self, name: str, uid: str) -> None:
+        self._run("UPDATE consumer SET uid = %s WHERE name = %s AND uid IS NULL", (uid, name))
+
+    def remove_consumer(self, name: str) -> None:
+        self._lock(REGISTRY_LOCK)
+        self._run("DELETE FROM delivery WHERE consumer = %s", (name,))
+        self._run("DELETE FROM consumer WHERE name = %s", (name,))
+
+    def record_registry_action(self, action: RegistryAction) -> None:
+        self._run(
+            "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (%s, %s, %s, %s, %s)",
+            (action.at, action.consumer, action.action, action.actor, action.reason),
+        )
+
+    def consumers(self) -> list[ConsumerEntry]:
+        return [rows.consumer_entry(r) for r in self._rows(CONSUMERS)]
+
+    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+        where, params = ("WHERE consumer = %s", (consumer,)) if consumer is not None else ("", ())
+        return [
+            RegistryAction(*r)
+            for r in self._rows(
+                f"SELECT at, consumer, action, actor, reason FROM registry_action {where} ORDER BY id", params
+            )
+        ]
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        row = self._one(f"SELECT flow_id, seq, body_hash FROM {self._TABLE} WHERE event_id = %s", (event_id,))
+        return None if row is None else rows.tombstone(row)
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        gone = self._run(
+            f"DELETE FROM {self._TABLE} WHERE event_id IN "
+            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+            (before, limit),
+        )
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _bury(self, rows: list[Candidate], now: float) -> None:
+        self._conn.cursor().executemany(
+            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)",
+            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
+        )
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        step = self._prune_outbox(horizon, now, limit)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._run(
+            "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (%s, %s, %s, %s)",
+            (now, horizon, step.events, step.deliveries),
+        )
+
+    def _prune_outbox(self, horizon: float, now: float, limit: int) -> PruneStep:
+        self._lock(REGISTRY_LOCK, shared=True)
+        if self._one("SELECT 1 FROM consumer LIMIT 1") is None:
+            return PruneStep(0)  # no consumer yet: every event is still owed to the first one
+        found = self._rows(OUTBOX_PRUNABLE, (horizon, MAX_POS, WAITING, limit))
+        if not found:
+            return PruneStep(0)
+        positions = [int(r[0]) for r in found]
+        self._rows(LOCK_DELIVERIES, (positions,))
+        waiting = {int(r[0]) for r in self._rows(STILL_WAITING, (positions, WAITING))}
+        rows: list[Candidate] = [
+            (int(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4])) for r in found if int(r[0]) not in waiting
+        ]
+        if not rows:
+            return PruneStep(0)
+        kept = [r[0] for r in rows]
+        self._bury(rows, now)
+        deliveries = self._run(
+            "DELETE FROM delivery WHERE pos = ANY(%s) AND consumer IN (SELECT name FROM consumer)", (kept,)
+        )
+        self._run("DELETE FROM outbox WHERE pos = ANY(%s)", (kept,))
+        return PruneStep(len(rows), deliveries=deliveries)
+
+
+class PgOutboxStore(PgStore[PgOutbox], BindingMemo):
     """A producer's store in a PostgreSQL schema: one connection, owned by
     the opening process and thread.
 
@@ -300,13 +359,4 @@ class PgOutboxStore(PgStore[PgOutbox]):
             parse(location, PRODUCER.name, schema), PRODUCER, lock_timeout=busy_timeout, on_create=on_create,
             check_meta=check_meta, readonly=readonly,
         ), PgOutbox)
-        self._bound: set[tuple[str, str]] = set()
 
-    def known_binding(self, name: str, uid: str) -> bool:
-        return (name, uid) in self._bound
-
-    def remember_binding(self, name: str, uid: str) -> None:
-        self._bound.add((name, uid))
-
-    def forget_binding(self, name: str) -> None:
-        self._bound = {(n, u) for n, u in self._bound if n != name}

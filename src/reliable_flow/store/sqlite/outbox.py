@@ -5,93 +5,76 @@ view of it, a unit of work inside :meth:`SqliteOutboxStore.write` or a
 consistent snapshot inside :meth:`SqliteOutboxStore.read`.  Status values
 in the SQL come from the enums; partial-index predicates keep their literal
 (SQLite only uses a partial index when the query repeats its predicate
-text), and a test pins those literals to the enums.
+text), and a test pins those literals to the enums.  The statement texts
+live in :mod:`.outbox_sql`.
+
+The consumer registry: which names get deliveries, which file each is
+bound to, and the record of changes.  Retention: tombstones of pruned
+events, and the bounded pruning transactions that leave them.
+An event's age is its position in commit (producer: ``pos``) or arrival
+(consumer: ``rowid``) order: the events older than the horizon are those
+before the first one stamped after it.  So a pruning pass walks from the
+oldest row and stops at the first young one, reading only the old rows it
+keeps (pending or set aside: few) and the ones it prunes, never the whole
+table, and no index on the time columns slows every write down.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from ...delivery import Retry
-from ...envelope import Envelope
+from ...envelope import Envelope, body_hash
 from ...errors import StorageError
-from ...statuses import DeliveryRecord, DeliveryState, OperatorAction, OutboxEntry
-from ..records import DeliveryCounts, FlowState, OutboxCounts, StoredEvent
-from ..shared import delivery_summary, identity_problem
+from ...operations import ConsumerEntry, RegistryAction
+from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from .. import rows
+from ..binding import BindingMemo
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..shared import identity_problem
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
-from .registry import SqliteRegistry
-from .retention import SqliteOutboxRetention
+from .outbox_sql import (
+    CONSUMERS,
+    DELIVERIES,
+    DELIVERY_COUNTS,
+    MARK_CONFLICT,
+    MARK_DELIVERED,
+    NEXT_DUE,
+    NEXT_DUE_AT,
+    NEXT_DUE_BODY,
+    OUTBOX_PRUNABLE,
+    OUTBOX_TOMBSTONE,
+    PENDING,
+    UPSERT_FLOW,
+    WAITING,
+)
 from .schema import PRODUCER
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "SqliteOutbox", "SqliteOutboxStore"]
 
-_PENDING = DeliveryState.PENDING.value
-_ACCEPTED = DeliveryState.ACCEPTED.value
-_SET_ASIDE = DeliveryState.SET_ASIDE.value
 
-# The hot queries, named so tests can check their plans use an index.
-# INDEXED BY: without ANALYZE statistics SQLite prefers the primary key and
-# would walk every delivery of the consumer, accepted ones included.
-NEXT_DUE = (
-    "SELECT pos FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending' AND due_at <= ? "
-    "ORDER BY pos LIMIT ?"
-)
-NEXT_DUE_BODY = (
-    "SELECT d.pos, o.body FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
-    "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT 1"
-)
-NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
-_UPSERT_FLOW = (
-    "INSERT INTO flow(flow_id, seq, state, data) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT(flow_id) DO UPDATE SET seq = excluded.seq, state = excluded.state, data = excluded.data"
-)
-_MARK_DELIVERED = (
-    f"UPDATE delivery SET state = '{_ACCEPTED}', last_status = ?, attempts = attempts + 1, "
-    "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = ? WHERE consumer = ? AND pos = ?"
-)
-# A conflict never turns into "accepted", and never undoes one.
-_MARK_CONFLICT = (
-    f"UPDATE delivery SET state = CASE state WHEN '{_ACCEPTED}' THEN state ELSE '{_SET_ASIDE}' END, "
-    "last_status = ?, attempts = attempts + 1, lease_owner = NULL, updated_at = ? "
-    "WHERE consumer = ? AND pos = ?"
-)
-# Metrics: one pass over the deliveries, grouped.  A lease counts while its
-# owner is set and its due time (the lease's end) is still ahead.
-_DELIVERY_COUNTS = (
-    "SELECT consumer, state, count(*), total(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END), "
-    "total(failures > 0), total(lease_owner IS NOT NULL AND due_at > ?), total(attempts = 0), min(updated_at) "
-    "FROM delivery GROUP BY consumer, state ORDER BY consumer, state"
-)
-# Through the consumer table, so each (consumer, pos) is a key lookup rather
-# than a scan of every delivery.
-_DELIVERIES = (
-    "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
-    "FROM outbox o CROSS JOIN consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
-)
+class SqliteOutbox:
+    """The producer file's tables, seen through one connection: advance,
+    deliveries, the consumer registry, tombstones and pruning."""
 
-
-class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
-    """The producer file's tables, seen through one connection."""
+    _LOOKUP = OUTBOX_TOMBSTONE
+    _TABLE = "outbox_tombstone"
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self.lost: BaseException | None = None
 
-    # -- advance ----------------------------------------------------------------
-
     def find_event(self, event_id: str) -> StoredEvent | None:
         row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
-        return None if row is None else StoredEvent(row[0], row[1], row[2])
+        return None if row is None else rows.stored_event(row)
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         row = self._conn.execute("SELECT state, seq, data FROM flow WHERE flow_id = ?", (flow_id,)).fetchone()
-        return None if row is None else FlowState(row[0], row[1], json.loads(row[2]))
+        return None if row is None else rows.flow_state(row)
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
@@ -102,7 +85,7 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
         ).fetchone()[0])
 
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
-        self._conn.execute(_UPSERT_FLOW, (flow_id, seq, state, data))
+        self._conn.execute(UPSERT_FLOW, (flow_id, seq, state, data))
 
     def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
         """The event, pending for every consumer already bound."""
@@ -140,16 +123,9 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
             raise
         conn.execute("RELEASE advance")
 
-    # -- consumers and deliveries ---------------------------------------------------
-
     def bound_uid(self, name: str) -> str | None:
         row = self._conn.execute("SELECT uid FROM consumer WHERE name = ?", (name,)).fetchone()
         return None if row is None or row[0] is None else str(row[0])
-
-    def add_consumer(self, name: str, uid: str) -> None:
-        """Bind a consumer name to a file; every event already committed is pending for it."""
-        self._conn.execute("INSERT INTO consumer(name, uid) VALUES (?, ?)", (name, uid))
-        self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT ?, pos FROM outbox", (name,))
 
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
         """Positions of the oldest pending deliveries due at ``horizon``."""
@@ -162,10 +138,6 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
     def next_due_at(self, consumer: str) -> float | None:
         due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
         return None if due is None else float(due)
-
-    def body_at(self, pos: int) -> str | None:
-        row = self._conn.execute("SELECT body FROM outbox WHERE pos = ?", (pos,)).fetchone()
-        return None if row is None else str(row[0])
 
     def bodies(self, positions: Sequence[int]) -> dict[int, str]:
         found: dict[int, str] = {}
@@ -186,7 +158,7 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
         """Consecutive failures of a delivery that is still pending, else None."""
         row = self._conn.execute(
             "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = ?",
-            (consumer, pos, _PENDING),
+            (consumer, pos, PENDING),
         ).fetchone()
         return None if row is None else int(row[0])
 
@@ -201,9 +173,9 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
              conflicts: Sequence[tuple[int, str]], now: float) -> None:
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
         if delivered:
-            self._conn.executemany(_MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
+            self._conn.executemany(MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
         if conflicts:
-            self._conn.executemany(_MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
+            self._conn.executemany(MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
 
     def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
         row = self._conn.execute(
@@ -227,23 +199,11 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
             (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason),
         )
 
-    # -- reads ----------------------------------------------------------------------
-
     def protocol_name(self) -> str | None:
         return dict(self._conn.execute("SELECT key, value FROM meta").fetchall()).get("protocol")
 
-    def flow(self, flow_id: str) -> dict[str, Any] | None:
-        row = self._conn.execute("SELECT state, seq, data FROM flow WHERE flow_id = ?", (flow_id,)).fetchone()
-        if row is None:
-            return None
-        return {"state": row[0], "seq": row[1], **json.loads(row[2])}
-
     def flows(self) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT flow_id FROM flow ORDER BY flow_id")]
-
-    def event_body(self, event_id: str) -> str | None:
-        row = self._conn.execute("SELECT body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
-        return None if row is None else str(row[0])
 
     def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
         """Outbox entries with their delivery state; call inside a read transaction."""
@@ -251,34 +211,12 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
         events = self._conn.execute(
             f"SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o {where} ORDER BY o.pos", params
         ).fetchall()
-        per_event: dict[int, dict[str, DeliveryRecord]] = {pos: {} for pos, *_ in events}
-        for pos, name, state, last_status, attempts, last_error, due_at, owner in self._conn.execute(
-            f"{_DELIVERIES}{where} ORDER BY d.pos, d.consumer", params
-        ):
-            per_event[pos][name] = DeliveryRecord(
-                DeliveryState(state), last_status, attempts, last_error, due_at, owner
-            )
-        out = []
-        for pos, event_id, fid, seq in events:
-            deliveries = per_event[pos]
-            if consumer is None:
-                chosen = deliveries
-            else:
-                chosen = {consumer: deliveries[consumer]} if consumer in deliveries else {}
-            state = delivery_summary(chosen)
-            last = [d.last_status for d in chosen.values() if d.last_status is not None]
-            out.append(OutboxEntry(
-                event_id, fid, seq, state == DeliveryState.ACCEPTED, state, last[-1] if last else None, deliveries,
-            ))
-        return out
+        deliveries = self._conn.execute(f"{DELIVERIES}{where} ORDER BY d.pos, d.consumer", params)
+        return rows.outbox_entries(events, deliveries, consumer)
 
     def outbox_counts(self, now: float) -> OutboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
-        groups = tuple(
-            DeliveryCounts(str(c), str(st), int(n), int(retries), int(failing), int(leased), int(untried),
-                           None if touch is None else float(touch))
-            for c, st, n, retries, failing, leased, untried, touch in self._conn.execute(_DELIVERY_COUNTS, (now,))
-        )
+        groups = rows.delivery_counts(self._conn.execute(DELIVERY_COUNTS, (now,)))
         return OutboxCounts(
             int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]),
             int(self._conn.execute("SELECT count(*) FROM flow").fetchone()[0]),
@@ -296,8 +234,90 @@ class SqliteOutbox(SqliteRegistry, SqliteOutboxRetention):
             )
         ]
 
+    def has_consumers(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is not None
 
-class SqliteOutboxStore(SqliteStore[SqliteOutbox]):
+    def is_registered(self, name: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM consumer WHERE name = ?", (name,)).fetchone() is not None
+
+    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+        """A name with no file yet: from now, after the last committed event; else from the first."""
+        self._conn.execute(
+            "INSERT INTO consumer(name, uid, registered_at, from_pos) "
+            "SELECT ?, NULL, ?, CASE WHEN ? THEN (SELECT coalesce(max(pos), 0) FROM outbox) END",
+            (name, now, from_now),
+        )
+        if not from_now:
+            self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT ?, pos FROM outbox", (name,))
+
+    def bind_consumer(self, name: str, uid: str) -> None:
+        self._conn.execute("UPDATE consumer SET uid = ? WHERE name = ? AND uid IS NULL", (uid, name))
+
+    def remove_consumer(self, name: str) -> None:
+        self._conn.execute("DELETE FROM delivery WHERE consumer = ?", (name,))
+        self._conn.execute("DELETE FROM consumer WHERE name = ?", (name,))
+
+    def record_registry_action(self, action: RegistryAction) -> None:
+        self._conn.execute(
+            "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)",
+            (action.at, action.consumer, action.action, action.actor, action.reason),
+        )
+
+    def consumers(self) -> list[ConsumerEntry]:
+        return [rows.consumer_entry(r) for r in self._conn.execute(CONSUMERS)]
+
+    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+        where, params = ("WHERE consumer = ?", (consumer,)) if consumer is not None else ("", ())
+        return [
+            RegistryAction(*r)
+            for r in self._conn.execute(
+                f"SELECT at, consumer, action, actor, reason FROM registry_action {where} ORDER BY id", params
+            )
+        ]
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        row = self._conn.execute(self._LOOKUP, (event_id,)).fetchone()
+        return None if row is None else rows.tombstone(row)
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        # A scan, but of a table that forgetting keeps to the window's size.
+        gone = int(self._conn.execute(
+            f"DELETE FROM {self._TABLE} WHERE event_id IN "
+            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < ? LIMIT ?)", (before, limit)
+        ).rowcount)
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _bury(self, rows: list[tuple[int, str, str, int, str]], now: float) -> None:
+        self._conn.executemany(
+            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)",
+            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
+        )
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        conn = self._conn
+        names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
+        # No consumer yet: every event is still owed to the first one.
+        rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)).fetchall() if names else []
+        step = PruneStep(0)
+        if rows:
+            self._bury(rows, now)
+            deliveries = conn.executemany(
+                "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in rows for n in names]
+            ).rowcount
+            conn.executemany("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in rows])
+            step = PruneStep(len(rows), deliveries=deliveries)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._conn.execute(
+            "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (?, ?, ?, ?)",
+            (now, horizon, step.events, step.deliveries),
+        )
+
+
+class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):
     """A producer file on local disk: one connection, owned by the opening process.
 
     Creates the file if absent (recording ``protocol``), upgrades an older
@@ -319,13 +339,4 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox]):
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
         ), SqliteOutbox)
-        self._bound: set[tuple[str, str]] = set()
 
-    def known_binding(self, name: str, uid: str) -> bool:
-        return (name, uid) in self._bound
-
-    def remember_binding(self, name: str, uid: str) -> None:
-        self._bound.add((name, uid))
-
-    def forget_binding(self, name: str) -> None:
-        self._bound = {(n, u) for n, u in self._bound if n != name}

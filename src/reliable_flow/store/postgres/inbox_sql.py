@@ -1,0 +1,119 @@
+"""The consumer's SQL on PostgreSQL: every statement text the consumer side
+runs (:mod:`.inbox` runs them), named so tests can check their status
+literals."""
+
+from __future__ import annotations
+
+from ...statuses import InboxState
+from ..rows import EFFECT_SELECT as _COLUMNS
+
+__all__ = [
+    "ACTION",
+    "APPLIED",
+    "BLOCK",
+    "BLOCKED",
+    "DUE_EFFECTS",
+    "EFFECTS_PRUNABLE",
+    "GAPS",
+    "INBOX_COUNTS",
+    "INBOX_PRUNABLE",
+    "INSERT",
+    "INSERT_NEW",
+    "MAX_POS",
+    "NEXT_EFFECT_DUE",
+    "NEXT_ROW",
+    "OPEN_FLOWS",
+    "REPLACED",
+    "ROW",
+    "SKIPPED",
+    "UPSERT_PROJECTION",
+    "WAITING_BEHIND",
+    "Candidate",
+]
+
+BLOCKED = InboxState.BLOCKED.value
+
+APPLIED = InboxState.APPLIED.value
+
+NEXT_ROW = (
+    "SELECT seq, event_id, body FROM inbox WHERE flow_id = %s AND seq >= %s AND live = 1 ORDER BY seq LIMIT 1"
+)
+
+OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
+
+INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (%s, %s, %s, %s, %s)"
+
+INSERT_NEW = (
+    "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT %(id)s, %(flow)s, %(seq)s, %(body)s, %(at)s "
+    "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone WHERE event_id = %(id)s) "
+    "AND %(seq)s > coalesce((SELECT last_seq FROM projection WHERE flow_id = %(flow)s), 0) ON CONFLICT DO NOTHING"
+)
+
+UPSERT_PROJECTION = (
+    "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (%s, %s, %s, %s, %s) "
+    "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
+    "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
+)
+
+INBOX_COUNTS = "SELECT state, reason, count(*) FROM inbox GROUP BY state, reason"
+
+GAPS = (
+    "SELECT count(*) FROM (SELECT flow_id, min(seq) AS first FROM inbox WHERE state IN ('pending','blocked') "
+    "GROUP BY flow_id) o LEFT JOIN projection p ON p.flow_id = o.flow_id "
+    "WHERE o.first > coalesce(p.last_seq, 0) + 1"
+)
+
+# Only a change is written; blocked_at keeps the time the row first became blocked.
+BLOCK = (
+    f"UPDATE inbox SET blocked_at = CASE WHEN state = '{BLOCKED}' THEN blocked_at ELSE %s END, "
+    f"state = '{BLOCKED}', reason = %s, detail = %s "
+    f"WHERE event_id = %s AND (state <> '{BLOCKED}' OR reason IS DISTINCT FROM %s OR detail IS DISTINCT FROM %s)"
+)
+
+SKIPPED = InboxState.SKIPPED.value
+
+REPLACED = InboxState.REPLACED.value
+
+ROW = "SELECT event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body FROM inbox "
+
+ACTION = (
+    "SELECT at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id "
+    "FROM consumer_action "
+)
+
+WAITING_BEHIND = (
+    "NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p "
+    "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
+    "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id))"
+)
+
+DUE_EFFECTS = (
+    f"SELECT {_COLUMNS} FROM effect_outbox e "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= %s AND e.name = ANY(%s) "
+    f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT %s"
+)
+
+NEXT_EFFECT_DUE = (
+    "SELECT e.due_at FROM effect_outbox e "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.name = ANY(%s) "
+    f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT 1"
+)
+
+MAX_POS = 9223372036854775807
+
+INBOX_PRUNABLE = (
+    "SELECT i.arrival, i.event_id, i.flow_id, i.seq, i.body FROM inbox i "
+    "JOIN projection p ON p.flow_id = i.flow_id "
+    "WHERE i.arrival < coalesce((SELECT arrival FROM inbox WHERE received_at > %s ORDER BY arrival LIMIT 1), %s) "
+    "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.arrival LIMIT %s "
+    "FOR UPDATE OF i SKIP LOCKED"
+)
+
+EFFECTS_PRUNABLE = (
+    "SELECT id FROM effect_outbox "
+    "WHERE state IN ('succeeded','expired','superseded','cancelled') AND updated_at <= %s "
+    "AND (fed IS NULL OR fed = 1) ORDER BY state, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+
+Candidate = tuple[int, str, str, int, str]
+

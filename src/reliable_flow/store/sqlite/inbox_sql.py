@@ -1,0 +1,122 @@
+"""The consumer file's SQL on SQLite: every statement text the consumer side
+runs (:mod:`.inbox` runs them), named so tests can check their plans and
+their status literals."""
+
+from __future__ import annotations
+
+from ...statuses import (
+    InboxState,
+)
+from ..rows import EFFECT_SELECT as _COLUMNS
+
+__all__ = [
+    "ACTION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE", "GAPS", "INBOX_COUNTS",
+    "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW", "NEXT_EFFECT_DUE", "NEXT_ROW", "OPEN_FLOWS",
+    "REPLACED", "ROW", "SKIPPED", "UPSERT_PROJECTION",
+]
+
+BLOCKED = InboxState.BLOCKED.value
+
+APPLIED = InboxState.APPLIED.value
+
+# The hot queries, named so tests can check their plans use an index.
+# NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
+# of the flow at or after last_seq + 1 (later rows exist only past a gap)
+# that holds its slot (live = 1: not replaced).
+# It reads two rows: after the first is applied, the flow's next question
+# (the row at or after its seq + 1) is already answered by the second, or by
+# its absence, as long as no row of the flow is added or freed meanwhile.
+NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 ORDER BY seq LIMIT 2"
+
+OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
+
+INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (?, ?, ?, ?, ?)"
+
+# The common receive in one statement: stored unless the id or the slot is
+# taken, the id is tombstoned (a pruned event), or the seq is at or before
+# the flow's last applied one (a slot a pruned row held).  Two key probes
+# beyond the insert; every refusal is then explained by receive's slow path.
+INSERT_NEW = (
+    "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT ?1, ?2, ?3, ?4, ?5 "
+    "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone WHERE event_id = ?1) "
+    "AND ?3 > coalesce((SELECT last_seq FROM projection WHERE flow_id = ?2), 0) ON CONFLICT DO NOTHING"
+)
+
+UPSERT_PROJECTION = (
+    "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
+    "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
+)
+
+# Metrics.  A flow is at a gap when its first row still waiting (pending or
+# blocked) is past last_seq + 1.
+INBOX_COUNTS = "SELECT state, reason, count(*) FROM inbox GROUP BY state, reason"
+
+GAPS = (
+    "SELECT count(*) FROM (SELECT flow_id, min(seq) AS first FROM inbox WHERE state IN ('pending','blocked') "
+    "GROUP BY flow_id) o LEFT JOIN projection p ON p.flow_id = o.flow_id "
+    "WHERE o.first > coalesce(p.last_seq, 0) + 1"
+)
+
+# Only a change is written: re-examining an unchanged block then costs no
+# fsync (a transaction without writes commits for free).
+# blocked_at keeps the time the row first became blocked.
+BLOCK = (
+    f"UPDATE inbox SET blocked_at = CASE WHEN state = '{BLOCKED}' THEN blocked_at ELSE ? END, "
+    f"state = '{BLOCKED}', reason = ?, detail = ? "
+    f"WHERE event_id = ? AND (state <> '{BLOCKED}' OR reason IS NOT ? OR detail IS NOT ?)"
+)
+
+SKIPPED = InboxState.SKIPPED.value
+
+REPLACED = InboxState.REPLACED.value
+
+ROW = "SELECT event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body FROM inbox "
+
+ACTION = (
+    "SELECT at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id "
+    "FROM consumer_action "
+)
+
+# The predicates repeat the partial indexes' text, so SQLite uses them.
+DUE_EFFECTS = (
+    f"SELECT {_COLUMNS} FROM effect_outbox e INDEXED BY effect_due "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= ? AND e.name IN ({names}) "
+    "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
+    "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
+    "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
+    "ORDER BY e.due_at, e.id LIMIT ?"
+)
+
+# The earliest time DUE_EFFECTS will pick something up (same predicates, any time).
+NEXT_EFFECT_DUE = (
+    "SELECT e.due_at FROM effect_outbox e INDEXED BY effect_due "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.name IN ({names}) "
+    "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
+    "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
+    "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
+    "ORDER BY e.due_at, e.id LIMIT 1"
+)
+
+# Consumer: rows before the first received after the horizon (NULL
+# received_at: before v3, old enough) that are done (applied, skipped,
+# replaced) and at or before their flow's last applied seq.
+INBOX_PRUNABLE = (
+    "SELECT i.rowid, i.event_id, i.flow_id, i.seq, i.body FROM inbox i "
+    "JOIN projection p ON p.flow_id = i.flow_id "
+    "WHERE i.rowid < coalesce((SELECT rowid FROM inbox WHERE received_at > ? ORDER BY rowid LIMIT 1), "
+    "9223372036854775807) "
+    "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.rowid LIMIT ?"
+)
+
+INBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = ?"
+
+# Finished effect-outbox rows (final, and fed when feedback was asked for),
+# last written before the horizon; through the index by state.  ``dead`` and
+# ``unknown`` wait for an operator and are kept.
+EFFECTS_PRUNABLE = (
+    "SELECT id FROM effect_outbox INDEXED BY effect_by_state "
+    "WHERE state IN ('succeeded','expired','superseded','cancelled') AND updated_at <= ? "
+    "AND (fed IS NULL OR fed = 1) ORDER BY state, id LIMIT ?"
+)
+

@@ -1,0 +1,92 @@
+"""The producer file's SQL on SQLite: every statement text the producer side
+runs (:mod:`.outbox` runs them), named so tests can check their plans and
+their status literals."""
+
+from __future__ import annotations
+
+from ...statuses import DeliveryState
+
+__all__ = [
+    "ACCEPTED", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE",
+    "NEXT_DUE_AT", "NEXT_DUE_BODY", "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING", "SET_ASIDE", "UPSERT_FLOW",
+    "WAITING",
+]
+
+PENDING = DeliveryState.PENDING.value
+
+ACCEPTED = DeliveryState.ACCEPTED.value
+
+SET_ASIDE = DeliveryState.SET_ASIDE.value
+
+# The hot queries, named so tests can check their plans use an index.
+# INDEXED BY: without ANALYZE statistics SQLite prefers the primary key and
+# would walk every delivery of the consumer, accepted ones included.
+NEXT_DUE = (
+    "SELECT pos FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending' AND due_at <= ? "
+    "ORDER BY pos LIMIT ?"
+)
+
+NEXT_DUE_BODY = (
+    "SELECT d.pos, o.body FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
+    "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT 1"
+)
+
+NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
+
+UPSERT_FLOW = (
+    "INSERT INTO flow(flow_id, seq, state, data) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(flow_id) DO UPDATE SET seq = excluded.seq, state = excluded.state, data = excluded.data"
+)
+
+MARK_DELIVERED = (
+    f"UPDATE delivery SET state = '{ACCEPTED}', last_status = ?, attempts = attempts + 1, "
+    "failures = 0, lease_owner = NULL, last_error = NULL, updated_at = ? WHERE consumer = ? AND pos = ?"
+)
+
+# A conflict never turns into "accepted", and never undoes one.
+MARK_CONFLICT = (
+    f"UPDATE delivery SET state = CASE state WHEN '{ACCEPTED}' THEN state ELSE '{SET_ASIDE}' END, "
+    "last_status = ?, attempts = attempts + 1, lease_owner = NULL, updated_at = ? "
+    "WHERE consumer = ? AND pos = ?"
+)
+
+# Metrics: one pass over the deliveries, grouped.  A lease counts while its
+# owner is set and its due time (the lease's end) is still ahead.
+DELIVERY_COUNTS = (
+    "SELECT consumer, state, count(*), total(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END), "
+    "total(failures > 0), total(lease_owner IS NOT NULL AND due_at > ?), total(attempts = 0), min(updated_at) "
+    "FROM delivery GROUP BY consumer, state ORDER BY consumer, state"
+)
+
+# Through the consumer table, so each (consumer, pos) is a key lookup rather
+# than a scan of every delivery.
+DELIVERIES = (
+    "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
+    "FROM outbox o CROSS JOIN consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
+)
+
+# Pending through the partial index of due work; set-aside rows are few but
+# not indexed by state, so that count walks the consumer's deliveries.
+CONSUMERS = (
+    "SELECT c.name, c.uid, c.registered_at, c.from_pos, "
+    "(SELECT count(*) FROM delivery d INDEXED BY delivery_due WHERE d.consumer = c.name AND d.state = 'pending'), "
+    "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside') "
+    "FROM consumer c ORDER BY c.name"
+)
+
+WAITING = (DeliveryState.PENDING.value, DeliveryState.SET_ASIDE.value)
+
+# Producer: events before the first committed after the horizon (NULL
+# committed_at: before v4, old enough) that no consumer still waits for
+# (every delivery accepted or skipped).  Through the consumer table, so each
+# (consumer, pos) is a key lookup.  Delivery states are bound parameters
+# (from the enum): the query's first table is the outbox.
+OUTBOX_PRUNABLE = (
+    "SELECT o.pos, o.event_id, o.flow_id, o.seq, o.body FROM outbox o "
+    "WHERE o.pos < coalesce((SELECT pos FROM outbox WHERE committed_at > ? ORDER BY pos LIMIT 1), 9223372036854775807) "
+    "AND NOT EXISTS (SELECT 1 FROM consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
+    "WHERE d.state IN (?, ?)) ORDER BY o.pos LIMIT ?"
+)
+
+OUTBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?"
+

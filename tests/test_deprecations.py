@@ -1,0 +1,149 @@
+"""Every deprecated alias, listed: each still works for this release and
+warns (``DeprecationWarning``) naming its replacement.  The CHANGELOG lists
+the same aliases (Unreleased, "One face").  Remove a row only together with
+the alias itself."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+
+from reliable_flow.deprecated import MOVED
+
+# -- names ------------------------------------------------------------------------------------
+# (module the old name was public in, old name, replacement) - issue 19: the
+# face keeps at most 40 names; records, errors and statuses are namespaces;
+# three names say what they are (item 5).
+
+RENAMED_NAMES = [
+    ("reliable_flow", "Effect", "reliable_flow.records.ScheduledEffect"),
+    ("reliable_flow", "EffectRecord", "reliable_flow.records.AppliedEvent"),
+    ("reliable_flow", "Effects", "reliable_flow.EffectRegistry"),
+    ("reliable_flow.statuses", "Effect", "reliable_flow.records.ScheduledEffect"),
+    ("reliable_flow.statuses", "EffectRecord", "reliable_flow.records.AppliedEvent"),
+    ("reliable_flow.effects", "Effects", "reliable_flow.EffectRegistry"),
+]
+
+MOVED_NAMES = [
+    *(("reliable_flow", name, f"reliable_flow.records.{name}") for name in (
+        "AdvanceResult", "ApplyResult", "ConsumerEntry", "DeliveryRecord", "DrainResult",
+        "EffectAction", "ExecutorStats", "InboxAction", "InboxEntry", "InboxRow", "OperatorAction",
+        "OutboxEntry", "PruneResult", "ReceiveResult", "RegistryAction", "RelayBatchResult",
+        "RelayResult", "StuckFlow", "WorkerStats",
+    )),
+    *(("reliable_flow", name, f"reliable_flow.errors.{name}") for name in (
+        "CommitOutcomeUnknown", "ConsumerMismatch", "DatabaseBusy", "EffectKeyConflict",
+        "InvalidEnvelope", "NotResolvable", "ReadOnlyStorage", "SQLiteTooOld", "SchemaTooNew",
+        "StorageError", "StorageFull", "TransactionConflict", "UnknownConsumer", "UnknownEffect",
+        "UnknownEvent", "WrongFile", "WrongProcess", "WrongThread",
+    )),
+    ("reliable_flow", "DrainStop", "reliable_flow.statuses.DrainStop"),
+    ("reliable_flow", "FlowWait", "reliable_flow.statuses.FlowWait"),
+]
+
+NAME_ALIASES = RENAMED_NAMES + MOVED_NAMES
+
+
+def _resolve(dotted: str) -> object:
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def test_the_table_lists_every_alias() -> None:
+    table = {(module, old, new) for module, names in MOVED.items() for old, new in names.items()}
+    assert set(NAME_ALIASES) == table
+    assert len(NAME_ALIASES) == len(table)
+
+
+@pytest.mark.parametrize(("module", "old", "new"), NAME_ALIASES, ids=lambda v: str(v))
+def test_old_name_warns_naming_its_replacement(module: str, old: str, new: str) -> None:
+    replacement = _resolve(new)
+    with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated: use {new}$"):
+        value = getattr(importlib.import_module(module), old)
+    assert value is replacement
+
+
+@pytest.mark.parametrize(("module", "old", "new"), NAME_ALIASES, ids=lambda v: str(v))
+def test_from_import_of_old_name_warns(module: str, old: str, new: str) -> None:
+    namespace: dict[str, object] = {}
+    with pytest.warns(DeprecationWarning, match=new):
+        exec(f"from {module} import {old}", namespace)  # noqa: S102 - the statement under test
+    assert namespace[old] is _resolve(new)
+
+
+@pytest.mark.parametrize(("module", "old", "new"), NAME_ALIASES, ids=lambda v: str(v))
+def test_old_name_is_not_exported(module: str, old: str, new: str) -> None:
+    assert old not in importlib.import_module(module).__all__
+
+
+def test_new_names_do_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _, _, new in NAME_ALIASES:
+            _resolve(new)
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    import reliable_flow
+
+    with pytest.raises(AttributeError, match="no_such_name"):
+        reliable_flow.no_such_name  # noqa: B018 - the access under test
+
+
+# -- methods ----------------------------------------------------------------------------------
+# (added by the Producer/Consumer restructuring: old method -> new method)
+
+# Producer's and Consumer's operator methods moved to ``.admin`` (issue 19,
+# item 2): (class, old method); each is now ``<object>.admin.<same name>``.
+METHOD_ALIASES = [
+    *(("Producer", name) for name in (
+        "redeliver", "skip", "operator_actions", "prune",
+        "consumers", "register_consumer", "remove_consumer", "registry_actions",
+    )),
+    *(("Consumer", name) for name in (
+        "skip_event", "replace_event", "operator_actions", "prune",
+        "retry_effect", "resolve_effect", "cancel_effect", "effect_actions",
+    )),
+]
+
+
+def test_the_method_table_lists_every_alias() -> None:
+    from reliable_flow.deprecated import TO_ADMIN
+
+    assert {(cls, name) for cls, names in TO_ADMIN.items() for name in names} == set(METHOD_ALIASES)
+
+
+@pytest.fixture
+def sides(tmp_path):
+    from reliable_flow import Consumer, Producer, relay
+    from reliable_flow.reservation import RESERVATION
+
+    with Producer(str(tmp_path / "p.db"), RESERVATION) as p, Consumer(str(tmp_path / "c.db"), RESERVATION) as c:
+        p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 1})
+        relay(p, c)
+        yield {"Producer": p, "Consumer": c}
+
+
+@pytest.mark.parametrize(("cls", "name"), METHOD_ALIASES, ids=lambda v: str(v))
+def test_old_method_warns_naming_its_replacement_and_still_works(sides, cls: str, name: str) -> None:
+    owner = sides[cls]
+    with pytest.warns(DeprecationWarning, match=rf"^{cls}\.{name} is deprecated; use {cls.lower()}\.admin\.{name}$"):
+        method = getattr(owner, name)
+    assert method == getattr(owner.admin, name)  # the same bound method: the same behaviour
+    if name in ("operator_actions", "registry_actions", "consumers", "effect_actions"):
+        with pytest.warns(DeprecationWarning):
+            assert getattr(owner, name)() == getattr(owner.admin, name)()
+    if name == "prune":
+        with pytest.warns(DeprecationWarning):
+            assert getattr(owner, name)(0).complete
+
+
+def test_the_new_methods_do_not_warn(sides) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sides["Producer"].admin.operator_actions()
+        sides["Producer"].admin.consumers()
+        sides["Consumer"].admin.operator_actions()
+        sides["Consumer"].admin.effect_actions()
