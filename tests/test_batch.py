@@ -516,14 +516,14 @@ def test_an_exception_in_the_block_rolls_back_every_advance_of_the_batch(new_sto
     with ExitStack() as stack:
         producer, consumer = pair(new_store, stack)
         commit_steps(producer, ("A1", "A", 1))
-        before = snapshot(producer.path, consumer.path)
+        before = snapshot(producer.location, consumer.location)
         with pytest.raises(Boom), producer.batch() as b:
             assert advance_step(b, "A2", "A", 2).status == "committed"
             assert advance_step(b, "B1", "B", 1).status == "committed"
             assert advance_step(b, "C1", "C", 1).status == "committed"
             raise Boom("after three advances")
         assert producer.store.in_transaction() is False
-        assert snapshot(producer.path, consumer.path) == before
+        assert snapshot(producer.location, consumer.location) == before
         assert producer.flows() == ["A"] and producer.flow("B") is None
         # The ids were never stored: the same advances commit now, one by one.
         assert [advance_step(producer, *a).status for a in (("A2", "A", 2), ("B1", "B", 1), ("C1", "C", 1))] == \
@@ -537,16 +537,16 @@ def test_a_failed_advance_caught_inside_the_block_never_commits_a_flow_without_i
     """Regression: the flow UPDATE of an advance whose outbox INSERT failed must
     not ride along with the batch's COMMIT (the unsafe dual write advance()
     exists to prevent).  Each batched advance is all or nothing on its own."""
-    reject_inserts(producer.path, "outbox", "injected", when="NEW.event_id = 'B1'")
+    reject_inserts(producer.location, "outbox", "injected", when="NEW.event_id = 'B1'")
     with producer.batch() as b:
         assert advance_step(b, "A1", "A", 1).status == "committed"
-        with pytest.raises(integrity_error(producer.path), match="injected"):
+        with pytest.raises(integrity_error(producer.location), match="injected"):
             advance_step(b, "B1", "B", 1)
         assert producer.flow("B") is None  # already undone inside the batch
         assert advance_step(b, "C1", "C", 1).status == "committed"
     assert [r.event_id for r in b.results] == ["A1", "C1"]
     assert producer.store.in_transaction() is False
-    allow_inserts(producer.path, "outbox")
+    allow_inserts(producer.location, "outbox")
     assert producer.flows() == ["A", "C"]
     assert [e.event_id for e in producer.outbox()] == ["A1", "C1"]
     flow_invariant(producer)
@@ -591,11 +591,11 @@ def test_malformed_arguments_raise_inside_a_batch_and_write_nothing(producer: Pr
 def test_an_empty_batch_writes_nothing(new_store: Any) -> None:
     with ExitStack() as stack:
         producer, consumer = pair(new_store, stack)
-        before = snapshot(producer.path, consumer.path)
+        before = snapshot(producer.location, consumer.location)
         with producer.batch() as b:
             pass
         assert b.results == [] and b.committed == 0
-        assert snapshot(producer.path, consumer.path) == before
+        assert snapshot(producer.location, consumer.location) == before
 
 
 @pytest.mark.parametrize("inner", ["advance", "batch"])
@@ -673,7 +673,7 @@ def test_receive_many_validates_every_envelope_before_storing_any(
         envelopes[position] = json.dumps(envelopes[position])[:-1] + ', "seq": 1}'
     else:
         envelopes[position] = {**envelopes[position], **bad}
-    sqlite = not is_pg(consumer.path)
+    sqlite = not is_pg(consumer.location)
     with (traced(consumer._store._db.conn) if sqlite else nullcontext([])) as seen, \
             pytest.raises(InvalidEnvelope) as raised:
         consumer.receive_many(envelopes)
@@ -714,7 +714,7 @@ def test_relay_batch_delivers_in_relay_order_with_the_same_statuses_and_marks(ne
         assert [(r.event_id, str(r.status)) for r in got] == [
             ("A1", "duplicate"), ("B1", "accepted"), ("A2", "accepted"), ("C1", "sequence_conflict"),
             ("B2", "id_conflict"), ("A3", "accepted"), ("D1", "accepted")]
-        s1, s2 = snapshot(p1.path, c1.path), snapshot(p2.path, c2.path)
+        s1, s2 = snapshot(p1.location, c1.location), snapshot(p2.location, c2.location)
         assert s2 == s1
         states = {e.event_id: (e.state, e.accepted, e.last_status) for e in p2.outbox()}
         assert states["C1"] == ("set_aside", False, "sequence_conflict")
@@ -772,8 +772,8 @@ def test_relay_batch_sql_failure_in_the_consumer_stores_nothing_of_the_batch(new
     with ExitStack() as stack:
         producer, consumer = pair(new_store, stack)
         commit_steps(producer, ("A1", "A", 1), ("B1", "B", 1), ("C1", "C", 1))
-        reject_inserts(consumer.path, "inbox", "injected inbox failure", when="NEW.event_id = 'B1'")
-        with pytest.raises(integrity_error(consumer.path), match="injected inbox failure"):
+        reject_inserts(consumer.location, "inbox", "injected inbox failure", when="NEW.event_id = 'B1'")
+        with pytest.raises(integrity_error(consumer.location), match="injected inbox failure"):
             relay_batch(producer, consumer, limit=100, policy=FIXED)
         assert consumer.flows() == [] and consumer.store.in_transaction() is False
         assert producer.store.in_transaction() is False
@@ -781,7 +781,7 @@ def test_relay_batch_sql_failure_in_the_consumer_stores_nothing_of_the_batch(new
             d = outbox_entry(producer, event_id, "default").deliveries["default"]
             assert (d.state, d.attempts) == ("pending", 1)
             assert "injected inbox failure" in d.last_error
-        allow_inserts(consumer.path, "inbox")
+        allow_inserts(consumer.location, "inbox")
         assert relay_batch(producer, consumer, limit=100).counts == {"accepted": 3}
 
 
@@ -1055,13 +1055,13 @@ def test_process_all_stops_each_flow_where_the_single_step_path_stops(
 def test_a_sql_failure_in_a_drain_batch_keeps_the_earlier_batches_and_rolls_back_its_own(new_store: Any) -> None:
     with Consumer(new_store("c"), TICKER) as consumer:
         consumer.receive_many([tick("T", n) for n in range(1, 13)])
-        reject_inserts(consumer.path, "effect", "injected effect failure", when="NEW.event_id = 'T7'")
-        with pytest.raises(integrity_error(consumer.path), match="injected effect failure"):
+        reject_inserts(consumer.location, "effect", "injected effect failure", when="NEW.event_id = 'T7'")
+        with pytest.raises(integrity_error(consumer.location), match="injected effect failure"):
             consumer.drain("T", limit=100, batch_size=5)
         assert consumer.store.in_transaction() is False
         assert [e.seq for e in consumer.effects("T")] == [1, 2, 3, 4, 5]  # T6 went with T7's batch
         assert [r.state for r in consumer.inbox("T")] == ["applied"] * 5 + ["pending"] * 7
-        allow_inserts(consumer.path, "effect")
+        allow_inserts(consumer.location, "effect")
         assert shape(consumer.drain("T", limit=100, batch_size=5))[:2] == (7, "idle")
         assert [e.seq for e in consumer.effects("T")] == list(range(1, 13))
 

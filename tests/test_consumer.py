@@ -36,7 +36,7 @@ def test_receive_accepted_stores_one_pending_row(consumer: Consumer) -> None:
     r = consumer.receive(envelope("A1", "A", 1))
     assert (r.status, r.event_id, r.flow_id, r.seq, r.reason) == ("accepted", "A1", "A", 1, None)
     assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
-    assert count(consumer.path, "inbox") == 1
+    assert count(consumer.location, "inbox") == 1
     assert consumer.projection("A") is None  # accepted is not applied
     assert consumer.effects("A") == []
 
@@ -44,13 +44,13 @@ def test_receive_accepted_stores_one_pending_row(consumer: Consumer) -> None:
 def test_receive_json_text_and_duplicate_by_canonical_body(consumer: Consumer) -> None:
     e = envelope("A1", "A", 1)
     assert consumer.receive(json.dumps(e)).status == "accepted"
-    before = raw_inbox(consumer.path)
+    before = raw_inbox(consumer.location)
     # Same event, other key order and spacing, as text and as dict: duplicate.
     reordered = json.dumps(dict(reversed(list(e.items()))), indent=2)
     for again in (e, reordered, json.dumps(e).encode("utf-8")):
         r = consumer.receive(again)
         assert (r.status, r.event_id, r.seq) == ("duplicate", "A1", 1)
-    assert raw_inbox(consumer.path) == before
+    assert raw_inbox(consumer.location) == before
 
 
 def test_receive_duplicate_after_the_event_was_applied(consumer: Consumer) -> None:
@@ -74,29 +74,29 @@ def test_receive_duplicate_after_the_event_was_applied(consumer: Consumer) -> No
 )
 def test_receive_id_conflict_creates_no_row(consumer: Consumer, changed: dict[str, Any]) -> None:
     receive_all(consumer, envelope("A1", "A", 1))
-    before = raw_inbox(consumer.path)
+    before = raw_inbox(consumer.location)
     r = consumer.receive(changed)
     assert (r.status, r.event_id) == ("id_conflict", "A1")
     assert r.reason
-    assert raw_inbox(consumer.path) == before
-    assert count(consumer.path, "inbox") == 1
+    assert raw_inbox(consumer.location) == before
+    assert count(consumer.location, "inbox") == 1
 
 
 def test_receive_id_conflict_wins_over_sequence_conflict(consumer: Consumer) -> None:
     receive_all(consumer, envelope("A1", "A", 1), envelope("A2", "A", 2))
     r = consumer.receive(envelope("A1", "A", 2, kind="confirmed"))  # id A1 known, and seq 2 held by A2
     assert r.status == "id_conflict"
-    assert count(consumer.path, "inbox") == 2
+    assert count(consumer.location, "inbox") == 2
 
 
 def test_receive_sequence_conflict_creates_no_row(consumer: Consumer) -> None:
     receive_all(consumer, envelope("A1", "A", 1))
-    before = raw_inbox(consumer.path)
+    before = raw_inbox(consumer.location)
     r = consumer.receive(envelope("X1", "A", 1))
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("sequence_conflict", "X1", "A", 1)
     assert r.reason is not None and "A1" in r.reason
-    assert raw_inbox(consumer.path) == before
-    assert count(consumer.path, "inbox") == 1
+    assert raw_inbox(consumer.location) == before
+    assert count(consumer.location, "inbox") == 1
     # The same id in another flow's slot is fine.
     assert consumer.receive(envelope("X1", "X", 1)).status == "accepted"
 
@@ -105,7 +105,7 @@ def test_receive_schema_2_is_accepted_and_stored_unchanged(consumer: Consumer) -
     e = {**envelope("A2", "A", 2, schema=2, payload={"units": 3}), "meta": {"trace": "t-9"}}
     r = consumer.receive(e)
     assert r.status == "accepted"
-    stored = raw_inbox(consumer.path)
+    stored = raw_inbox(consumer.location)
     assert stored == [("A2", "A", 2, canonical_body(e), "pending", None)]
     assert consumer.receive(e).status == "duplicate"
 
@@ -117,7 +117,7 @@ def test_receive_malformed_envelope_stores_nothing(consumer: Consumer) -> None:
     with pytest.raises(InvalidEnvelope) as info:
         consumer.receive({**envelope("A1", "A", 1), "seq": True})
     assert info.value.field == "seq"
-    assert count(consumer.path, "inbox") == 0
+    assert count(consumer.location, "inbox") == 0
     assert consumer.store.in_transaction() is False
 
 
@@ -209,15 +209,15 @@ def test_apply_next_blocked_marks_the_row_and_is_reexamined(
         assert consumer.inbox("A")[seq - 1] == InboxEntry(event_id=f"A{seq}", seq=seq, state="blocked", reason=reason)
         assert consumer.projection("A") == projection_before
         assert consumer.effects("A") == effects_before
-    assert count(consumer.path, "effect") == seq - 1
+    assert count(consumer.location, "effect") == seq - 1
 
 
 def test_blocked_row_is_applied_unchanged_by_an_upgraded_consumer(consumer: Consumer) -> None:
     e = envelope("A1", "A", 1, schema=2)
     receive_all(consumer, e)
     assert consumer.apply_next("A").reason == "unsupported_schema"
-    body_before = raw_inbox(consumer.path)[0][3]
-    path = consumer.path
+    body_before = raw_inbox(consumer.location)[0][3]
+    path = consumer.location
     consumer.close()
     with Consumer(path, RESERVATION, schemas={1, 2}) as upgraded:
         r = upgraded.apply_next("A")
@@ -231,7 +231,7 @@ def test_blocked_reason_is_recomputed_on_reexamination(consumer: Consumer) -> No
     # schema 2 with a bad payload: unsupported for the default consumer, invalid for an upgraded one.
     receive_all(consumer, envelope("A1", "A", 1, schema=2, payload={"units": 0}))
     assert consumer.apply_next("A").reason == "unsupported_schema"
-    path = consumer.path
+    path = consumer.location
     consumer.close()
     with Consumer(path, RESERVATION, schemas={1, 2}) as upgraded:
         r = upgraded.apply_next("A")
@@ -358,9 +358,9 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
         assert consumer.apply_next("A").status == "applied"
     projection_before = consumer.projection("A")
     effects_before = consumer.effects("A")
-    inbox_before = raw_inbox(consumer.path)
-    reject_inserts(consumer.path, "effect", "rejected")
-    with pytest.raises(integrity_error(consumer.path), match="rejected"):
+    inbox_before = raw_inbox(consumer.location)
+    reject_inserts(consumer.location, "effect", "rejected")
+    with pytest.raises(integrity_error(consumer.location), match="rejected"):
         consumer.apply_next("A")
     assert consumer.store.in_transaction() is False
     assert consumer.projection("A") == projection_before
@@ -368,14 +368,14 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     assert consumer.effects("A") == effects_before
     assert len(effects_before) == done
     assert consumer.inbox("A")[done] == InboxEntry(event_id=f"A{done + 1}", seq=done + 1, state="pending", reason=None)
-    assert raw_inbox(consumer.path) == inbox_before
-    assert count(consumer.path, "effect") == done
+    assert raw_inbox(consumer.location) == inbox_before
+    assert count(consumer.location, "effect") == done
     # drain propagates the error as well, never counting it as applied
-    with pytest.raises(integrity_error(consumer.path)):
+    with pytest.raises(integrity_error(consumer.location)):
         consumer.drain("A")
     assert consumer.projection("A") == projection_before
 
-    allow_inserts(consumer.path, "effect")
+    allow_inserts(consumer.location, "effect")
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("applied", done + 1, f"A{done + 1}")
     assert [e.event_id for e in consumer.effects("A")] == [f"A{n}" for n in range(1, done + 2)]

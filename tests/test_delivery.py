@@ -123,7 +123,7 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
             assert [e.event_id for e in c.effects(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
     assert all(e.accepted and e.state == "accepted" for e in producer.outbox())
     # Three separate files, each with its own copy.
-    assert len({c.path for c in three.values()}) == 3
+    assert len({c.location for c in three.values()}) == 3
 
 
 def test_a_conflict_for_one_consumer_is_pending_for_the_others(
@@ -182,7 +182,7 @@ def test_failed_sends_back_off_exponentially_with_jitter_and_cap(
             assert (d.state, d.attempts) == ("pending", n)
             assert d.last_error == f"ConnectionError: consumer unreachable (call {n})"
             assert d.due_at == clock.t + jitter * min(20.0, 2.0 * 2 ** (n - 1))
-            raw = raw_delivery(producer.path, "A1", "projection")
+            raw = raw_delivery(producer.location, "A1", "projection")
             assert (raw["failures"], raw["lease_owner"]) == (n, None)
             waits.append(d.due_at - clock.t)
             # Not due yet: the relay has nothing to do and does not call the consumer.
@@ -198,7 +198,7 @@ def test_failed_sends_back_off_exponentially_with_jitter_and_cap(
         assert (r.status, r.event_id) == ("accepted", "A1")
         d = delivery(producer, "A1", "projection")
         assert (d.state, d.attempts, d.last_error, d.last_status) == ("accepted", 7, None, "accepted")
-        raw = raw_delivery(producer.path, "A1", "projection")
+        raw = raw_delivery(producer.location, "A1", "projection")
         assert (raw["failures"], raw["lease_owner"]) == (0, None)  # success resets the failure count
         assert relay(producer, c, policy=policy).status == "idle"
         assert c.calls == 7
@@ -245,7 +245,7 @@ def test_a_conflict_is_set_aside_and_never_retried_as_time_passes(
     assert (d.state, d.last_status, d.attempts) == ("set_aside", kind, 1)
     assert outbox_entry(producer, "A1").accepted is False
     # The inbox still holds only what was planted.
-    assert rows(consumer.path, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
+    assert rows(consumer.location, "SELECT event_id, body FROM inbox WHERE flow_id = 'A'") == [
         (planted["event_id"], json.dumps(planted, sort_keys=True, separators=(",", ":")))
     ]
 
@@ -266,7 +266,7 @@ def test_a_lease_keeps_other_relays_off_until_it_expires(new_store: Any, produce
         with pytest.raises(KeyboardInterrupt):
             relay(producer, dying, policy=DeliveryPolicy(lease_seconds=10, clock=clock, owner="relay-a"))
         assert dying.sent == ["A1"]
-        raw = raw_delivery(producer.path, "A1", "default")
+        raw = raw_delivery(producer.location, "A1", "default")
         assert (raw["state"], raw["lease_owner"], raw["due_at"], raw["attempts"]) == ("pending", "relay-a", 1010.0, 0)
 
         other = DeliveryPolicy(lease_seconds=10, clock=clock, owner="relay-b")
@@ -277,7 +277,7 @@ def test_a_lease_keeps_other_relays_off_until_it_expires(new_store: Any, produce
         clock.t = 1010.0
         assert relay_log(producer, healthy, policy=other) == ["A1 accepted"]
         assert [row.event_id for row in healthy.inbox("A")] == ["A1"]
-        assert raw_delivery(producer.path, "A1", "default")["lease_owner"] is None
+        assert raw_delivery(producer.location, "A1", "default")["lease_owner"] is None
 
 
 @pytest.mark.parametrize(
@@ -490,7 +490,7 @@ def test_max_inbox_refuses_without_storing_and_the_relay_retries_later(
         # B1 is B's very next step: let in although the inbox is full.
         r = relay(producer, c, policy=policy)
         assert (r.status, r.event_id) == ("accepted", "B1")
-        assert rows(c.path, "SELECT count(*) FROM inbox WHERE state <> 'applied'") == [(3,)]
+        assert rows(c.location, "SELECT count(*) FROM inbox WHERE state <> 'applied'") == [(3,)]
         assert relay(producer, c, policy=policy).status == "idle"  # A3 waits for its backoff
         assert {f: d.applied for f, d in c.process_all().items()} == {"A": 2, "B": 1}
         clock.t = 1001.0
@@ -545,8 +545,8 @@ def test_with_both_caps_nothing_is_dropped(new_store: Any) -> None:
             pytest.fail("the capped pipeline never finished")
         assert (backlog_full > 0, inbox_full > 0) == (True, True), (backlog_full, inbox_full)  # both caps engaged
         assert all(e.accepted for e in producer.outbox()) and len(producer.outbox()) == 60
-        assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
-        assert rows(c.path, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
+        assert rows(c.location, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(60, 60)]
+        assert rows(c.location, "SELECT count(*) FROM inbox WHERE state = 'applied'") == [(60,)]
 
 
 # -- operator actions -------------------------------------------------------------------------
@@ -566,7 +566,7 @@ def set_aside(producer: Producer, three: dict[str, Consumer]) -> dict[str, Consu
 def test_redeliver_after_the_consumer_data_was_fixed(producer: Producer, set_aside: dict[str, Consumer]) -> None:
     projection = set_aside["projection"]
     # The operator repairs the consumer's data: the wrong, never-applied A1 goes.
-    execute(projection.path, "DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
+    execute(projection.location, "DELETE FROM inbox WHERE event_id = 'A1' AND state = 'pending'")
     before = time.time()
     action = producer.admin.redeliver("A1", consumer="projection", actor="alice", reason="removed the stray A1 (TICKET-7)")
     after = time.time()
@@ -647,7 +647,7 @@ def test_operator_actions_refuse_accepted_and_unknown_events(
 
 
 def test_inspection_shows_set_aside_events(producer: Producer, set_aside: dict[str, Consumer]) -> None:
-    report = inspect_files(producer.path, set_aside["projection"].path)
+    report = inspect_files(producer.location, set_aside["projection"].location)
     consumers = report["producer"]["consumers"]
     assert consumers["projection"]["set_aside"] == [
         {"event_id": "A1", "flow_id": "A", "seq": 1, "last_status": "id_conflict", "attempts": 1}
@@ -664,7 +664,7 @@ def test_inspection_does_not_report_a_skipped_event_as_undelivered(
     producer: Producer, set_aside: dict[str, Consumer]
 ) -> None:
     producer.admin.skip("A1", consumer="projection", actor="carol", reason="dropped")
-    report = inspect_files(producer.path, set_aside["projection"].path)
+    report = inspect_files(producer.location, set_aside["projection"].location)
     mine = report["producer"]["consumers"]["projection"]
     assert (mine["pending"], mine["set_aside"]) == ([], [])
     assert [e["event_id"] for e in mine.get("skipped", [])] == ["A1"]

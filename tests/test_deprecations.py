@@ -147,3 +147,49 @@ def test_the_new_methods_do_not_warn(sides) -> None:
         sides["Producer"].admin.consumers()
         sides["Consumer"].admin.operator_actions()
         sides["Consumer"].admin.effect_actions()
+
+
+# -- attributes and constructor keywords ------------------------------------------------------
+# ``path`` and ``location`` were one value under two names (issue 19, item 5):
+# (class, old name, new name).
+
+ATTRIBUTE_ALIASES = [("Producer", "path", "location"), ("Consumer", "path", "location")]
+PARAMETER_ALIASES = [("Producer", "path", "location"), ("Consumer", "path", "location")]
+
+
+def test_the_attribute_tables_list_every_alias() -> None:
+    from reliable_flow.deprecated import RENAMED_ATTRIBUTES, RENAMED_PARAMETERS
+
+    listed = {(cls, old, new) for cls, names in RENAMED_ATTRIBUTES.items() for old, new in names.items()}
+    assert listed == set(ATTRIBUTE_ALIASES)
+    listed = {(cls, old, new) for cls, names in RENAMED_PARAMETERS.items() for old, new in names.items()}
+    assert listed == set(PARAMETER_ALIASES)
+
+
+@pytest.mark.parametrize(("cls", "old", "new"), ATTRIBUTE_ALIASES, ids=lambda v: str(v))
+def test_old_attribute_warns_naming_its_replacement_and_still_works(sides, cls: str, old: str, new: str) -> None:
+    owner = sides[cls]
+    with pytest.warns(DeprecationWarning, match=rf"^{cls}\.{old} is deprecated; use {cls.lower()}\.{new}$"):
+        value = getattr(owner, old)
+    assert value == getattr(owner, new)
+    with pytest.raises(AttributeError, match="read-only"):
+        setattr(owner, old, "elsewhere")
+
+
+@pytest.mark.parametrize(("cls", "old", "new"), PARAMETER_ALIASES, ids=lambda v: str(v))
+def test_old_keyword_warns_naming_its_replacement_and_still_works(tmp_path, cls: str, old: str, new: str) -> None:
+    import reliable_flow
+    from reliable_flow.reservation import RESERVATION
+
+    make = getattr(reliable_flow, cls)
+    where = str(tmp_path / f"{cls.lower()}.db")
+    with pytest.warns(DeprecationWarning, match=rf"^{cls}\({old}=\.\.\.\) is deprecated; use {cls}\({new}=\.\.\.\)$"):
+        opened = make(**{old: where, "protocol": RESERVATION})
+    with opened:
+        assert opened.location == where
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with make(**{new: where, "protocol": RESERVATION}) as again, make(where, RESERVATION) as positional:
+            assert again.location == positional.location == where
+    with pytest.raises(TypeError, match="both"):
+        make(**{old: where, new: where, "protocol": RESERVATION})

@@ -789,7 +789,7 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
     c = build_zoo(world)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_FLOW_")}
     out = subprocess.run(
-        [sys.executable, "-m", "reliable_flow", "inspect", world.producer.path, str(world.consumer_path),
+        [sys.executable, "-m", "reliable_flow", "inspect", world.producer.location, str(world.consumer_path),
          "--json"], capture_output=True, text=True, env=env, cwd=world.dir, timeout=60, check=False)
     assert out.returncode == 1, out.stderr  # dead, unknown and in doubt effects need attention
     effects = json.loads(out.stdout)["consumer"]["effects"]
@@ -810,7 +810,7 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
     assert attention[zoo_key("X")]["reason"] == "permanent failure"
     assert [(a["key"], a["action"], a["actor"]) for a in effects["actions"]] == [(zoo_key("C"), "cancel", "setup")]
     plain = subprocess.run(
-        [sys.executable, "-m", "reliable_flow", "inspect", world.producer.path, str(world.consumer_path)],
+        [sys.executable, "-m", "reliable_flow", "inspect", world.producer.location, str(world.consumer_path)],
         capture_output=True, text=True, env=env, cwd=world.dir, timeout=60, check=False)
     assert plain.returncode == 1, plain.stderr
     assert "effects needing attention" in plain.stdout
@@ -917,7 +917,7 @@ def test_feedback_advances_the_result_as_the_next_step_exactly_once(agent: World
     assert ex.stats.fed == 1
     # Re-run: this executor and a new one, with a new producer object on the same file.
     assert ex.run_until_idle() == 0
-    again = Producer(agent.producer.path, TOOL_TASK)
+    again = Producer(agent.producer.location, TOOL_TASK)
     try:
         assert agent.executor(c, owner="exec-2", producer=again).run_until_idle() == 0
     finally:
@@ -967,7 +967,7 @@ class LosingProducer(Producer):
 
 def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: World) -> None:
     c, tool = tool_flow(agent)
-    losing = LosingProducer(agent.producer.path, TOOL_TASK)
+    losing = LosingProducer(agent.producer.location, TOOL_TASK)
     try:
         ex = agent.executor(c, producer=losing)
         with pytest.raises(CommitOutcomeUnknown):
@@ -986,7 +986,7 @@ def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: Wor
 @pytest.mark.parametrize("moved_on", [False, True])
 def test_owed_feedback_whose_advance_committed_is_settled(agent: World, moved_on: bool) -> None:
     c, _ = tool_flow(agent)
-    losing = LosingProducer(agent.producer.path, TOOL_TASK)
+    losing = LosingProducer(agent.producer.location, TOOL_TASK)
     try:
         ex = agent.executor(c, producer=losing)
         with pytest.raises(CommitOutcomeUnknown):

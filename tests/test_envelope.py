@@ -206,7 +206,7 @@ def _refuses_and_stores_nothing(consumer: Consumer, bad: Any, field: str) -> Non
     assert str(info.value).startswith(f"{field}: ")
     assert consumer.inbox(FLOW) == []
     assert consumer.flows() == []
-    assert count(consumer.path, "inbox") == 0
+    assert count(consumer.location, "inbox") == 0
 
 
 @pytest.mark.parametrize(("bad", "field"), list(_malformed_params()))
@@ -233,12 +233,12 @@ def test_parse_refuses_malformed_envelope(bad: Any, field: str) -> None:
 
 def test_malformed_envelope_after_a_good_one_leaves_the_good_one_alone(consumer: Consumer) -> None:
     assert consumer.receive(base()).status == "accepted"
-    before = inbox_bodies(consumer.path)
+    before = inbox_bodies(consumer.location)
     with pytest.raises(InvalidEnvelope):
         consumer.receive(base(event_id="E2", seq=2, payload={"a": [1]}))
     with pytest.raises(InvalidEnvelope):
         consumer.receive(base(seq=1, extra="x"))
-    assert inbox_bodies(consumer.path) == before
+    assert inbox_bodies(consumer.location) == before
     assert [r.event_id for r in consumer.inbox(FLOW)] == ["E1"]
 
 
@@ -254,7 +254,7 @@ def test_receive_refuses_integer_too_long_to_parse(consumer: Consumer, where: st
         consumer.receive(text)
     assert info.value.field == "envelope"
     assert consumer.inbox(FLOW) == []
-    assert count(consumer.path, "inbox") == 0
+    assert count(consumer.location, "inbox") == 0
 
 
 @pytest.mark.parametrize(
@@ -271,7 +271,7 @@ def test_duplicate_key_inside_payload_or_meta_names_the_dotted_field(
     text = valid_text(**fragment)
     with pytest.raises(InvalidEnvelope) as info:
         consumer.receive(text)
-    assert count(consumer.path, "inbox") == 0
+    assert count(consumer.location, "inbox") == 0
     assert info.value.field == field
 
 
@@ -279,7 +279,7 @@ def test_duplicate_key_inside_payload_is_refused(consumer: Consumer) -> None:
     with pytest.raises(InvalidEnvelope):
         consumer.receive(valid_text(payload='{"amount": 3, "amount": 4}'))
     assert consumer.inbox(FLOW) == []
-    assert count(consumer.path, "inbox") == 0
+    assert count(consumer.location, "inbox") == 0
 
 
 # -- advance with malformed arguments ---------------------------------------------------
@@ -344,7 +344,7 @@ def test_advance_refuses_malformed_arguments_and_writes_nothing(
     assert producer.outbox(FLOW) == []
     assert producer.outbox() == []
     assert producer.flows() == []
-    assert count(producer.path, "outbox") == 0
+    assert count(producer.location, "outbox") == 0
     # The same call with good arguments still works: the refusal left no trace.
     assert producer.advance("A1", FLOW, expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
 
@@ -441,9 +441,9 @@ def test_valid_edge_case_is_accepted_once_in_every_spelling(
         InboxEntry(event_id=env["event_id"], seq=env["seq"], state="pending", reason=None,
                    meta=env.get("meta", {}))
     ]
-    assert count(consumer.path, "inbox") == 1
+    assert count(consumer.location, "inbox") == 1
     # Stored as the canonical body: sorted keys, compact, non-ASCII as UTF-8 text.
-    assert inbox_bodies(consumer.path) == [_expected_body(env)]
+    assert inbox_bodies(consumer.location) == [_expected_body(env)]
 
 
 @pytest.mark.parametrize("extra", [0, 1], ids=["at-the-text-cap", "one-over"])
@@ -454,10 +454,10 @@ def test_json_text_length_cap_is_exact(consumer: Consumer, extra: int) -> None:
         with pytest.raises(InvalidEnvelope) as info:
             consumer.receive(padded)
         assert info.value.field == "envelope"
-        assert count(consumer.path, "inbox") == 0
+        assert count(consumer.location, "inbox") == 0
     else:
         assert consumer.receive(padded).status == "accepted"
-        assert inbox_bodies(consumer.path) == [_expected_body(base())]
+        assert inbox_bodies(consumer.location) == [_expected_body(base())]
 
 
 def test_a_different_body_under_the_same_id_is_id_conflict(consumer: Consumer) -> None:
@@ -467,7 +467,7 @@ def test_a_different_body_under_the_same_id_is_id_conflict(consumer: Consumer) -
     assert consumer.receive(base(meta={"trace": "t"}, payload={"amount": 4})).status == "id_conflict"
     assert consumer.receive(base(meta={"trace": "t"}, schema=2)).status == "id_conflict"
     assert consumer.receive(base(meta={"trace": "t"})).status == "duplicate"
-    assert count(consumer.path, "inbox") == 1
+    assert count(consumer.location, "inbox") == 1
 
 
 def test_float_spellings_of_the_same_value_are_one_event(consumer: Consumer) -> None:
@@ -483,7 +483,7 @@ def test_escaped_and_raw_unicode_in_json_text_are_one_event(consumer: Consumer) 
     assert consumer.receive(escaped).status == "accepted"
     assert consumer.receive(raw).status == "duplicate"
     assert consumer.inbox(UNICODE)[0].event_id == "E1"
-    body = inbox_bodies(consumer.path)[0]
+    body = inbox_bodies(consumer.location)[0]
     assert UNICODE in body and "\\u" not in body
 
 
@@ -503,7 +503,7 @@ def test_empty_meta_null_meta_and_no_meta_are_the_same_event(
     assert consumer.receive(forms[first]).status == "accepted"
     assert consumer.receive(forms[second]).status == "duplicate"
     assert consumer.receive(json.dumps(forms[second])).status == "duplicate"
-    assert inbox_bodies(consumer.path) == [_expected_body(base())]
+    assert inbox_bodies(consumer.location) == [_expected_body(base())]
 
 
 def test_advance_with_empty_meta_and_no_meta_is_the_same_event(producer: Producer) -> None:
@@ -624,11 +624,11 @@ def test_parse_does_not_keep_a_reference_to_the_callers_payload() -> None:
 
 def test_files_are_real(tmp_path: Path, consumer: Consumer) -> None:
     # Guard for the raw-count helper: it must read the consumer's own store.
-    if not is_pg(consumer.path):
-        assert Path(consumer.path).parent == tmp_path
-    assert count(consumer.path, "inbox") == 0
+    if not is_pg(consumer.location):
+        assert Path(consumer.location).parent == tmp_path
+    assert count(consumer.location, "inbox") == 0
     consumer.receive(base())
-    assert count(consumer.path, "inbox") == 1
+    assert count(consumer.location, "inbox") == 1
 
 
 def test_a_body_parsed_again_in_the_same_process_is_the_same_envelope_with_its_own_payload() -> None:

@@ -107,7 +107,7 @@ def test_schema_upgrade_blocks_then_applies_unchanged(producer: Producer, consum
     assert [(r.seq, r.state, r.reason) for r in consumer.inbox("A")] == [
         (1, "applied", None), (2, "blocked", "unsupported_schema"), (3, "pending", None),
     ]
-    path = consumer.path
+    path = consumer.location
     bodies_before = raw_bodies(path)
     consumer.close()
 

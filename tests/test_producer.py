@@ -53,12 +53,12 @@ def advance_a1(producer: Producer, **changes: Any) -> AdvanceResult:
 
 
 def test_committed_first_step_writes_flow_row_and_one_outbox_row(producer: Producer) -> None:
-    assert raw_counts(producer.path) == (0, 0)
+    assert raw_counts(producer.location) == (0, 0)
     r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
     assert (r.status, r.seq, r.event_id, r.flow_id, r.reason) == ("committed", 1, "A1", "A", None)
     assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
     assert [(e.event_id, e.seq, e.accepted) for e in producer.outbox("A")] == [("A1", 1, False)]
-    assert raw_counts(producer.path) == (1, 1)
+    assert raw_counts(producer.location) == (1, 1)
     assert producer.event("A1") == {
         "event_id": "A1", "flow_id": "A", "seq": 1, "kind": "reserved", "schema": 1, "payload": {"amount": 3},
     }
@@ -69,7 +69,7 @@ def test_committed_seq_is_expected_seq_plus_one_at_every_step(producer: Producer
         r = producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
         assert (r.status, r.seq, r.event_id) == ("committed", expected + 1, event_id)
         assert producer.flow("A") == {"state": kind, "seq": n, "amount": 3}
-        assert raw_counts(producer.path) == (1, n)
+        assert raw_counts(producer.location) == (1, n)
     assert [(e.event_id, e.seq) for e in producer.outbox("A")] == [("A1", 1), ("A2", 2), ("A3", 3)]
 
 
@@ -98,11 +98,11 @@ def test_flow_returns_state_seq_amount_or_none(producer: Producer) -> None:
 def test_existing_same_id_and_body_writes_nothing(producer: Producer) -> None:
     meta = {"correlation_id": "c-1", "causation_id": "k-0"}
     step(producer, 1, meta=meta)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     reordered = dict(reversed(list(meta.items())))  # same meta, other key order
     r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}, meta=reordered)
     assert (r.status, r.seq, r.event_id, r.flow_id) == ("existing", 1, "A1", "A")
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
 
 
 def test_existing_after_the_flow_moved_on_to_seq_3(producer: Producer) -> None:
@@ -110,13 +110,13 @@ def test_existing_after_the_flow_moved_on_to_seq_3(producer: Producer) -> None:
     step(producer, 1, meta=meta)
     step(producer, 2)
     step(producer, 3)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}, meta={"correlation_id": "c-1"})
     assert (r.status, r.seq, r.event_id) == ("existing", 1, "A1")
     r = producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3})
     assert (r.status, r.seq, r.event_id) == ("existing", 2, "A2")
     assert producer.flow("A") == {"state": "released", "seq": 3, "amount": 3}
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
 
 
 def test_existing_empty_meta_is_the_same_as_no_meta(producer: Producer) -> None:
@@ -151,14 +151,14 @@ def test_conflict_names_the_differing_field_and_stores_nothing(
     producer: Producer, changes: dict[str, Any], field: str
 ) -> None:
     assert advance_a1(producer).status == "committed"
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = advance_a1(producer, **changes)
     assert (r.status, r.seq, r.event_id) == ("conflict", 1, "A1")
     assert r.reason is not None and field in r.reason
     for other in BODY_FIELDS:
         if other != field:
             assert other not in r.reason, (other, r.reason)
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
     assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
     assert producer.flow("B") is None
 
@@ -170,11 +170,11 @@ def test_conflict_wins_over_stale_after_the_flow_moved_on(
     assert advance_a1(producer).status == "committed"
     step(producer, 2)
     step(producer, 3)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = advance_a1(producer, **changes)
     assert (r.status, r.seq) == ("conflict", 1)
     assert r.reason is not None and field in r.reason
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
 
 
 # Regression: the reason once compared decoded values with Python ==, where
@@ -198,11 +198,11 @@ def test_conflict_reason_names_payload_when_only_the_json_type_differs(
 def test_stale_new_id_with_wrong_expected_seq(producer: Producer, expected_seq: int) -> None:
     step(producer, 1)
     step(producer, 2)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = producer.advance("A3x", "A", expected_seq=expected_seq, kind="released", payload={"amount": 3})
     assert (r.status, r.seq, r.event_id, r.flow_id) == ("stale", None, "A3x", "A")
     assert r.reason is not None and "expected_seq" in r.reason and str(expected_seq) in r.reason
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
     assert producer.flow("A") == {"state": "confirmed", "seq": 2, "amount": 3}
     # The rejected id was not stored: it can still be used for the right step.
     r = producer.advance("A3x", "A", expected_seq=2, kind="released", payload={"amount": 3})
@@ -214,26 +214,26 @@ def test_stale_on_a_new_flow_stores_nothing(producer: Producer) -> None:
     assert (r.status, r.seq) == ("stale", None)
     assert r.reason is not None and "expected_seq" in r.reason
     assert producer.flow("Z") is None
-    assert raw_counts(producer.path) == (0, 0)
+    assert raw_counts(producer.location) == (0, 0)
 
 
 def test_stale_wins_over_invalid_transition(producer: Producer) -> None:
     step(producer, 1)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     # "released" is not legal from "reserved", and expected_seq is wrong: stale first.
     r = producer.advance("Ax", "A", expected_seq=0, kind="released", payload={"amount": 3})
     assert (r.status, r.seq) == ("stale", None)
     r = producer.advance("Ax", "A", expected_seq=0, kind="no-such-kind", payload={"amount": 3})
     assert r.status == "stale"
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
 
 
 def test_stale_wins_over_invalid_payload(producer: Producer) -> None:
     step(producer, 1)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = producer.advance("Ax", "A", expected_seq=4, kind="confirmed", payload={"amount": 0})
     assert (r.status, r.seq) == ("stale", None)
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
 
 
 def test_existing_wins_over_stale_and_conflict_over_invalid(producer: Producer) -> None:
@@ -267,12 +267,12 @@ def test_invalid_transition_stores_nothing(producer: Producer, done: int, kind: 
     for n in range(1, done + 1):
         step(producer, n)
     flow_before = producer.flow("A")
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = producer.advance("Ax", "A", expected_seq=done, kind=kind, payload={"amount": 3})
     assert (r.status, r.seq, r.event_id) == ("invalid_transition", None, "Ax")
     assert r.reason is not None and kind in r.reason
-    assert raw_rows(producer.path) == before
-    assert raw_counts(producer.path) == (1 if done else 0, done)
+    assert raw_rows(producer.location) == before
+    assert raw_counts(producer.location) == (1 if done else 0, done)
     assert producer.flow("A") == flow_before
     assert len(producer.outbox("A")) == done
 
@@ -282,7 +282,7 @@ def test_invalid_transition_wins_over_invalid_payload(producer: Producer) -> Non
     assert (r.status, r.seq) == ("invalid_transition", None)
     r = producer.advance("A1", "A", expected_seq=0, kind="cancelled", payload={"nope": "x"}, schema=3)
     assert r.status == "invalid_transition"
-    assert raw_counts(producer.path) == (0, 0)
+    assert raw_counts(producer.location) == (0, 0)
 
 
 # -- invalid_payload --------------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_invalid_payload_on_a_new_flow_stores_nothing(
     assert r.reason is not None and named in r.reason
     assert producer.flow("A") is None
     assert producer.outbox("A") == []
-    assert raw_counts(producer.path) == (0, 0)
+    assert raw_counts(producer.location) == (0, 0)
     # Nothing was stored under the id: the correct call still commits.
     r = producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
     assert (r.status, r.seq) == ("committed", 1)
@@ -329,11 +329,11 @@ def test_invalid_payload_on_confirmed_step_keeps_the_flow(
     producer: Producer, payload: dict[str, Any], schema: int
 ) -> None:
     step(producer, 1)
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     r = producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload=payload, schema=schema)
     assert (r.status, r.seq) == ("invalid_payload", None)
     assert r.reason
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
     assert producer.flow("A") == {"state": "reserved", "seq": 1, "amount": 3}
     # Same amount in schema 2 spelling is the same n: legal.
     r = producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"units": 3}, schema=2)
@@ -363,11 +363,11 @@ def test_malformed_arguments_raise_before_any_check(
     producer: Producer, changes: dict[str, Any], field: str
 ) -> None:
     assert advance_a1(producer).status == "committed"
-    before = raw_rows(producer.path)
+    before = raw_rows(producer.location)
     with pytest.raises(InvalidEnvelope) as info:
         advance_a1(producer, **changes)
     assert info.value.field == field
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
     assert producer.store.in_transaction() is False
 
 
@@ -385,9 +385,9 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
         event_id, expected, kind = STEPS[0]
     flow_before = producer.flow("A")
     outbox_before = producer.outbox("A")
-    before = raw_rows(producer.path)
-    reject_inserts(producer.path, "outbox", "rejected by test")
-    with pytest.raises(integrity_error(producer.path), match="rejected by test"):
+    before = raw_rows(producer.location)
+    reject_inserts(producer.location, "outbox", "rejected by test")
+    with pytest.raises(integrity_error(producer.location), match="rejected by test"):
         producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
     assert producer.store.in_transaction() is False
     assert producer.flow("A") == flow_before
@@ -395,12 +395,12 @@ def test_trigger_rejected_outbox_insert_propagates_and_rolls_back(
         {"state": "reserved", "seq": 1, "amount": 3} if existing_flow else None
     )
     assert producer.outbox("A") == outbox_before
-    assert raw_rows(producer.path) == before
+    assert raw_rows(producer.location) == before
 
-    allow_inserts(producer.path, "outbox")
+    allow_inserts(producer.location, "outbox")
     r = producer.advance(event_id, "A", expected_seq=expected, kind=kind, payload={"amount": 3})
     assert (r.status, r.seq) == ("committed", expected + 1)
     assert producer.flow("A") == {"state": kind, "seq": expected + 1, "amount": 3}
     assert [e.event_id for e in producer.outbox("A")] == [s[0] for s in STEPS[: expected + 1]]
-    stored = json.loads(raw_rows(producer.path)[1][-1][4])
+    stored = json.loads(raw_rows(producer.location)[1][-1][4])
     assert stored["event_id"] == event_id

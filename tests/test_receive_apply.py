@@ -113,12 +113,12 @@ def test_a_handler_payload_error_leaves_nothing_of_the_apply_and_blocks_later(ne
     with Consumer(new_store("c"), RESERVATION, handlers=[picky], app_schema=app, apply_on_receive=True) as c:
         assert c.receive(envelope("A1", "A", 1, amount=9)).applied is False
         assert calls == ["A1"]
-        assert rows(c.path, "SELECT count(*) FROM seen") == [(0,)]  # the handler's write rolled back
+        assert rows(c.location, "SELECT count(*) FROM seen") == [(0,)]  # the handler's write rolled back
         assert c.inbox("A")[0].state == "pending" and c.projection("A") is None
         blocked = c.apply_next("A")
         assert (blocked.status, blocked.reason) == ("blocked", "invalid_payload")
         assert c.receive(envelope("B1", "B", 1)).applied is True
-        assert rows(c.path, "SELECT id FROM seen") == [("B1",)]
+        assert rows(c.location, "SELECT id FROM seen") == [("B1",)]
 
 
 def test_effects_scheduled_by_a_handler_on_arrival_are_in_the_same_commit(new_store: Any) -> None:

@@ -48,7 +48,7 @@ def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, cons
     assert outbox_entry(producer, "A1").accepted is False
     r = relay(producer, consumer)
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("accepted", "A1", "A", 1)
-    rows = raw_inbox(consumer.path)
+    rows = raw_inbox(consumer.location)
     assert [(row[0], row[4]) for row in rows] == [("A1", "pending")]
     event = producer.event("A1")
     assert event is not None
@@ -63,21 +63,21 @@ def test_relay_accepted_only_after_the_consumer_owns_it(producer: Producer, cons
 
 def test_relay_does_not_mark_when_the_consumer_fails_to_store(producer: Producer, consumer: Consumer) -> None:
     commit(producer, "A", 1)
-    reject_inserts(consumer.path, "inbox", "no room")
-    with pytest.raises(integrity_error(consumer.path)) as failed:
+    reject_inserts(consumer.location, "inbox", "no room")
+    with pytest.raises(integrity_error(consumer.location)) as failed:
         relay(producer, consumer)
-    assert raw_inbox(consumer.path) == []
+    assert raw_inbox(consumer.location) == []
     e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "pending", None)
     assert e.deliveries["default"].attempts == 1  # the failed send is recorded
     assert (e.deliveries["default"].last_error or "").startswith(f"{type(failed.value).__name__}: ")
     assert producer.store.in_transaction() is False
     assert consumer.store.in_transaction() is False
-    allow_inserts(consumer.path, "inbox")
+    allow_inserts(consumer.location, "inbox")
     # (a plain relay may wait out a backoff; an explicit one sends now)
     r = relay(producer, consumer, event_id="A1")
     assert (r.status, r.event_id) == ("accepted", "A1")
-    assert [(row[0], row[4]) for row in raw_inbox(consumer.path)] == [("A1", "pending")]
+    assert [(row[0], row[4]) for row in raw_inbox(consumer.location)] == [("A1", "pending")]
     assert outbox_entry(producer, "A1").accepted is True
 
 
@@ -90,7 +90,7 @@ def test_relay_duplicate_when_the_inbox_already_has_it(producer: Producer, consu
     assert (r.status, r.event_id) == ("duplicate", "A1")
     e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (True, "accepted", "duplicate")
-    assert len(raw_inbox(consumer.path)) == 1
+    assert len(raw_inbox(consumer.location)) == 1
     assert relay(producer, consumer).status == "idle"
     # an explicit re-send of an accepted event is a duplicate and stays accepted
     assert relay(producer, consumer, event_id="A1").status == "duplicate"
@@ -109,7 +109,7 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     producer: Producer, consumer: Consumer, planted: dict[str, Any], status: str
 ) -> None:
     assert consumer.receive(planted).status == "accepted"
-    inbox_before = raw_inbox(consumer.path)
+    inbox_before = raw_inbox(consumer.location)
     commit(producer, "A", 1)
     r = relay(producer, consumer)
     assert (r.status, r.event_id, r.flow_id, r.seq) == (status, "A1", "A", 1)
@@ -117,7 +117,7 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "set_aside", status)
     assert e.deliveries["default"].state == "set_aside"
-    assert raw_inbox(consumer.path) == inbox_before  # the planted event is kept as it was
+    assert raw_inbox(consumer.location) == inbox_before  # the planted event is kept as it was
     # never re-selected by a plain relay
     assert relay(producer, consumer).status == "idle"
     assert relay(producer, consumer).status == "idle"
@@ -127,7 +127,7 @@ def test_relay_conflict_is_set_aside_and_never_accepted(
     e = outbox_entry(producer, "A1")
     assert (e.accepted, e.state, e.last_status) == (False, "set_aside", status)
     assert e.deliveries["default"].attempts == 2
-    assert raw_inbox(consumer.path) == inbox_before
+    assert raw_inbox(consumer.location) == inbox_before
 
 
 def test_poison_isolation_other_flows_keep_flowing(producer: Producer, consumer: Consumer) -> None:
@@ -158,7 +158,7 @@ def test_explicit_relay_delivers_the_chosen_event(producer: Producer, consumer: 
     assert (r.status, r.event_id, r.flow_id, r.seq) == ("accepted", "B1", "B", 1)
     assert outbox_entry(producer, "B1").accepted is True
     assert outbox_entry(producer, "A1").accepted is False
-    assert [row[0] for row in raw_inbox(consumer.path)] == ["B1"]
+    assert [row[0] for row in raw_inbox(consumer.location)] == ["B1"]
     assert relay(producer, consumer).event_id == "A1"
     assert relay(producer, consumer).status == "idle"
 
@@ -168,7 +168,7 @@ def test_explicit_relay_of_an_unknown_event_raises(producer: Producer, consumer:
     with pytest.raises(reliable_flow.errors.UnknownEvent) as info:
         relay(producer, consumer, event_id="nope")
     assert isinstance(info.value, LookupError)
-    assert raw_inbox(consumer.path) == []
+    assert raw_inbox(consumer.location) == []
     assert outbox_entry(producer, "A1").accepted is False
     assert producer.store.in_transaction() is False
 
@@ -181,17 +181,17 @@ def test_two_files_with_the_default_name_are_a_mismatch(
 ) -> None:
     commit(producer, "A", 2)
     assert relay(producer, consumer).status == "accepted"
-    delivery_before = raw_delivery(producer.path)
+    delivery_before = raw_delivery(producer.location)
     with Consumer(new_store("other"), RESERVATION) as other:
         assert other.name == consumer.name == "default"
         with pytest.raises(reliable_flow.errors.ConsumerMismatch):
             relay(producer, other)
         assert producer.store.in_transaction() is False
         # a second Producer object on the same file knows the binding too
-        with Producer(producer.path, RESERVATION) as again, pytest.raises(reliable_flow.errors.ConsumerMismatch):
+        with Producer(producer.location, RESERVATION) as again, pytest.raises(reliable_flow.errors.ConsumerMismatch):
             relay(again, other, event_id="A2")
-        assert raw_inbox(other.path) == []
-    assert raw_delivery(producer.path) == delivery_before
+        assert raw_inbox(other.location) == []
+    assert raw_delivery(producer.location) == delivery_before
     # the rightful consumer keeps going
     assert relay(producer, consumer).event_id == "A2"
 
@@ -271,11 +271,11 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
     assert statuses == [("accepted", "A1"), ("accepted", "A2"), ("accepted", "A3"), ("id_conflict", "B1"), ("idle", None)]
     assert consumer.drain("A", limit=2).stop == "limit"
 
-    inbox_before = raw_inbox(consumer.path)
-    delivery_before = raw_delivery(producer.path)
-    snap = snapshot(producer.path, consumer.path)
-    assert raw_inbox(consumer.path) == inbox_before
-    assert raw_delivery(producer.path) == delivery_before
+    inbox_before = raw_inbox(consumer.location)
+    delivery_before = raw_delivery(producer.location)
+    snap = snapshot(producer.location, consumer.location)
+    assert raw_inbox(consumer.location) == inbox_before
+    assert raw_delivery(producer.location) == delivery_before
 
     p, c = snap["producer"], snap["consumer"]
     assert p["protocol"] == "reservation"
@@ -313,7 +313,7 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
         assert c["projections"][flow] == consumer.projection(flow)
 
     # the same picture with both objects closed
-    p_path, c_path = producer.path, consumer.path
+    p_path, c_path = producer.location, consumer.location
     producer.close()
     consumer.close()
     assert snapshot(p_path, c_path) == snap
@@ -321,4 +321,4 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
 
 def test_snapshot_refuses_swapped_files(producer: Producer, consumer: Consumer) -> None:
     with pytest.raises(reliable_flow.errors.WrongFile):
-        snapshot(consumer.path, producer.path)
+        snapshot(consumer.location, producer.location)

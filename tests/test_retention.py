@@ -63,7 +63,7 @@ def test_consumer_answers_duplicate_id_conflict_and_sequence_conflict_after_prun
     assert (result.events, result.effect_records, result.complete) == (3, 3, True)
     assert c.inbox("A") == [] and c.effects("A") == []
     assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-    assert count(c.path, "inbox_tombstone") == 3
+    assert count(c.location, "inbox_tombstone") == 3
 
     same = c.receive(body("A2", "A", 2))
     assert same.status == "duplicate"
@@ -140,7 +140,7 @@ def test_the_producer_never_prunes_what_a_consumer_still_waits_for(at: At) -> No
         assert [e.event_id for e in p.outbox()] == ["A1"]
         p.admin.skip("A1", consumer="d", actor="ops", reason="d is wrong")
         assert p.admin.prune(0, now=later()).events == 1
-        assert p.outbox() == [] and count(p.path, "outbox_tombstone") == 3
+        assert p.outbox() == [] and count(p.location, "outbox_tombstone") == 3
 
 
 def test_the_producer_keeps_events_younger_than_the_horizon(pair) -> None:  # type: ignore[no-untyped-def]
@@ -220,10 +220,10 @@ def test_a_big_backlog_is_pruned_in_bounded_steps_and_recorded(pair) -> None:  #
     assert (first.events, first.transactions, first.complete) == (10, 2, False)
     rest = p.admin.prune(0, now=later(), batch_size=7)
     assert (rest.events, rest.transactions, rest.complete) == (20, 3, True)
-    assert rows(p.path, "SELECT sum(events), count(*) FROM prune_action") == [(30, 5)]
+    assert rows(p.location, "SELECT sum(events), count(*) FROM prune_action") == [(30, 5)]
     done = c.admin.prune(0, now=clock.t + 1, batch_size=8)
     assert (done.events, done.transactions, done.complete) == (30, 4, True)
-    assert rows(c.path, "SELECT sum(events), sum(effect_records) FROM prune_action") == [(30, 30)]
+    assert rows(c.location, "SELECT sum(events), sum(effect_records) FROM prune_action") == [(30, 30)]
     assert isinstance(done, PruneResult)
     nothing = c.admin.prune(0, now=clock.t + 1)
     assert (nothing.events, nothing.transactions, nothing.complete) == (0, 1, True)
@@ -239,7 +239,7 @@ def test_prune_refuses_bad_arguments(pair, bad) -> None:  # type: ignore[no-unty
     for side in (p, c):
         with pytest.raises(ValueError, match=named):
             side.admin.prune(**bad)
-        assert count(side.path, "prune_action") == 0  # refused before anything was written
+        assert count(side.location, "prune_action") == 0  # refused before anything was written
 
 
 # -- the tombstone itself ------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_a_tombstone_keeps_the_sha256_of_the_canonical_body(pair) -> None:  # ty
     run_through(p, c, "A")
     p.admin.prune(0, now=later())
     c.admin.prune(0, now=clock.t + 1)
-    for path, table in ((p.path, "outbox_tombstone"), (c.path, "inbox_tombstone")):
+    for path, table in ((p.location, "outbox_tombstone"), (c.location, "inbox_tombstone")):
         stored = rows(path, f"SELECT event_id, flow_id, seq, body_hash FROM {table} ORDER BY seq")
         assert [(r[0], r[1], r[2]) for r in stored] == [("A1", "A", 1), ("A2", "A", 2), ("A3", "A", 3)]
         assert [bytes(r[3]) for r in stored] == [
@@ -266,9 +266,9 @@ def test_compare_matches_an_event_the_producer_pruned_through_its_tombstone(pair
     p, c, clock = pair
     run_through(p, c, "A", "B")
     p.admin.prune(0, now=later())  # the consumer keeps its rows, the producer only tombstones
-    assert compare_files(p.path, [c.path])["differences"] == 0
+    assert compare_files(p.location, [c.location])["differences"] == 0
     c.admin.prune(0, now=clock.t + 1)
-    assert compare_files(p.path, [c.path])["differences"] == 0
+    assert compare_files(p.location, [c.location])["differences"] == 0
 
 
 # -- forgetting tombstones -----------------------------------------------------------------------
@@ -280,12 +280,12 @@ def test_forgotten_tombstones_stop_the_growth_and_a_resent_event_is_still_refuse
     first = c.admin.prune(10, now=clock.t + 100)
     assert (first.events, first.tombstones_forgotten) == (3, 0)
     producer_first = p.admin.prune(10, now=later())
-    assert producer_first.events == 3 and count(p.path, "outbox_tombstone") == 3
+    assert producer_first.events == 3 and count(p.location, "outbox_tombstone") == 3
     # Much later, a second prune forgets what was pruned more than forget_after ago.
     result = c.admin.prune(10, now=clock.t + 100_000, forget_after=1_000)
-    assert result.tombstones_forgotten == 3 and count(c.path, "inbox_tombstone") == 0
+    assert result.tombstones_forgotten == 3 and count(c.location, "inbox_tombstone") == 0
     assert p.admin.prune(10, now=later() + 100_000, forget_after=1_000).tombstones_forgotten == 3
-    assert count(p.path, "outbox_tombstone") == 0
+    assert count(p.location, "outbox_tombstone") == 0
     # A re-sent old event is no longer "duplicate", but it is never stored or applied again.
     again = c.receive(body("A2", "A", 2))
     assert again.status == "sequence_conflict"

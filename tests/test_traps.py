@@ -120,7 +120,7 @@ def test_one_object_per_thread_on_the_same_files_works(pair: tuple[Producer, Con
     producer, consumer = pair
 
     def own_objects() -> None:
-        with Producer(producer.path, RESERVATION) as p, Consumer(consumer.path, RESERVATION) as c:
+        with Producer(producer.location, RESERVATION) as p, Consumer(consumer.location, RESERVATION) as c:
             commit(p, "T", upto=1)
             assert relay(p, c).status == "accepted"
 
@@ -144,7 +144,7 @@ def test_relay_with_swapped_or_wrong_arguments_is_a_clear_type_error(
     with pytest.raises(TypeError, match=r"consumer must be a Consumer .*got str"):
         call(producer, "consumer.db")
     # Nothing was bound, sent or stored.
-    assert rows(producer.path, "SELECT count(*) FROM consumer") == [(0,)]
+    assert rows(producer.location, "SELECT count(*) FROM consumer") == [(0,)]
     assert consumer.flows() == []
 
 
@@ -395,7 +395,7 @@ def test_run_until_idle_does_not_wait_for_what_waits_for_a_person(pair: tuple[Pr
     producer, consumer = pair
     consumer.receive(envelope("G2", "G", 2))  # flow G waits at a gap for seq 1, which nobody will send
     commit(producer, "A")
-    with Consumer(consumer.path, RESERVATION) as c:  # (same file, name "default")
+    with Consumer(consumer.location, RESERVATION) as c:  # (same file, name "default")
         c.receive(envelope("A1", "A", 1, amount=9))  # A1 arrives with another body: id_conflict, set aside
     started = time.monotonic()
     stats = Worker(producer, [consumer], idle_sleep=30).run(until_idle=True, handle_signals=False)
@@ -537,7 +537,7 @@ def test_calls_on_the_producer_inside_its_batch_raise_a_clear_runtime_error(
         calls[call]()
     assert not isinstance(raised.value, sqlite3.Error)
     assert "cannot start a transaction within a transaction" not in str(raised.value)
-    assert outbox_rows(producer.path) == 0  # the batch rolled back as a whole
+    assert outbox_rows(producer.location) == 0  # the batch rolled back as a whole
     # Caught inside the block, the batch goes on and commits its own advances.
     with producer.batch() as b:
         b.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
@@ -552,7 +552,7 @@ def test_a_read_from_a_protocol_hook_during_advance_raises_the_same_clear_error(
         objects["p"] = p
         with pytest.raises(RuntimeError, match=r"\(a batch, or a protocol hook during advance\)"):
             p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
-        assert outbox_rows(p.path) == 0
+        assert outbox_rows(p.location) == 0
 
 
 # -- 13. a directory as the file path -------------------------------------------------------

@@ -143,7 +143,7 @@ def test_by_default_the_worker_applies_on_arrival_and_the_apply_pass_finds_the_r
     assert stats.relayed["accepted"] == 12 and stats.applied == 12
     assert all(c.projection(f) == RELEASED for c in (a, b) for f in "AB")
     assert stats.stops["gap"] > 0 and a.inbox("G")[0].state == "pending"
-    assert rows(a.path, "SELECT count(*) FROM effect") == [(6,)]
+    assert rows(a.location, "SELECT count(*) FROM effect") == [(6,)]
     assert a.metrics().applied == 6  # counted by the consumer too
 
 
@@ -216,7 +216,7 @@ def test_the_worker_waits_out_a_full_inbox_and_drops_nothing(at: At) -> None:
         assert stats.relayed["refused"] > 0 and (stats.errors, stats.last_error) == (0, None)
         assert all(c.projection(f) == {"state": "released", "last_seq": 3, "held": 0} for f in flows)
         assert all(e.accepted for e in producer.outbox())
-        assert rows(c.path, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(18, 18)]
+        assert rows(c.location, "SELECT count(*), count(DISTINCT event_id) FROM effect") == [(18, 18)]
 
 
 def test_gaps_and_conflicts_are_counted_not_fatal(two: tuple[Producer, Consumer, Consumer]) -> None:
@@ -248,7 +248,7 @@ def test_stop_returns_after_the_current_step(two: tuple[Producer, Consumer, Cons
         assert stats.relayed["accepted"] == 3 and stats.applied == 0 and stats.passes == 0
         marks = [getattr(e.deliveries.get("projection"), "state", None) for e in producer.outbox()]
         assert marks == ["accepted"] * 3 + ["pending"] * 3
-        assert rows(a.path, "SELECT count(*) FROM inbox") == [(3,)]
+        assert rows(a.location, "SELECT count(*) FROM inbox") == [(3,)]
         assert b.flows() == []
 
 

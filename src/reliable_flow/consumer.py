@@ -20,7 +20,7 @@ from .core.conflicts import rerun_on_conflict
 from .core.effects import with_waits
 from .core.operate import why_waiting
 from .crash import crash_point
-from .deprecated import to_admin
+from .deprecated import renamed_parameter, renamed_to, to_admin
 from .effects import EffectRegistry
 from .errors import InvalidEnvelope
 from .handlers import AppSchema, Handler
@@ -59,8 +59,8 @@ def _check_flow_id(flow_id: object) -> str:
 class Consumer:
     """Owns a consumer file: the inbox, the projection and the effect records.
 
-    ``path`` is a file, or a PostgreSQL location as for :class:`Producer`
-    (the store is then a schema; see docs/postgres.md).
+    ``location`` is a file path, or a PostgreSQL location as for
+    :class:`Producer` (the store is then a schema; see docs/postgres.md).
 
     ``schemas`` are the payload versions this consumer can decode (default:
     the protocol's ``consumer_schemas``); events in other versions are still
@@ -96,9 +96,10 @@ class Consumer:
     effect, prune) is on :attr:`admin`, a :class:`~reliable_flow.ConsumerAdmin`.
     """
 
+    @renamed_parameter("Consumer", "path", "location")
     def __init__(
         self,
-        path: Location,
+        location: Location,
         protocol: Protocol,
         *,
         schemas: Collection[int] | None = None,
@@ -138,7 +139,7 @@ class Consumer:
             except InvalidEnvelope as exc:
                 raise ValueError(f"name {exc.problem}") from None
         self._store = open_inbox(
-            path, protocol.name, name=name, default_name=DEFAULT_NAME, busy_timeout=busy_timeout
+            location, protocol.name, name=name, default_name=DEFAULT_NAME, busy_timeout=busy_timeout
         )
         info = self._store.latest.meta()
         self._name: str = info["name"]
@@ -199,7 +200,7 @@ class Consumer:
 
     @property
     def location(self) -> str:
-        """Where the inbox lives (the file's path), for messages."""
+        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
         return self._store.location
 
     # -- receive --------------------------------------------------------------------
@@ -394,10 +395,7 @@ class Consumer:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    @property
-    def path(self) -> str:
-        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
-        return self._store.location
+    path = renamed_to("location")  # deprecated, for one release
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""
@@ -414,6 +412,6 @@ class Consumer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Consumer({self.path!r}, {self.protocol.name}, name={self.name!r})"
+        return f"Consumer({self.location!r}, {self.protocol.name}, name={self.name!r})"
 
 

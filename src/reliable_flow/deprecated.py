@@ -9,17 +9,27 @@ The operator methods of ``Producer`` and ``Consumer`` (``redeliver``,
 ``skip_event``, ``prune``, ...) moved to ``producer.admin`` and
 ``consumer.admin``: the old names are :class:`to_admin` attributes that
 warn and then call the new method (:data:`TO_ADMIN` lists them).
+
+``Producer.path`` and ``Consumer.path`` are ``location`` (one value, one
+name), and so is the constructors' first parameter: the old attribute is a
+:class:`renamed_to` attribute and the old keyword is accepted by
+:func:`renamed_parameter`, both warning (:data:`RENAMED_ATTRIBUTES` and
+:data:`RENAMED_PARAMETERS` list them).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .errors import ReliableFlowError
 
-__all__ = ["TO_ADMIN", "old_name", "to_admin"]
+__all__ = [
+    "RENAMED_ATTRIBUTES", "RENAMED_PARAMETERS", "TO_ADMIN", "old_name", "renamed_parameter", "renamed_to", "to_admin",
+]
 
 _REFUSED = "a full inbox is answered with a ReceiveResult of status ReceiveStatus.REFUSED"
 
@@ -69,6 +79,64 @@ class to_admin:
             DeprecationWarning, stacklevel=2,
         )
         return getattr(obj.admin, self.name)  # type: ignore[attr-defined]
+
+
+# -- renamed attributes and parameters (issue 19, item 5: ``location`` only) ----------
+
+#: Every attribute alias kept for one release: {class name: {old name: new name}}.
+RENAMED_ATTRIBUTES: dict[str, dict[str, str]] = {}
+#: Every constructor keyword alias kept for one release: {class name: {old: new}}.
+RENAMED_PARAMETERS: dict[str, dict[str, str]] = {}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class renamed_to:
+    """An attribute renamed on its own class: reading the old name warns
+    (``DeprecationWarning`` naming the new one) and returns the new one."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+        self.owner = self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.owner, self.name = owner.__name__, name
+        RENAMED_ATTRIBUTES.setdefault(owner.__name__, {})[name] = self.new
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        warnings.warn(
+            f"{self.owner}.{self.name} is deprecated; use {self.owner.lower()}.{self.new}",
+            DeprecationWarning, stacklevel=2,
+        )
+        return getattr(obj, self.new)
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(f"{self.owner}.{self.name} is read-only (and deprecated; use {self.new})")
+
+
+def renamed_parameter(owner: str, old: str, new: str) -> Callable[[_F], _F]:
+    """Decorates ``owner.__init__``: a caller still passing ``old=`` by
+    keyword is warned (``DeprecationWarning`` naming ``new``) and its value
+    is passed as ``new=``.  Positional calls are unchanged."""
+    RENAMED_PARAMETERS.setdefault(owner, {})[old] = new
+
+    def decorate(init: _F) -> _F:
+        @functools.wraps(init)
+        def accepting_old(*args: Any, **kwargs: Any) -> Any:
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{owner}() got both {new}= and its deprecated name {old}=")
+                warnings.warn(
+                    f"{owner}({old}=...) is deprecated; use {owner}({new}=...)", DeprecationWarning, stacklevel=2
+                )
+                kwargs[new] = kwargs.pop(old)
+            return init(*args, **kwargs)
+
+        return cast(_F, accepting_old)
+
+    return decorate
 
 
 # -- moved and renamed names (issue 19): the one table of them -----------------------

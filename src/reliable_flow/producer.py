@@ -16,7 +16,7 @@ from .checks import check_optional_count
 from .core.advance import advance_at_current_in, advance_in, build
 from .core.conflicts import rerun_on_conflict
 from .crash import crash_point
-from .deprecated import to_admin
+from .deprecated import renamed_parameter, renamed_to, to_admin
 from .envelope import Envelope
 from .errors import StorageError
 from .metrics import ProducerMetrics, producer_metrics
@@ -83,12 +83,12 @@ class Batch:
 class Producer:
     """Owns a producer file: flows, and the outbox of events they committed.
 
-    ``Producer(path, protocol)`` creates the file if it is absent, upgrades an
-    older one in place, and refuses a file that is not a producer file or was
-    created for another protocol.  ``path`` may also be a PostgreSQL location
-    (``postgresql://...#schema``, a connection factory or pool, or a
-    :class:`PostgresLocation`; the ``postgres`` extra): the same, for a
-    schema instead of a file (see docs/postgres.md).  One object per thread;
+    ``Producer(location, protocol)`` creates the file if it is absent,
+    upgrades an older one in place, and refuses a file that is not a producer
+    file or was created for another protocol.  ``location`` is a file path,
+    or a PostgreSQL location (``postgresql://...#schema``, a connection
+    factory or pool, or a :class:`PostgresLocation`; the ``postgres``
+    extra): the same, for a schema instead of a file (see docs/postgres.md).  One object per thread;
     after ``fork()`` call :meth:`reopen` in the child.
 
     ``max_backlog``: if set, ``advance`` answers ``backlog_full`` (storing
@@ -104,9 +104,10 @@ class Producer:
     ``relay(..., register=True)``.
     """
 
+    @renamed_parameter("Producer", "path", "location")
     def __init__(
         self,
-        path: Location,
+        location: Location,
         protocol: Protocol,
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
@@ -117,7 +118,7 @@ class Producer:
         check_optional_count("max_backlog", max_backlog)
         self.protocol = protocol
         self.max_backlog = max_backlog
-        self._store = open_outbox(path, protocol.name, busy_timeout=busy_timeout)
+        self._store = open_outbox(location, protocol.name, busy_timeout=busy_timeout)
         self._admin = ProducerAdmin(self)
 
     @property
@@ -125,6 +126,11 @@ class Producer:
         """The operator's actions on this producer (redeliver, skip, the
         consumer registry, prune): see :class:`~reliable_flow.ProducerAdmin`."""
         return self._admin
+
+    @property
+    def location(self) -> str:
+        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
+        return self._store.location
 
     @property
     def store(self) -> OutboxStore:
@@ -272,10 +278,7 @@ class Producer:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    @property
-    def path(self) -> str:
-        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
-        return self._store.location
+    path = renamed_to("location")  # deprecated, for one release
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""
@@ -292,4 +295,4 @@ class Producer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Producer({self.path!r}, {self.protocol.name})"
+        return f"Producer({self.location!r}, {self.protocol.name})"

@@ -128,7 +128,7 @@ class Worker:
         if not register:  # refuse a typo'd name now, not on every pass
             refused = refused_names(producer.store.latest, names)
             if refused:
-                raise unknown_consumer(producer.path, refused[0], producer.admin.consumers())
+                raise unknown_consumer(producer.location, refused[0], producer.admin.consumers())
         self.register = check_flag("register", register)
         self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
         self.producer = producer

@@ -62,7 +62,7 @@ def test_a_pool_lends_the_store_a_connection_and_gets_it_back_reset(pg_cluster: 
     # of its own: other tests use the defaults of the shared one).
     with psycopg_pool.ConnectionPool(pg_cluster.create_database("rf_pool_defaults"), min_size=1, max_size=1,
                                      open=True) as pool, Producer(pool, RESERVATION) as producer:
-        assert producer.path.endswith("#reliable_flow_producer")
+        assert producer.location.endswith("#reliable_flow_producer")
 
 
 @pytest.mark.parametrize("connect, schema, error", [

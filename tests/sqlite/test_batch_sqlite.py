@@ -37,7 +37,7 @@ def test_a_sql_failure_on_the_kth_outbox_insert_rolls_back_the_whole_batch(new_s
     with ExitStack() as stack:
         producer, consumer = pair(new_store, stack)
         commit_steps(producer, ("A1", "A", 1))
-        before = snapshot(producer.path, consumer.path)
+        before = snapshot(producer.location, consumer.location)
         conn = producer._store._db.conn
         conn.execute("CREATE TEMP TABLE outbox_inserts(n INTEGER NOT NULL)")
         conn.execute("INSERT INTO outbox_inserts VALUES (0)")
@@ -53,7 +53,7 @@ def test_a_sql_failure_on_the_kth_outbox_insert_rolls_back_the_whole_batch(new_s
                 reached.append(advance_step(b, *event).status)
         assert reached == ["committed"] * (k - 1)
         assert conn.in_transaction is False
-        assert snapshot(producer.path, consumer.path) == before
+        assert snapshot(producer.location, consumer.location) == before
         conn.execute("DROP TRIGGER temp.fail_kth")
         with producer.batch() as b:
             for event in batch:

@@ -710,7 +710,7 @@ def test_snapshot_of_closed_files_changes_no_byte(tmp_path: Path) -> None:
 
 def test_snapshot_while_the_files_are_open_changes_no_byte(producer: Producer, consumer: Consumer) -> None:
     _ledger(producer, consumer)
-    p_path, c_path = Path(producer.path), Path(consumer.path)
+    p_path, c_path = Path(producer.location), Path(consumer.location)
     before = [digest(p) for p in (p_path, c_path, Path(f"{p_path}-wal"), Path(f"{c_path}-wal"))]
     snap = snapshot(p_path, c_path)
     after = [digest(p) for p in (p_path, c_path, Path(f"{p_path}-wal"), Path(f"{c_path}-wal"))]

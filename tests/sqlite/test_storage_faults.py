@@ -118,7 +118,7 @@ def conn_of(producer: Producer, consumer: Consumer, side: str) -> sqlite3.Connec
 
 
 def path_of(producer: Producer, consumer: Consumer, side: str) -> str:
-    return producer.path if side == "producer" else consumer.path
+    return producer.location if side == "producer" else consumer.location
 
 
 def no_transaction_open(producer: Producer, consumer: Consumer) -> None:
@@ -684,7 +684,7 @@ def test_disk_full_on_the_consumer_during_relay_is_recorded_and_delivery_resumes
     try:
         for i in range(300):
             assert advance_step(producer, f"E{i}", f"F{i}", 1, meta=META).status == "committed"
-            before = dump(consumer.path)
+            before = dump(consumer.location)
             try:
                 assert relay(producer, consumer).status == "accepted"
             except StorageFull:
@@ -692,7 +692,7 @@ def test_disk_full_on_the_consumer_during_relay_is_recorded_and_delivery_resumes
         else:
             pytest.fail("the consumer file never filled up")
         no_transaction_open(producer, consumer)
-        assert dump(consumer.path) == before
+        assert dump(consumer.location) == before
         failed = producer.outbox(f"F{i}")[0]
         assert failed.state == "pending" and not failed.accepted
         assert (failed.deliveries[consumer.name].last_error or "").startswith("StorageFull")
@@ -716,7 +716,7 @@ def _assert_read_only(error: BaseException) -> None:
 def test_read_only_producer_file_refuses_writes_clearly_and_keeps_reads(producer: Producer) -> None:
     assert advance_step(producer, "A1", "A", 1).status == "committed"
     conn = producer._store._db.conn
-    before = dump(producer.path)
+    before = dump(producer.location)
     conn.execute("PRAGMA query_only = ON")
     try:
         for call in (lambda: advance_step(producer, "A2", "A", 2),  # a new event
@@ -730,7 +730,7 @@ def test_read_only_producer_file_refuses_writes_clearly_and_keeps_reads(producer
         assert [e.event_id for e in producer.outbox("A")] == ["A1"]
     finally:
         conn.execute("PRAGMA query_only = OFF")
-    assert dump(producer.path) == before
+    assert dump(producer.location) == before
     assert advance_step(producer, "A2", "A", 2).status == "committed"
 
 
@@ -740,7 +740,7 @@ def test_read_only_consumer_file_refuses_writes_clearly_and_keeps_reads(
     assert consumer.receive(envelope("A1", "A", 1)).status == "accepted"
     _setup_relay(producer, consumer)  # A1 in the outbox too, consumer bound
     conn = consumer._store._db.conn
-    before = dump(consumer.path)
+    before = dump(consumer.location)
     conn.execute("PRAGMA query_only = ON")
     try:
         for call in (lambda: consumer.receive(envelope("A2", "A", 2)),
@@ -761,7 +761,7 @@ def test_read_only_consumer_file_refuses_writes_clearly_and_keeps_reads(
         assert inbox_ids(consumer, "A") == ["A1"] and consumer.projection("A") is None
     finally:
         conn.execute("PRAGMA query_only = OFF")
-    assert dump(consumer.path) == before
+    assert dump(consumer.location) == before
     assert relay(producer, consumer).status == "duplicate"
     assert consumer.apply_next("A").status == "applied"
 
@@ -771,7 +771,7 @@ def test_read_only_producer_during_relay_leaves_the_event_unmarked_until_writabl
 ) -> None:
     _setup_relay(producer, consumer)
     conn = producer._store._db.conn
-    before = dump(producer.path)
+    before = dump(producer.location)
     conn.execute("PRAGMA query_only = ON")
     try:
         with pytest.raises(ReadOnlyStorage) as raised:
@@ -783,7 +783,7 @@ def test_read_only_producer_during_relay_leaves_the_event_unmarked_until_writabl
         assert delivery_states(producer) == {"A1": "pending"}
     finally:
         conn.execute("PRAGMA query_only = OFF")
-    assert dump(producer.path) == before
+    assert dump(producer.location) == before
     assert relay(producer, consumer).status == "duplicate"
     assert delivery_states(producer) == {"A1": "accepted"}
     assert inbox_ids(consumer, "A") == ["A1"]
@@ -794,12 +794,12 @@ def test_snapshot_reads_through_read_only_connections_that_cannot_write(
 ) -> None:
     _setup_relay(producer, consumer)
     assert relay(producer, consumer).status == "accepted"
-    files = [Path(producer.path), Path(consumer.path)]
+    files = [Path(producer.location), Path(consumer.location)]
     raw = {f: f.read_bytes() for f in files} | {Path(f"{f}-wal"): Path(f"{f}-wal").read_bytes() for f in files}
-    snap = snapshot(producer.path, consumer.path)
+    snap = snapshot(producer.location, consumer.location)
     assert snap["consumer"]["inbox"]["A"][0]["event_id"] == "A1"
     assert {f: f.read_bytes() for f in raw} == raw, "snapshot() changed a byte"
-    for path, kind in ((producer.path, PRODUCER), (consumer.path, CONSUMER)):
+    for path, kind in ((producer.location, PRODUCER), (consumer.location, CONSUMER)):
         db = Database(path, kind, readonly=True)
         try:
             with pytest.raises(ReadOnlyStorage) as raised, db.write() as conn:
@@ -873,7 +873,7 @@ def test_a_lock_released_between_begin_retries_lets_the_call_succeed(tmp_path: P
     with Producer(tmp_path / "producer.db", RESERVATION, busy_timeout=0.1) as p:
         conn = p._store._db.conn
         begins: list[str] = []
-        with write_lock_held(p.path) as blocker:
+        with write_lock_held(p.location) as blocker:
             def release_on_second_begin(sql: str) -> None:
                 if sql == "BEGIN IMMEDIATE":
                     begins.append(sql)
@@ -890,7 +890,7 @@ def test_busy_consumer_during_relay_is_recorded_and_delivery_resumes(tmp_path: P
     with Producer(tmp_path / "producer.db", RESERVATION) as p, \
             Consumer(tmp_path / "consumer.db", RESERVATION, busy_timeout=0.05) as c:
         _setup_relay(p, c)
-        with write_lock_held(c.path), pytest.raises(DatabaseBusy):
+        with write_lock_held(c.location), pytest.raises(DatabaseBusy):
             relay(p, c)
         entry = p.outbox("A")[0]
         assert entry.state == "pending"
@@ -1155,7 +1155,7 @@ def test_a_child_that_only_touches_an_inherited_object_writes_nothing(
     producer: Producer, consumer: Consumer
 ) -> None:
     _setup_relay(producer, consumer)
-    before = (dump(producer.path), dump(consumer.path))
+    before = (dump(producer.location), dump(consumer.location))
 
     def work() -> dict[str, Any]:
         outcomes = {}
@@ -1172,5 +1172,5 @@ def test_a_child_that_only_touches_an_inherited_object_writes_nothing(
     assert in_forked_child_reporting(work) == {
         "advance": "WrongProcess", "relay": "WrongProcess", "receive": "WrongProcess"
     }
-    assert (dump(producer.path), dump(consumer.path)) == before
+    assert (dump(producer.location), dump(consumer.location)) == before
     assert relay(producer, consumer).status == "accepted"

@@ -12,7 +12,7 @@ from .stores import Location, open_consumer, open_producer
 __all__ = ["snapshot"]
 
 
-def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]:
+def snapshot(producer_location: Location, consumer_location: Location) -> dict[str, Any]:
     """Everything both stores hold, grouped by flow, without writing to either.
 
     Each argument is a SQLite file path or a PostgreSQL location (a
@@ -29,7 +29,7 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
     line up.
     """
     out: dict[str, Any] = {}
-    producer = open_producer(producer_path)
+    producer = open_producer(producer_location)
     try:
         with producer.read() as reads:
             outbox: dict[str, list[dict[str, Any]]] = {}
@@ -43,7 +43,7 @@ def snapshot(producer_path: Location, consumer_path: Location) -> dict[str, Any]
             }
     finally:
         producer.close()
-    consumer = open_consumer(consumer_path)
+    consumer = open_consumer(consumer_location)
     try:
         with consumer.read() as view:
             meta = view.meta()
