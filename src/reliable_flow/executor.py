@@ -26,6 +26,7 @@ from typing import Any
 from .checks import check_count, check_flag, check_optional_count
 from .consumer import Consumer
 from .core.effects import (
+    FEEDBACK_REFUSED,
     Outcome,
     Plan,
     after_reconcile,
@@ -327,13 +328,13 @@ class EffectExecutor:
             where = "payload"
             payload = feedback.payload(effect.result) if feedback.payload else effect.result
         except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback, not a stop
-            refused = f"feedback refused: Feedback.{where} raised {error_text(exc)}"
+            refused = f"{FEEDBACK_REFUSED}refused: Feedback.{where} raised {error_text(exc)}"
         else:
             try:
                 refused = self._advance_result(feedback_event_id(effect.key), flow_id, feedback.kind, payload,
                                                effect.meta)
             except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
-                refused = f"feedback refused: {error_text(exc)}"
+                refused = f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
         now = self.policy.clock()
         with self.consumer.store.write() as unit:
             if refused is None:

@@ -22,6 +22,7 @@ from ..statuses import AdvanceResult, AdvanceStatus, EffectState, ScheduledEffec
 from ..store.effects import EffectReads, EffectUnit, NewEffect
 
 __all__ = [
+    "FEEDBACK_REFUSED",
     "HANDLER_CANCELS_FROM",
     "ORDER_BLOCKING",
     "Outcome",
@@ -188,12 +189,17 @@ def feedback_event_id(key: str) -> str:
     return "effect-" + hashlib.sha256(key.encode("utf-8")).hexdigest() + ":result"
 
 
+#: How every refused feedback's ``last_error`` begins: the executor writes
+#: it, and ``core.operate.feedback_refused`` recognises it (no column says so).
+FEEDBACK_REFUSED = "feedback "
+
+
 def feedback_refusal(result: AdvanceResult) -> str | None:
     """None when a fed-back result is in the flow (committed now or before),
     else why it was refused (the effect's ``last_error``; tried again later)."""
     if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
         return None
-    return f"feedback {result.status}: {result.reason}"
+    return f"{FEEDBACK_REFUSED}{result.status}: {result.reason}"
 
 
 def lease_held(held: ScheduledEffect | None, owner: str) -> bool:

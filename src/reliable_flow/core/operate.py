@@ -15,7 +15,7 @@ from ..operations import ConsumerEntry, FlowWait, InboxAction, InboxRow, Registr
 from ..protocol import Protocol
 from ..statuses import EffectState, InboxState, ScheduledEffect
 from ..store import FlowState, InboxReads, InboxUnit, OutboxReads, OutboxUnit, StoredRow
-from .effects import waiting_behind
+from .effects import FEEDBACK_REFUSED, waiting_behind
 
 __all__ = [
     "effect_attention", "feedback_refused", "needs_attention", "refused_names", "register_in", "remove_in",
@@ -90,7 +90,7 @@ def feedback_refused(effect: ScheduledEffect) -> bool:
     back was refused (the executor records the refusal, a text beginning with
     ``feedback``, in ``last_error``, and tries again on every pass)."""
     return (effect.state is EffectState.SUCCEEDED and effect.fed is False
-            and (effect.last_error or "").startswith("feedback "))
+            and (effect.last_error or "").startswith(FEEDBACK_REFUSED))
 
 
 def effect_attention(effect: ScheduledEffect, now: float) -> str | None:
