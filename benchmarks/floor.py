@@ -2,10 +2,10 @@
 
 The floor is what a careful hand-written pipeline would cost on this
 machine: the same two files, the same tables and indexes (the library's own
-DDL from ``reliable_flow.store.sqlite.schema``, executed with plain
+DDL from ``reliable_flow._store.sqlite.schema``, executed with plain
 ``sqlite3``), the same pragmas (WAL, ``synchronous=FULL``,
 ``isolation_level=None``, explicit ``BEGIN IMMEDIATE``; see
-``reliable_flow.store.sqlite.connection``), the same rows with the same
+``reliable_flow._store.sqlite.connection``), the same rows with the same
 bytes (canonical bodies, flow data, projection view), and the same number of
 durable commits (the relay's accepted mark, like the library's, is committed
 at ``synchronous=NORMAL``: no fsync).
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 
 from common import Event
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
+from reliable_flow._store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 
 __all__ = ["FloorConsumer", "FloorProducer", "connect", "create_files"]
 
@@ -35,7 +35,7 @@ CONSUMER_NAME = "default"  # the library's default consumer name
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """A connection configured like the library's (see reliable_flow/store/sqlite/connection.py)."""
+    """A connection configured like the library's (see reliable_flow/_store/sqlite/connection.py)."""
     conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     assert str(mode).lower() == "wal", mode

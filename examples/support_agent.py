@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from reliable_flow import (
-    AppSchema,
     ApplyContext,
+    AppSchema,
     Consumer,
     DeliveryPolicy,
     EffectCall,

@@ -173,8 +173,7 @@ class PgCluster:
         }
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write("\n# reliable_flow tests\n")
-            for key, value in settings.items():
-                conf.write(f"{key} = {value}\n")
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
         self._initialised = True
 
     # -- lifecycle ------------------------------------------------------------------
@@ -245,7 +244,7 @@ class PgCluster:
 
     def create_database(self, name: str) -> str:
         """Create database ``name`` (if absent); its location without a schema."""
-        import psycopg  # the tests' own use; the package imports it only in store/postgres
+        import psycopg  # the tests' own use; the package imports it only in _store/postgres
         from psycopg import sql
 
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
@@ -291,7 +290,7 @@ def _session_cluster() -> PgCluster:
         except BaseException:
             cluster.destroy()
             raise
-    except Exception as exc:  # noqa: BLE001 - becomes the skip / failure reason
+    except Exception as exc:
         _session["error"] = f"cannot start a private PostgreSQL server: {type(exc).__name__}: {exc}"
         raise RuntimeError(str(_session["error"])) from exc
     _session["cluster"] = cluster

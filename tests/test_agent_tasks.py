@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from reliable_flow import Consumer, Producer, relay
-from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.protocol import Protocol, exact, integer, text
+from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.reservation import RESERVATION
 from support import envelope, relay_until_idle
 

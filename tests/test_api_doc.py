@@ -2,7 +2,7 @@
 
 Regenerate after an API change with::
 
-    python -m reliable_flow.tools.apidoc > docs/api.md
+    python -m reliable_flow._tools.apidoc > docs/api.md
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 import reliable_flow
-from reliable_flow.tools.apidoc import render
+from reliable_flow._tools.apidoc import render
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
 def test_the_page_is_what_the_code_generates() -> None:
     assert PAGE.read_text(encoding="utf-8") == render(), (
-        "docs/api.md is out of date: python -m reliable_flow.tools.apidoc > docs/api.md"
+        "docs/api.md is out of date: python -m reliable_flow._tools.apidoc > docs/api.md"
     )
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from engine_reads import new_location, rows
 from reliable_flow import ApplyContext, AppSchema, Consumer
-from reliable_flow.handlers import Handler
+from reliable_flow._handlers import Handler
 from reliable_flow.reservation import RESERVATION
 from support import envelope
 

@@ -1,9 +1,9 @@
 """The layering stays visible: checked on the source, so a shortcut fails here.
 
-* ``core/`` (the decisions) has no SQL and no ``sqlite3``; SQL lives only in
-  the engines, ``store/sqlite/`` and ``store/postgres/`` (and in the
+* ``_core/`` (the decisions) has no SQL and no ``sqlite3``; SQL lives only in
+  the engines, ``_store/sqlite/`` and ``_store/postgres/`` (and in the
   experiment's deliberately wrong ways);
-* psycopg is imported only by ``store/postgres/``, and only when a
+* psycopg is imported only by ``_store/postgres/``, and only when a
   PostgreSQL store is opened;
 * every status written into SQL text is a value of the enum it stands for;
 * the tree drawn in ``errors``' docstring is the real class hierarchy, and
@@ -15,9 +15,9 @@
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
-import io
 import subprocess
 import sys
 import tokenize
@@ -28,14 +28,14 @@ import pytest
 
 import reliable_flow
 from reliable_flow import errors, statuses
-from reliable_flow.store.sqlite import inbox_sql as sqlite_inbox
-from reliable_flow.store.sqlite import outbox_sql as sqlite_outbox
-from reliable_flow.store.sqlite import schema as sqlite_schema
+from reliable_flow._store.sqlite import inbox_sql as sqlite_inbox
+from reliable_flow._store.sqlite import outbox_sql as sqlite_outbox
+from reliable_flow._store.sqlite import schema as sqlite_schema
 
 try:  # the PostgreSQL engine's queries, when the postgres extra is installed
-    from reliable_flow.store.postgres import inbox_sql as pg_inbox
-    from reliable_flow.store.postgres import outbox_sql as pg_outbox
-    from reliable_flow.store.postgres import schema as pg_schema
+    from reliable_flow._store.postgres import inbox_sql as pg_inbox
+    from reliable_flow._store.postgres import outbox_sql as pg_outbox
+    from reliable_flow._store.postgres import schema as pg_schema
 except ImportError:  # pragma: no cover - only without the postgres extra
     pg_schema = None
 
@@ -43,7 +43,7 @@ PACKAGE = Path(reliable_flow.__file__).parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 # Raw SQL allowed outside the engine: the experiment's wrong ways and its
 # operator-style raw statements (they imitate a person at the sqlite3 prompt).
-SQL_ALLOWED = {PACKAGE / "store" / "sqlite", PACKAGE / "store" / "postgres", PACKAGE / "tools" / "experiment"}
+SQL_ALLOWED = {PACKAGE / "_store" / "sqlite", PACKAGE / "_store" / "postgres", PACKAGE / "_tools" / "experiment"}
 SQL_TEXT = re.compile(r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE TABLE|BEGIN IMMEDIATE)\b")
 MAX_LINES = 400
 
@@ -53,7 +53,7 @@ def _relative(path: Path) -> str:
 
 
 def test_the_package_has_the_layers() -> None:
-    for folder in ("core", "store", "store/sqlite", "store/postgres", "delivery", "tools", "tools/experiment"):
+    for folder in ("_core", "_store", "_store/sqlite", "_store/postgres", "delivery", "_tools", "_tools/experiment"):
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
 
 
@@ -73,7 +73,7 @@ def _code_strings(path: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "core").rglob("*.py")), ids=_relative)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "_core").rglob("*.py")), ids=_relative)
 def test_core_has_no_sqlite_and_no_sql(path: Path) -> None:
     assert "sqlite3" not in path.read_text(encoding="utf-8")
     found = [text for text in _code_strings(path) if SQL_TEXT.search(text)]
@@ -85,18 +85,18 @@ def test_sql_lives_in_the_engine(path: Path) -> None:
     if any(path.is_relative_to(allowed) for allowed in SQL_ALLOWED):
         return
     found = [text for text in _code_strings(path) if SQL_TEXT.search(text)]
-    assert found == [], f"{_relative(path)} holds SQL; SQL belongs in an engine (store/sqlite/, store/postgres/)"
+    assert found == [], f"{_relative(path)} holds SQL; SQL belongs in an engine (_store/sqlite/, _store/postgres/)"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=_relative)
 def test_only_the_postgres_engine_imports_psycopg(path: Path) -> None:
-    if path.is_relative_to(PACKAGE / "store" / "postgres"):
+    if path.is_relative_to(PACKAGE / "_store" / "postgres"):
         return
     tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert "psycopg" not in imported, f"{_relative(path)} imports psycopg; only store/postgres/ may"
+    assert "psycopg" not in imported, f"{_relative(path)} imports psycopg; only _store/postgres/ may"
 
 
 def test_the_package_and_sqlite_stores_never_import_psycopg(tmp_path: Path) -> None:

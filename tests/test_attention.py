@@ -35,11 +35,11 @@ from reliable_flow import (
     relay,
     snapshot,
 )
-from reliable_flow.core.effects import with_waits
+from reliable_flow._core.effects import with_waits
+from reliable_flow._tools.compare import compare_files
+from reliable_flow._tools.drilldown import event_report, flow_report, format_flow_report
+from reliable_flow._tools.inspection import format_report, inspect_files
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.tools.compare import compare_files
-from reliable_flow.tools.drilldown import event_report, flow_report, format_flow_report
-from reliable_flow.tools.inspection import format_report, inspect_files
 from support import Clock, commit, run_cli
 
 

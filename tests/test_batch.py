@@ -55,9 +55,9 @@ from reliable_flow import (
     relay_batch,
     snapshot,
 )
+from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.errors import InvalidEnvelope
 from reliable_flow.records import ApplyResult, DrainResult, InboxEntry, RelayResult
-from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.reservation import RESERVATION
 from support import (
     CHILDREN,

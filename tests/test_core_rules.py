@@ -1,4 +1,4 @@
-"""The decisions moved into ``core/`` (issue 19, item 4), checked on their own:
+"""The decisions moved into ``_core/`` (issue 19, item 4), checked on their own:
 the operator transition tables against every state of their enum, which
 effects a handler may cancel, whether an executor still holds its lease,
 when fed-back results count as fed, and feedback as one producer
@@ -21,14 +21,14 @@ from reliable_flow import (
     Producer,
     relay,
 )
-from reliable_flow.core.admin import (
+from reliable_flow._core.admin import (
     DELIVERY_ACTIONS,
     EFFECT_ACTIONS,
     delivery_action_in,
     effect_action_in,
     effect_changes,
 )
-from reliable_flow.core.effects import (
+from reliable_flow._core.effects import (
     HANDLER_CANCELS_FROM,
     cancel_in,
     feedback_refusal,

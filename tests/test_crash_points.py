@@ -23,11 +23,10 @@ from typing import Any
 
 import pytest
 
-from engine_reads import snapshot_of
+from engine_reads import ENGINES, snapshot_of
 from reliable_flow import Consumer, Producer, relay
 from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS, ENV_VAR, RECEIVE_APPLY_CRASH_POINTS
 from reliable_flow.reservation import RESERVATION
-from engine_reads import ENGINES
 from support import CHILDREN, child_env, run_script
 
 WORKLOAD = CHILDREN / "workload.py"

@@ -31,11 +31,11 @@ import pytest
 from children.racers import relay_with_lease
 from engine_reads import execute, new_location, rows
 from reliable_flow import Consumer, DeliveryPolicy, Producer, relay
+from reliable_flow._tools.inspection import format_report, inspect_files
+from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.errors import NotResolvable, UnknownEvent
 from reliable_flow.records import DeliveryRecord
-from reliable_flow.crash import CRASH_EXIT_CODE, ENV_VAR
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.tools.inspection import format_report, inspect_files
 from support import (
     CHILDREN,
     KINDS,

@@ -6,11 +6,13 @@ the alias itself."""
 from __future__ import annotations
 
 import importlib
+import re
+import sys
 import warnings
 
 import pytest
 
-from reliable_flow.deprecated import MOVED
+from reliable_flow._deprecated import MOVED, MOVED_MODULES
 
 # -- names ------------------------------------------------------------------------------------
 # (module the old name was public in, old name, replacement) - issue 19: the
@@ -46,6 +48,13 @@ MOVED_NAMES = [
 NAME_ALIASES = RENAMED_NAMES + MOVED_NAMES
 
 
+def _import(module: str) -> object:
+    """The module, its own deprecation (an old module path) silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return importlib.import_module(module)
+
+
 def _resolve(dotted: str) -> object:
     module, _, attr = dotted.rpartition(".")
     return getattr(importlib.import_module(module), attr)
@@ -60,14 +69,16 @@ def test_the_table_lists_every_alias() -> None:
 @pytest.mark.parametrize(("module", "old", "new"), NAME_ALIASES, ids=lambda v: str(v))
 def test_old_name_warns_naming_its_replacement(module: str, old: str, new: str) -> None:
     replacement = _resolve(new)
+    old_module = _import(module)
     with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated: use {new}$"):
-        value = getattr(importlib.import_module(module), old)
+        value = getattr(old_module, old)
     assert value is replacement
 
 
 @pytest.mark.parametrize(("module", "old", "new"), NAME_ALIASES, ids=lambda v: str(v))
 def test_from_import_of_old_name_warns(module: str, old: str, new: str) -> None:
     namespace: dict[str, object] = {}
+    _import(module)
     with pytest.warns(DeprecationWarning, match=new):
         exec(f"from {module} import {old}", namespace)  # noqa: S102 - the statement under test
     assert namespace[old] is _resolve(new)
@@ -75,7 +86,7 @@ def test_from_import_of_old_name_warns(module: str, old: str, new: str) -> None:
 
 @pytest.mark.parametrize(("module", "old", "new"), NAME_ALIASES, ids=lambda v: str(v))
 def test_old_name_is_not_exported(module: str, old: str, new: str) -> None:
-    assert old not in importlib.import_module(module).__all__
+    assert old not in _import(module).__all__  # type: ignore[attr-defined]
 
 
 def test_new_names_do_not_warn() -> None:
@@ -90,6 +101,106 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no_such_name"):
         reliable_flow.no_such_name  # noqa: B018 - the access under test
+
+
+# -- modules ----------------------------------------------------------------------------------
+# (old module path, the private module that replaced it) - issue 19, item 1:
+# internal modules are private; a package's entry covers its submodules.
+
+MODULE_ALIASES = [
+    *((f"reliable_flow.{name}", f"reliable_flow._{name}") for name in (
+        "checks", "consumer", "consumer_admin", "core", "deprecated", "effects", "envelope", "executor",
+        "handlers", "loop", "observe", "operations", "producer", "producer_admin", "receiver", "receiving",
+        "relay", "retention", "store", "tools", "worker",
+    )),
+    ("reliable_flow.delivery.lease", "reliable_flow.delivery._lease"),
+    ("reliable_flow.delivery.policy", "reliable_flow.delivery._policy"),
+]
+
+
+def test_the_module_table_lists_every_alias() -> None:
+    assert sorted(MODULE_ALIASES) == sorted(MOVED_MODULES.items())
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_relay_function():  # type: ignore[no-untyped-def]
+    """Importing the old path ``reliable_flow.relay`` binds the package's
+    ``relay`` to that (callable) module; put the function back afterwards."""
+    import reliable_flow
+    from reliable_flow._relay import relay
+
+    yield
+    reliable_flow.relay = relay
+
+
+def test_the_old_relay_module_path_leaves_relay_callable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import reliable_flow
+    from reliable_flow.reservation import RESERVATION
+
+    _forget("reliable_flow.relay")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        importlib.import_module("reliable_flow.relay")
+    assert isinstance(reliable_flow.relay, type(reliable_flow))  # the import system bound the module
+    producer = reliable_flow.Producer(str(tmp_path / "p.db"), RESERVATION)
+    consumer = reliable_flow.Consumer(str(tmp_path / "c.db"), RESERVATION)
+    producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 1})
+    assert reliable_flow.relay(producer, consumer).status == "accepted"
+    producer.close()
+    consumer.close()
+
+
+def _forget(old: str) -> None:
+    """Drop the alias (and its submodules) so the next import runs it again."""
+    for name in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize(("old", "new"), MODULE_ALIASES + [
+    ("reliable_flow.store.sqlite.schema", "reliable_flow._store.sqlite.schema"),
+    ("reliable_flow.core.apply", "reliable_flow._core.apply"),
+    ("reliable_flow.tools.experiment.harness", "reliable_flow._tools.experiment.harness"),
+], ids=lambda v: str(v))
+def test_old_module_path_warns_naming_its_replacement_and_has_its_names(old: str, new: str) -> None:
+    real = importlib.import_module(new)
+    _forget(next(k for k in MOVED_MODULES if old == k or old.startswith(k + ".")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alias = importlib.import_module(old)
+    # a package on the old path warns too, on its way to the submodule
+    said = [str(w.message) for w in caught if w.category is DeprecationWarning]
+    assert any(re.fullmatch(rf"module {re.escape(old)} is deprecated .* {re.escape(new)}", m) for m in said), said
+    assert alias is not real and alias.__name__ == old
+    assert alias.__all__ == real.__all__  # type: ignore[attr-defined]
+    assert all(getattr(alias, name) is getattr(real, name) for name in real.__all__)
+
+
+def test_a_from_import_through_an_old_path_gives_the_real_objects() -> None:
+    from reliable_flow._store.sqlite.schema import CONSUMER as real
+
+    _forget("reliable_flow.store")
+    namespace: dict[str, object] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec("from reliable_flow.store.sqlite.schema import CONSUMER", namespace)  # noqa: S102
+    assert any(str(w.message).endswith("reliable_flow._store.sqlite.schema") for w in caught)
+    assert namespace["CONSUMER"] is real
+
+
+def test_a_path_that_never_existed_is_still_not_found() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("reliable_flow.no_such_module")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("reliable_flow.store.no_such_module")
+
+
+def test_the_private_modules_do_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _, new in MODULE_ALIASES:
+            importlib.import_module(new)
 
 
 # -- methods ----------------------------------------------------------------------------------
@@ -110,7 +221,7 @@ METHOD_ALIASES = [
 
 
 def test_the_method_table_lists_every_alias() -> None:
-    from reliable_flow.deprecated import TO_ADMIN
+    from reliable_flow._deprecated import TO_ADMIN
 
     assert {(cls, name) for cls, names in TO_ADMIN.items() for name in names} == set(METHOD_ALIASES)
 
@@ -158,7 +269,7 @@ PARAMETER_ALIASES = [("Producer", "path", "location"), ("Consumer", "path", "loc
 
 
 def test_the_attribute_tables_list_every_alias() -> None:
-    from reliable_flow.deprecated import RENAMED_ATTRIBUTES, RENAMED_PARAMETERS
+    from reliable_flow._deprecated import RENAMED_ATTRIBUTES, RENAMED_PARAMETERS
 
     listed = {(cls, old, new) for cls, names in RENAMED_ATTRIBUTES.items() for old, new in names.items()}
     assert listed == set(ATTRIBUTE_ALIASES)

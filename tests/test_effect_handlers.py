@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from engine_reads import is_pg, new_location, rows
-from reliable_flow import AppSchema, ApplyContext, Consumer, EffectRegistry, Event, PayloadError
+from reliable_flow import ApplyContext, AppSchema, Consumer, EffectRegistry, Event, PayloadError
+from reliable_flow._envelope import make
 from reliable_flow.errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
-from reliable_flow.envelope import make
 from reliable_flow.reservation import RESERVATION
 from support import EffectWorld
 

@@ -79,8 +79,8 @@ import pytest
 
 from children import effect_kill_worker as worker
 from reliable_flow import Consumer, Producer, relay
-from reliable_flow.executor import EffectExecutor
-from reliable_flow.handlers import ApplyContext
+from reliable_flow._executor import EffectExecutor
+from reliable_flow._handlers import ApplyContext
 from reliable_flow.reservation import RESERVATION
 from support import CHILDREN, child_env
 

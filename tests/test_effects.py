@@ -37,8 +37,7 @@ from reliable_flow import (
     RetryLater,
     Worker,
 )
-from reliable_flow.errors import InvalidEnvelope, NotResolvable, UnknownEffect
-from reliable_flow.errors import CommitOutcomeUnknown
+from reliable_flow.errors import CommitOutcomeUnknown, InvalidEnvelope, NotResolvable, UnknownEffect
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 from support import EffectWorld
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from engine_reads import ENGINES
 from reliable_flow import (
     ApplyContext,
     Consumer,
@@ -33,9 +34,7 @@ from reliable_flow import (
 )
 from reliable_flow.errors import NotResolvable, UnknownConsumer
 from reliable_flow.reservation import RESERVATION
-from engine_reads import ENGINES
 from support import KINDS, Clock, Unreachable, advance_step, commit, envelope, relay_log
-
 
 
 @dataclass

@@ -17,9 +17,9 @@ import pytest
 
 from engine_reads import count, is_pg, new_location, rows
 from reliable_flow import Consumer, Producer, ReliableFlowError, relay
+from reliable_flow._envelope import MAX_BODY_BYTES, Envelope, canonical, make, parse
 from reliable_flow.errors import InvalidEnvelope
 from reliable_flow.records import InboxEntry
-from reliable_flow.envelope import MAX_BODY_BYTES, Envelope, canonical, make, parse
 from reliable_flow.reservation import RESERVATION
 from support import canonical_body, envelope
 

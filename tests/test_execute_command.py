@@ -30,9 +30,9 @@ from reliable_flow import (
     Worker,
     relay,
 )
+from reliable_flow._tools.cli import _parser
 from reliable_flow.delivery import DEFAULT_LEASE_SECONDS
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.tools.cli import _parser
 from support import CHILD_TIMEOUT, child_env, commit, run_cli
 
 # The effects module the child processes import.  ``wait`` tells the test its

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 import reliable_flow
-from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS
-from reliable_flow.tools.experiment import (
+from reliable_flow._tools.experiment import (
     FROZEN_RESULTS,
     SCENARIOS,
     check,
@@ -21,6 +20,7 @@ from reliable_flow.tools.experiment import (
     dumps,
     run_experiment,
 )
+from reliable_flow.crash import CRASH_EXIT_CODE, CRASH_POINTS
 from support import run_cli
 
 TIMEOUT = 300  # seconds; a watchdog, the experiment itself takes a few
@@ -144,7 +144,7 @@ def test_scenario_table() -> None:
 
 
 def test_wrong_ways_are_private() -> None:
-    from reliable_flow.tools.experiment import wrong_ways
+    from reliable_flow._tools.experiment import wrong_ways
 
     assert "NEVER COPY" in (wrong_ways.__doc__ or "")
     for name in wrong_ways.__all__:

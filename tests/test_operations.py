@@ -31,12 +31,12 @@ from reliable_flow import (
     relay,
     relay_batch,
 )
+from reliable_flow._tools.drilldown import event_report
+from reliable_flow._tools.inspection import inspect_files
 from reliable_flow.errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEvent
-from reliable_flow.statuses import FlowWait
 from reliable_flow.protocol import exact, integer
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.tools.drilldown import event_report
-from reliable_flow.tools.inspection import inspect_files
+from reliable_flow.statuses import FlowWait
 from support import Clock, commit, relay_log, run_cli
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"

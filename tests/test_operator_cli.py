@@ -1,4 +1,4 @@
-"""Operator actions from the command line (``tools/operator_cli.py``): each
+"""Operator actions from the command line (``_tools/operator_cli.py``): each
 command calls one operator method of the Python API, records ``--actor``
 and ``--reason``, and answers with the exit codes of ``inspect``: 0 done,
 1 refused by the rules (nothing changed), 2 an error (nothing changed,
@@ -31,8 +31,8 @@ from reliable_flow import (
     Producer,
     relay,
 )
+from reliable_flow._tools.cli import main
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.tools.cli import main
 from support import KINDS, Clock, Unreachable, commit, outbox_entry, run_cli, troubled_history
 
 WHO = ["--actor", "alice", "--reason", "INC-7: checked by hand"]

@@ -166,14 +166,35 @@ def _modules() -> list[str]:
 def test_the_module_walk_finds_the_core_modules() -> None:
     found = set(_modules())
     core = {
-        "consumer", "envelope", "errors", "producer", "protocol", "receiver",
-        "relay", "reservation", "statuses", "worker", "__main__",
-        "core.advance", "core.apply", "core.receive", "core.relay",
-        "store.outbox", "store.inbox", "store.sqlite.connection", "store.sqlite.schema",
-        "store.sqlite.outbox", "store.sqlite.inbox", "delivery.policy", "delivery.lease",
-        "tools.cli", "tools.snapshot", "tools.inspection", "tools.experiment.runner",
+        "_consumer", "_envelope", "errors", "_producer", "protocol", "_receiver",
+        "_relay", "reservation", "statuses", "_worker", "__main__",
+        "_core.advance", "_core.apply", "_core.receive", "_core.relay",
+        "_store.outbox", "_store.inbox", "_store.sqlite.connection", "_store.sqlite.schema",
+        "_store.sqlite.outbox", "_store.sqlite.inbox", "delivery._policy", "delivery._lease",
+        "_tools.cli", "_tools.snapshot", "_tools.inspection", "_tools.experiment.runner",
     }
     assert {f"reliable_flow.{m}" for m in core} <= found
+
+
+#: The modules user code imports (docs/architecture.md, "The public modules");
+#: every other module is private: its name, or a package above it, starts
+#: with an underscore (issue 19, item 1).
+PUBLIC_MODULES = [
+    "reliable_flow", "reliable_flow.crash", "reliable_flow.delivery", "reliable_flow.errors",
+    "reliable_flow.metrics", "reliable_flow.protocol", "reliable_flow.records", "reliable_flow.reservation",
+    "reliable_flow.statuses", "reliable_flow.tracing",
+]
+
+
+def _private(module_name: str) -> bool:
+    return any(part.startswith("_") for part in module_name.split(".")[1:])
+
+
+def test_every_module_but_the_public_ones_is_private() -> None:
+    public = sorted(m for m in ["reliable_flow", *_modules()] if not _private(m))
+    assert public == PUBLIC_MODULES
+    assert _private("reliable_flow._core.apply") and _private("reliable_flow.delivery._lease")
+    assert not _private("reliable_flow.errors")
 
 
 @pytest.mark.parametrize("module_name", _modules())

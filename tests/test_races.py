@@ -33,9 +33,9 @@ from children.racers import REGISTER_ADVANCES, race_child
 from engine_reads import effect_counts as stored_effect_counts
 from engine_reads import is_pg, new_location, rows
 from reliable_flow import Consumer, Producer, relay
+from reliable_flow.crash import ENV_VAR
 from reliable_flow.errors import DatabaseBusy, StorageError
 from reliable_flow.records import AppliedEvent, InboxEntry
-from reliable_flow.crash import ENV_VAR
 from reliable_flow.reservation import RESERVATION
 from support import start_on_barrier
 
@@ -233,7 +233,7 @@ def test_an_event_committed_while_a_consumer_registers_is_delivered_to_it(paths:
     pending for every name registered from the first event, whichever
     committed first; an event that committed during a registration and was
     pending for nobody new would never be delivered to that consumer.  On
-    PostgreSQL this needs the registry lock (``store/postgres/registry.py``):
+    PostgreSQL this needs the registry lock (``_store/postgres/registry.py``):
     without it this test fails."""
     producer_path = paths[0]
     results = race("register", *paths)

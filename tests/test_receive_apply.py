@@ -17,8 +17,8 @@ import pytest
 
 from engine_reads import rows, store_exists
 from reliable_flow import (
-    AppSchema,
     ApplyContext,
+    AppSchema,
     Consumer,
     EffectRegistry,
     Producer,

@@ -261,7 +261,7 @@ def test_a_tombstone_keeps_the_sha256_of_the_canonical_body(pair) -> None:  # ty
 
 
 def test_compare_matches_an_event_the_producer_pruned_through_its_tombstone(pair) -> None:  # type: ignore[no-untyped-def]
-    from reliable_flow.tools.compare import compare_files
+    from reliable_flow._tools.compare import compare_files
 
     p, c, clock = pair
     run_through(p, c, "A", "B")

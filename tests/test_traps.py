@@ -40,6 +40,7 @@ from reliable_flow import (
     relay,
     relay_batch,
 )
+from reliable_flow._tools.cli import main as cli_main
 from reliable_flow.errors import (
     ConsumerMismatch,
     DatabaseBusy,
@@ -50,7 +51,6 @@ from reliable_flow.errors import (
 )
 from reliable_flow.protocol import exact, integer
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.tools.cli import main as cli_main
 from support import CHILD_TIMEOUT, child_env, commit, envelope, outbox_entry, run_cli
 
 At = Callable[[str], str]  # the ``at`` fixture of conftest.py: a store location by label, on the test's engine
@@ -576,8 +576,8 @@ def test_a_read_from_a_protocol_hook_during_advance_raises_the_same_clear_error(
 
 def test_worker_and_run_share_one_30_s_lease_default_documented_once(pair: tuple[Producer, Consumer]) -> None:
     """Issue 18, 7i: ``Worker`` used to take no lease while ``run`` leased 30 s."""
+    from reliable_flow._tools.cli import _parser
     from reliable_flow.delivery import DEFAULT_LEASE_SECONDS
-    from reliable_flow.tools.cli import _parser
 
     producer, consumer = pair
     assert Worker(producer, [consumer]).policy.lease_seconds == DEFAULT_LEASE_SECONDS == 30.0

@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import errors, records, statuses
-from .consumer import Consumer
-from .consumer_admin import ConsumerAdmin
-from .effects import (
+from ._consumer import Consumer
+from ._consumer_admin import ConsumerAdmin
+from ._deprecated import install_moved_modules
+from ._effects import (
     EffectCall,
     EffectRegistry,
     Feedback,
@@ -31,14 +32,17 @@ from .effects import (
     PermanentFailure,
     RetryLater,
 )
+from ._executor import EffectExecutor
+from ._handlers import ApplyContext, AppSchema, Event
+from ._producer import Producer
+from ._producer_admin import ProducerAdmin
+from ._receiver import Receiver
+from ._relay import DeliveryPolicy, relay, relay_batch
+from ._store.open import PostgresLocation
+from ._tools.snapshot import snapshot
+from ._worker import Worker
 from .errors import ReliableFlowError
-from .executor import EffectExecutor
-from .handlers import ApplyContext, AppSchema, Event
-from .producer import Producer
-from .producer_admin import ProducerAdmin
 from .protocol import PayloadError, Protocol
-from .receiver import Receiver
-from .relay import DeliveryPolicy, relay, relay_batch
 from .statuses import (
     AdvanceStatus,
     ApplyStatus,
@@ -49,11 +53,12 @@ from .statuses import (
     ReceiveStatus,
     RelayStatus,
 )
-from .store.open import PostgresLocation
-from .tools.snapshot import snapshot
-from .worker import Worker
 
 __version__ = "0.1.0"
+
+# The old paths of the internal modules (now private) import for one release,
+# with a warning: reliable_flow._deprecated.MOVED_MODULES.
+install_moved_modules()
 
 # What a user writes daily; at most 40 names (issue 19).  Results and records
 # are in ``reliable_flow.records``, every error in ``reliable_flow.errors``,
@@ -71,7 +76,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # Every name this module no longer exports, moved or renamed, warns and
-    # names its replacement: the one table is reliable_flow.deprecated.MOVED.
-    from .deprecated import old_name
+    # names its replacement: the one table is reliable_flow._deprecated.MOVED.
+    from ._deprecated import old_name
 
     return old_name(__name__, name)

@@ -1,6 +1,6 @@
-"""``python -m reliable_flow``: see :mod:`reliable_flow.tools.cli`."""
+"""``python -m reliable_flow``: see :mod:`reliable_flow._tools.cli`."""
 
-from .tools.cli import main
+from ._tools.cli import main
 
 __all__: list[str] = []
 

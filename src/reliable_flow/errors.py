@@ -184,7 +184,7 @@ class CommitOutcomeUnknown(StorageError):
 
 def __getattr__(name: str) -> Any:
     if name == "InboxFull":  # deprecated, for one release
-        from .deprecated import old_name
+        from ._deprecated import old_name
 
         return old_name(__name__, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

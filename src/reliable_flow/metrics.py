@@ -16,10 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .observe import Observer
+from ._observe import Observer
+from ._store.inbox import InboxReads
+from ._store.outbox import OutboxReads
 from .statuses import DeliveryState, EffectState, InboxState
-from .store.inbox import InboxReads
-from .store.outbox import OutboxReads
 
 __all__ = [
     "ConsumerMetrics", "DeliveryMetrics", "ProducerMetrics", "consumer_metrics", "producer_metrics",

@@ -18,8 +18,16 @@ effect* is a row of the effect outbox (``ScheduledEffect``, from
 
 from __future__ import annotations
 
-from .executor import ExecutorStats
-from .operations import ConsumerEntry, InboxAction, InboxRow, PruneResult, RegistryAction, StuckFlow
+from ._executor import ExecutorStats
+from ._operations import (
+    ConsumerEntry,
+    InboxAction,
+    InboxRow,
+    PruneResult,
+    RegistryAction,
+    StuckFlow,
+)
+from ._worker import WorkerStats
 from .statuses import (
     AdvanceResult,
     AppliedEvent,
@@ -35,7 +43,6 @@ from .statuses import (
     RelayResult,
     ScheduledEffect,
 )
-from .worker import WorkerStats
 
 __all__ = [
     "AdvanceResult",

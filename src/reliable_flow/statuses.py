@@ -22,7 +22,7 @@ __all__ = [
     "DeliveryState",
     "DrainStop",
     "EffectState",
-    "FlowWait",  # noqa: F822 - from operations.py, through __getattr__
+    "FlowWait",  # noqa: F822 - from _operations.py, through __getattr__
     "InboxState",
     "ReceiveStatus",
     "RelayStatus",
@@ -380,11 +380,11 @@ class EffectAction:
 
 def __getattr__(name: str) -> Any:
     if name == "FlowWait":  # defined with the operator reads; an enum, so listed here
-        from .operations import FlowWait
+        from ._operations import FlowWait
 
         return FlowWait
     if name in ("Refused", "Effect", "EffectRecord"):  # deprecated, for one release
-        from .deprecated import old_name
+        from ._deprecated import old_name
 
         return old_name(__name__, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

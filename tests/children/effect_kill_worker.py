@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable_flow import Consumer, DeliveryPolicy
-from reliable_flow.effects import (
+from reliable_flow._effects import (
     EffectCall,
     EffectRegistry,
     Happened,
@@ -46,7 +46,7 @@ from reliable_flow.effects import (
     OutcomeUnknown,
     RetryLater,
 )
-from reliable_flow.executor import EffectExecutor
+from reliable_flow._executor import EffectExecutor
 from reliable_flow.reservation import RESERVATION
 
 CONFIGS = ("reconcile", "idempotent", "neither")

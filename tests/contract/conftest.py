@@ -5,7 +5,7 @@ engine's stores, keyed by the engine names of the one list of engines,
 ``tests/engine_reads.ENGINES`` (a new engine adds its name there and its
 record here, and every contract test runs against it).
 The tests themselves only use the store interface
-(:mod:`reliable_flow.store.outbox`, :mod:`reliable_flow.store.inbox`).
+(:mod:`reliable_flow._store.outbox`, :mod:`reliable_flow._store.inbox`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from engine_reads import ENGINES as ENGINE_PARAMS
-from reliable_flow.store import InboxStore, OutboxStore
-from reliable_flow.store.sqlite import SqliteInboxStore, SqliteOutboxStore
+from reliable_flow._store import InboxStore, OutboxStore
+from reliable_flow._store.sqlite import SqliteInboxStore, SqliteOutboxStore
 
 PROTOCOL = "contract-protocol"
 
@@ -58,7 +58,7 @@ def _pg() -> Any:
 
 
 def _pg_stores() -> Any:
-    from reliable_flow.store import postgres
+    from reliable_flow._store import postgres
 
     return postgres
 

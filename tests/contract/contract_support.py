@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from reliable_flow.envelope import Envelope, make
+from reliable_flow._envelope import Envelope, make
+from reliable_flow._store.records import as_flow_dict
 from reliable_flow.records import InboxEntry
-from reliable_flow.store.records import as_flow_dict
 
 __all__ = ["add_consumer", "append", "bind", "body_of", "entries", "env", "event_body", "flow", "protocol_members"]
 
@@ -67,7 +67,7 @@ def protocol_members(*protocols: type) -> set[str]:
     names: set[str] = set()
     for proto in protocols:
         for cls in proto.__mro__:
-            if cls.__module__.startswith("reliable_flow.store"):
+            if cls.__module__.startswith("reliable_flow._store"):
                 names |= {n for n in vars(cls) if not n.startswith("_")}
     return names
 
@@ -76,7 +76,7 @@ def protocol_properties(*protocols: type) -> set[str]:
     """The members of ``protocol_members`` that are properties (values, not calls)."""
     return {
         name for proto in protocols for cls in proto.__mro__
-        if cls.__module__.startswith("reliable_flow.store")
+        if cls.__module__.startswith("reliable_flow._store")
         for name, member in vars(cls).items() if isinstance(member, property)
     }
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from contract_support import append, bind, env
 
+from reliable_flow._store.effects import NewEffect
 from reliable_flow.delivery import Retry
 from reliable_flow.statuses import DeliveryState, EffectState
-from reliable_flow.store.effects import NewEffect
 
 S = EffectState
 

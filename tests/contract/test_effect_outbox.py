@@ -1,4 +1,4 @@
-"""The effect outbox's contract (:mod:`reliable_flow.store.effects`), for every engine.
+"""The effect outbox's contract (:mod:`reliable_flow._store.effects`), for every engine.
 
 Checked through the consumer store's units and reads only.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from reliable_flow._store.effects import EFFECT_COLUMNS, NewEffect
 from reliable_flow.records import EffectAction
 from reliable_flow.statuses import EffectState
-from reliable_flow.store.effects import EFFECT_COLUMNS, NewEffect
 
 S = EffectState
 

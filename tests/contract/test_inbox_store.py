@@ -1,4 +1,4 @@
-"""The inbox store's contract (:mod:`reliable_flow.store.inbox`), for every engine.
+"""The inbox store's contract (:mod:`reliable_flow._store.inbox`), for every engine.
 
 Each test states one promise of a method's docstring and checks it only
 through the store interface: ``write()`` units, ``read()`` snapshots,
@@ -13,10 +13,10 @@ import time
 import pytest
 from contract_support import body_of, entries, env, offers, protocol_members, protocol_properties
 
-from reliable_flow.envelope import Envelope
+from reliable_flow._envelope import Envelope
+from reliable_flow._store import FlowState, InboxReads, InboxUnit
 from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.statuses import BlockReason, InboxState
-from reliable_flow.store import FlowState, InboxReads, InboxUnit
 
 PENDING = InboxState.PENDING
 BLOCKED = InboxState.BLOCKED

@@ -2,7 +2,7 @@
 ``OutboxReads.outbox_counts`` and ``InboxReads.inbox_counts``.
 
 Each test states one promise of the method's docstring (and of the row
-types in :mod:`reliable_flow.store.records`) and checks it only through the
+types in :mod:`reliable_flow._store.records`) and checks it only through the
 store interface.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from contract_support import add_consumer, append, env
 
+from reliable_flow._envelope import Envelope
+from reliable_flow._store.records import DeliveryCounts, InboxCounts, OutboxCounts
 from reliable_flow.delivery import Retry
-from reliable_flow.envelope import Envelope
 from reliable_flow.statuses import BlockReason, DeliveryState
-from reliable_flow.store.records import DeliveryCounts, InboxCounts, OutboxCounts
 
 
 def groups(counts: OutboxCounts) -> dict[tuple[str, str], DeliveryCounts]:

@@ -1,7 +1,7 @@
 """The operators' part of the storage contract, for every engine: the consumer
 registry of an outbox store, and the full inbox rows, skips, replacements
-and their record of an inbox store (:mod:`reliable_flow.store.outbox`,
-:mod:`reliable_flow.store.inbox`).
+and their record of an inbox store (:mod:`reliable_flow._store.outbox`,
+:mod:`reliable_flow._store.inbox`).
 
 Each test states one promise of a method's docstring and checks it only
 through the store interface.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from contract_support import append, body_of, entries, env
 
-from reliable_flow.operations import InboxAction, InboxRow, RegistryAction
+from reliable_flow._operations import InboxAction, InboxRow, RegistryAction
 from reliable_flow.statuses import BlockReason, DeliveryState, InboxState
 
 PENDING, BLOCKED, APPLIED = InboxState.PENDING, InboxState.BLOCKED, InboxState.APPLIED

@@ -1,4 +1,4 @@
-"""The outbox store's contract (:mod:`reliable_flow.store.outbox`), for every engine.
+"""The outbox store's contract (:mod:`reliable_flow._store.outbox`), for every engine.
 
 Each test states one promise of a method's docstring and checks it only
 through the store interface: ``write()`` units, ``read()`` snapshots,
@@ -13,14 +13,22 @@ import time
 
 import pytest
 from contract_support import (
-    add_consumer, append, bind, env, event_body, flow, offers, protocol_members, protocol_properties,
+    add_consumer,
+    append,
+    bind,
+    env,
+    event_body,
+    flow,
+    offers,
+    protocol_members,
+    protocol_properties,
 )
 
+from reliable_flow._envelope import make
+from reliable_flow._store import FlowState, OutboxReads, OutboxUnit, StoredEvent
 from reliable_flow.delivery import Retry
-from reliable_flow.envelope import make
 from reliable_flow.records import DeliveryRecord, OperatorAction, OutboxEntry
 from reliable_flow.statuses import DeliveryState
-from reliable_flow.store import FlowState, OutboxReads, OutboxUnit, StoredEvent
 
 PENDING = DeliveryState.PENDING
 ACCEPTED = DeliveryState.ACCEPTED

@@ -25,7 +25,14 @@ from typing import Any
 
 import pytest
 
-from pg_cluster import MISSING_BINARIES, PgCluster, find_bin_dir, get_pg_cluster, import_psycopg, pg_required
+from pg_cluster import (
+    MISSING_BINARIES,
+    PgCluster,
+    find_bin_dir,
+    get_pg_cluster,
+    import_psycopg,
+    pg_required,
+)
 
 #: Set (to the file to write) only in the child run: it selects the child's test.
 CHILD = "RF_PG_CLEANUP_CHILD"

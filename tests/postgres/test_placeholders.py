@@ -1,5 +1,5 @@
 """The ``?`` -> ``%s`` translation of the application's SQL for PostgreSQL
-(``store/postgres/placeholders.py``), on the text alone: no server.
+(``_store/postgres/placeholders.py``), on the text alone: no server.
 
 What runs on a real server (both engines, through a handler) is in
 ``test_app_sql.py``.
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("psycopg")  # the module is pure Python, but its package opens with the engine
 
-from reliable_flow.store.postgres.placeholders import pyformat, split
+from reliable_flow._store.postgres.placeholders import pyformat, split
 
 
 @pytest.mark.parametrize(("sql", "expected"), [

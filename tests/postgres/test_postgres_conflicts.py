@@ -20,8 +20,8 @@ import pytest
 
 from pg_cluster import import_psycopg
 from reliable_flow import Consumer
+from reliable_flow._core import conflicts
 from reliable_flow.errors import TransactionConflict
-from reliable_flow.core import conflicts
 from reliable_flow.reservation import RESERVATION
 from support import envelope
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.postgres
 # (saying what to install), or fails under RELIABLE_FLOW_REQUIRE_POSTGRES.
 psycopg = import_psycopg()
 
-from reliable_flow.store.postgres.location import lock_key, parse  # noqa: E402
+from reliable_flow._store.postgres.location import lock_key, parse
 
 
 def _deadlocks(conn: Any) -> int:

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from pg_cluster import PG_DATABASE, import_psycopg, pg_location  # noqa: E402
+from pg_cluster import PG_DATABASE, import_psycopg, pg_location
 
 psycopg = import_psycopg()  # skips saying what to install (fails under RELIABLE_FLOW_REQUIRE_POSTGRES)
 
-from reliable_flow import Consumer, Producer, relay  # noqa: E402
-from reliable_flow.envelope import make  # noqa: E402
-from reliable_flow.errors import CommitOutcomeUnknown, SchemaTooNew, StorageError, WrongFile  # noqa: E402
-from reliable_flow.reservation import RESERVATION  # noqa: E402
-from reliable_flow.store.postgres import DEFAULT_SCHEMAS, PgInboxStore, PgOutboxStore  # noqa: E402
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow._envelope import make
+from reliable_flow._store.postgres import DEFAULT_SCHEMAS, PgInboxStore, PgOutboxStore
+from reliable_flow.errors import CommitOutcomeUnknown, SchemaTooNew, StorageError, WrongFile
+from reliable_flow.reservation import RESERVATION
 
 pytestmark = pytest.mark.postgres
 
@@ -199,7 +199,7 @@ def test_an_undurable_unit_skips_the_wait_for_the_disk_for_itself_only(pg_cluste
 def test_a_session_default_of_synchronous_commit_off_is_raised_to_on(pg_cluster) -> None:
     database = pg_cluster.dsn(PG_DATABASE)
     location = pg_location("sync_off")
-    factory = lambda: psycopg.connect(database, options="-c synchronous_commit=off")  # noqa: E731
+    factory = lambda: psycopg.connect(database, options="-c synchronous_commit=off")
     store = PgInboxStore(factory, "p", schema=schema_of(location))
     try:
         with store.write() as unit:
@@ -253,7 +253,7 @@ def test_a_connection_lost_at_commit_raises_commit_outcome_unknown(pg_cluster) -
 def test_a_connection_lost_before_commit_is_a_storage_error(pg_cluster) -> None:
     location = pg_location("lost_stmt")
     database = location.partition("#")[0]
-    factory = lambda: psycopg.connect(database, application_name="rf-lost-stmt")  # noqa: E731
+    factory = lambda: psycopg.connect(database, application_name="rf-lost-stmt")
     store = PgOutboxStore(factory, "p", schema=schema_of(location))
     try:
         with store.write() as unit:

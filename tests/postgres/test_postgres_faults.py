@@ -33,11 +33,11 @@ from pg_cluster import MISSING_BINARIES, PgCluster, find_bin_dir, import_psycopg
 
 psycopg = import_psycopg()  # skips saying what to install (fails under RELIABLE_FLOW_REQUIRE_POSTGRES)
 
-from engine_reads import effect_counts  # noqa: E402
-from reliable_flow import Consumer, Producer, relay  # noqa: E402
+from engine_reads import effect_counts
+from reliable_flow import Consumer, Producer, relay
 from reliable_flow.errors import CommitOutcomeUnknown, StorageError
-from reliable_flow.reservation import RESERVATION  # noqa: E402
-from support import CHILDREN, child_env, relay_log  # noqa: E402
+from reliable_flow.reservation import RESERVATION
+from support import CHILDREN, child_env, relay_log
 
 pytestmark = pytest.mark.postgres
 

@@ -17,7 +17,7 @@ from reliable_flow.reservation import RESERVATION
 pytestmark = pytest.mark.postgres
 
 psycopg = import_psycopg()  # skips saying what to install (fails under RELIABLE_FLOW_REQUIRE_POSTGRES)
-import psycopg_pool  # noqa: E402 - import_psycopg checked it too
+import psycopg_pool
 
 _names = itertools.count(1)
 
@@ -28,7 +28,7 @@ def _schema(label: str) -> str:
 
 def test_a_factory_with_a_schema_of_its_own_keeps_two_consumers_apart(pg_cluster: Any) -> None:
     database = pg_cluster.dsn(PG_DATABASE)
-    factory = lambda: psycopg.connect(database)  # noqa: E731 - a factory, as a user would pass it
+    factory = lambda: psycopg.connect(database)
     a_schema, b_schema = _schema("a"), _schema("b")
     with Producer(pg_cluster.dsn(PG_DATABASE, _schema("out")), RESERVATION) as producer, \
             Consumer(PostgresLocation(factory, a_schema), RESERVATION, name="a") as a, \

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from reliable_flow import AppSchema, EffectCall, EffectRegistry, envelope
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import CONSUMER, FileKind
+from reliable_flow._store.sqlite.connection import Database
+from reliable_flow._store.sqlite.schema import CONSUMER, FileKind
 from support import KINDS, EffectWorld
 
 World = EffectWorld

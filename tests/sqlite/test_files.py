@@ -19,19 +19,19 @@ import pytest
 
 import reliable_flow
 from reliable_flow import Consumer, Producer, relay, snapshot
+from reliable_flow._store.sqlite.connection import MIN_SQLITE, Database, check_sqlite_version
+from reliable_flow._store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from reliable_flow.errors import (
     CommitOutcomeUnknown,
-    SQLiteTooOld,
     SchemaTooNew,
+    SQLiteTooOld,
     StorageError,
     WrongFile,
     WrongProcess,
 )
-from reliable_flow.records import InboxEntry
 from reliable_flow.protocol import Protocol, exact, integer
+from reliable_flow.records import InboxEntry
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import MIN_SQLITE, Database, check_sqlite_version
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from support import (
     digest,
     envelope,
@@ -414,7 +414,7 @@ PRODUCER_V1 = FileKind(PRODUCER.name, PRODUCER.application_id, PRODUCER.migratio
 def make_v1_producer_file(path: Path, protocol_name: str = "reservation") -> None:
     """A producer file exactly as release 1 (schema version 1) left it: two events of
     flow A, the first accepted by consumer "old", the second still pending."""
-    from reliable_flow.envelope import make
+    from reliable_flow._envelope import make
 
     def on_create(conn: sqlite3.Connection) -> None:
         conn.execute("INSERT INTO meta(key, value) VALUES ('protocol', ?)", (protocol_name,))

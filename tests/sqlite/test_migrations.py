@@ -2,7 +2,7 @@
 place to the current schema and keep working.
 
 The v1 file is built the way the v1 release built it: the first migration
-only, through :class:`reliable_flow.store.sqlite.connection.Database`, then filled through raw
+only, through :class:`reliable_flow._store.sqlite.connection.Database`, then filled through raw
 SQL with rows in the v1 layout (an accepted, a pending and a set-aside
 delivery).  A pinned copy of the v1 DDL makes sure the first migration is
 never edited: files in the field were created from exactly that text.
@@ -21,10 +21,10 @@ import pytest
 import reliable_flow
 from children.racers import open_producer
 from reliable_flow import Consumer, DeliveryPolicy, Producer, envelope, relay
+from reliable_flow._store.sqlite.connection import Database
+from reliable_flow._store.sqlite.schema import PRODUCER, FileKind
 from reliable_flow.errors import SchemaTooNew, StorageError
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import PRODUCER, FileKind
 from support import (
     KINDS,
     relay_log,

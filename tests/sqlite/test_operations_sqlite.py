@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from reliable_flow import Consumer, InboxState, Producer, relay
+from reliable_flow._store.sqlite.connection import Database
+from reliable_flow._store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from reliable_flow.errors import UnknownConsumer
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from support import commit, digest, relay_log, run_cli, sql_execute, sql_pragma, sql_rows
 
 
@@ -199,7 +199,7 @@ def test_a_v2_producer_file_upgrades_keeping_its_bound_consumers(tmp_path: Path)
     kind = FileKind("producer", PRODUCER.application_id, PRODUCER.migrations[:2])
     db = Database(p_path, kind, on_create=lambda conn: conn.execute(
         "INSERT INTO meta(key, value) VALUES ('protocol', 'reservation')"))
-    from reliable_flow.envelope import make
+    from reliable_flow._envelope import make
     bodies = [make(event_id=f"A{n}", flow_id="A", seq=n, kind=k, schema=1, payload={"amount": 3}).body
               for n, k in ((1, "reserved"), (2, "confirmed"))]
     with db.write() as conn:

@@ -32,8 +32,8 @@ from reliable_flow import Consumer, Producer, relay, relay_batch
 from reliable_flow.reservation import RESERVATION
 from support import advance_step, envelope
 
-relay_module = importlib.import_module("reliable_flow.store.sqlite.outbox")
-consumer_module = importlib.import_module("reliable_flow.store.sqlite.inbox")
+relay_module = importlib.import_module("reliable_flow._store.sqlite.outbox")
+consumer_module = importlib.import_module("reliable_flow._store.sqlite.inbox")
 
 BIG, SMALL = 1000, 3  # flows of three events each
 # Tables whose size is the number of consumer files, not the amount of history.

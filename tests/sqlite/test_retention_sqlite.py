@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliable_flow import Consumer, Producer, envelope
+from reliable_flow._store.sqlite.connection import Database
+from reliable_flow._store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from support import KINDS, Clock, relay_log, sql_pragma, sql_rows
 
 
@@ -75,7 +75,7 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
 
 
 def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_path: Path) -> None:
-    from reliable_flow.store.sqlite import inbox, inbox_sql, outbox_sql
+    from reliable_flow._store.sqlite import inbox, inbox_sql, outbox_sql
 
     Producer(tmp_path / "p.db", RESERVATION).close()
     Consumer(tmp_path / "c.db", RESERVATION).close()

@@ -48,6 +48,9 @@ from typing import Any
 import pytest
 
 from reliable_flow import Consumer, DeliveryPolicy, Producer, relay, snapshot
+from reliable_flow._store.sqlite.connection import Database
+from reliable_flow._store.sqlite.errors import BEGIN_RETRIES
+from reliable_flow._store.sqlite.schema import CONSUMER, PRODUCER
 from reliable_flow.errors import (
     CommitOutcomeUnknown,
     DatabaseBusy,
@@ -58,9 +61,6 @@ from reliable_flow.errors import (
 )
 from reliable_flow.records import InboxEntry
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite.connection import Database
-from reliable_flow.store.sqlite.errors import BEGIN_RETRIES
-from reliable_flow.store.sqlite.schema import CONSUMER, PRODUCER
 from support import (
     CHILD_TIMEOUT,
     CHILDREN,

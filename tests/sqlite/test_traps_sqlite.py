@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from reliable_flow import Consumer, Producer, Worker, relay, relay_batch, snapshot
+from reliable_flow._store.sqlite import SqliteOutboxStore
 from reliable_flow.errors import StorageError, StorageFull, WrongFile
 from reliable_flow.reservation import RESERVATION
-from reliable_flow.store.sqlite import SqliteOutboxStore
 from support import commit, outbox_entry, run_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

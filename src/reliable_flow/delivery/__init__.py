@@ -7,8 +7,8 @@ Nothing here touches storage: these functions compute what a store writes.
 
 from __future__ import annotations
 
-from .lease import Retry, claim_until, error_text, own_claims, retry_after
-from .policy import DEFAULT_LEASE_SECONDS, DeliveryPolicy, backoff_delay, check_seconds
+from ._lease import Retry, claim_until, error_text, own_claims, retry_after
+from ._policy import DEFAULT_LEASE_SECONDS, DeliveryPolicy, backoff_delay, check_seconds
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",

@@ -1,0 +1,84 @@
+"""The operator's actions on deliveries (the producer's ``redeliver`` /
+``skip``) and on effects (the consumer's ``retry_effect`` /
+``resolve_effect`` / ``cancel_effect``): from which states each one is
+allowed, what it leaves, and its record.  Nothing here runs by itself: each
+action is asked for by a person and recorded with who, when and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._store import OutboxUnit
+from .._store.effects import EffectUnit
+from ..errors import NotResolvable, UnknownEffect, UnknownEvent
+from ..statuses import DeliveryState, EffectAction, EffectState, OperatorAction, ScheduledEffect
+
+__all__ = [
+    "DELIVERY_ACTIONS", "EFFECT_ACTIONS", "delivery_action_in", "effect_action_in", "effect_changes",
+]
+
+_D = DeliveryState
+_S = EffectState
+
+#: Each operator action on a delivery: the states it may leave from, and the
+#: state it leaves.  An accepted or skipped delivery is final.
+DELIVERY_ACTIONS: dict[str, tuple[tuple[DeliveryState, ...], DeliveryState]] = {
+    "redeliver": ((_D.SET_ASIDE, _D.PENDING), _D.PENDING),
+    "skip": ((_D.SET_ASIDE, _D.PENDING), _D.SKIPPED),
+}
+
+#: Each operator action on an effect: the states it may leave from, and the
+#: state it leaves.  ``retry`` leaves ``in_doubt`` out: it is reconciled (or
+#: re-run by key) automatically.
+EFFECT_ACTIONS: dict[str, tuple[tuple[EffectState, ...], EffectState]] = {
+    "retry": ((_S.DEAD, _S.UNKNOWN), _S.PENDING),
+    "resolve": ((_S.DEAD, _S.UNKNOWN, _S.IN_DOUBT, _S.PENDING), _S.SUCCEEDED),
+    "cancel": ((_S.PENDING, _S.DEAD, _S.UNKNOWN, _S.IN_DOUBT), _S.CANCELLED),
+}
+
+
+def delivery_action_in(unit: OutboxUnit, action: str, event_id: str, consumer: str, actor: str, reason: str,
+                       now: float, location: str) -> OperatorAction:
+    """Redeliver or skip one delivery inside ``unit``'s transaction; the
+    recorded action, with the state it left (``previous_state``)."""
+    allowed, target = DELIVERY_ACTIONS[action]
+    found = unit.delivery_state(event_id, consumer)
+    if found is None:
+        raise UnknownEvent(f"no delivery of event {event_id!r} to consumer {consumer!r} in {location}")
+    pos, state = found
+    if state not in allowed:
+        raise NotResolvable(f"event {event_id!r} is {state} for consumer {consumer!r}; cannot {action} it")
+    unit.resolve(consumer, pos, target, now)
+    unit.record_action(OperatorAction(now, consumer, event_id, action, actor, reason))
+    return OperatorAction(now, consumer, event_id, action, actor, reason, previous_state=state)
+
+
+def effect_changes(action: str, reason: str, result: str | None = None) -> dict[str, Any]:
+    """What an operator action writes on the effect (``result``: the JSON
+    text a ``resolve`` records)."""
+    state = EFFECT_ACTIONS[action][1]
+    if action == "retry":  # now, with a fresh max_attempts budget
+        return {"state": state, "due_at": 0.0, "failures": 0, "attempts": 0, "lease_owner": None, "reason": None}
+    if action == "resolve":
+        # fed=False: an executor whose registry feeds this effect back does so;
+        # one that does not clears it.
+        return {"state": state, "result": result, "fed": False, "lease_owner": None, "reason": None}
+    return {"state": state, "lease_owner": None, "reason": reason}
+
+
+def effect_action_in(unit: EffectUnit, action: str, key: str, actor: str, reason: str, now: float, location: str,
+                     result: str | None = None) -> tuple[EffectAction, ScheduledEffect]:
+    """Retry, resolve or cancel one effect inside ``unit``'s transaction; the
+    recorded action and the effect as it was before."""
+    effect = unit.effect(key)
+    if effect is None:
+        raise UnknownEffect(f"no effect with key {key!r} in {location}")
+    allowed = EFFECT_ACTIONS[action][0]
+    if effect.state not in allowed:
+        names = ", ".join(s.value for s in allowed)
+        raise NotResolvable(f"effect {key!r} is {effect.state}; {action} needs one of: {names}")
+    unit.update_effect(key, effect_changes(action, reason, result), now)
+    record = EffectAction(now, key, action, actor, reason)
+    unit.record_effect_action(record)
+    return record, effect

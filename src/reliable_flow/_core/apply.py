@@ -1,0 +1,205 @@
+"""``apply_next`` and ``drain``: apply exactly a flow's next step, in the
+consumer's unit of work, or say why not."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _envelope as envelope
+from .._effects import EffectRegistry
+from .._envelope import Envelope
+from .._handlers import ApplyContext, Event, Handler
+from .._store import FlowState, InboxUnit
+from ..crash import crash_point
+from ..protocol import PayloadError, Protocol, Rejected
+from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
+from . import conflicts
+
+__all__ = ["ApplyRules", "Committed", "Source", "apply_arrived", "apply_in", "drain_flows"]
+
+#: What an apply outcome is about, for the face to log it with: the event
+#: applied or blocked (a dict), the body of the row waiting after a gap (a
+#: str, parsed only if the record is wanted), or None (idle).
+Source = dict[str, Any] | str | None
+
+
+@dataclass(frozen=True)
+class ApplyRules:
+    """Everything an apply decides with: the protocol, the schemas this
+    consumer decodes, its handlers, the effects they may schedule, its name
+    (for effect keys) and its clock."""
+
+    protocol: Protocol
+    schemas: Collection[int]
+    handlers: Sequence[Handler] = ()
+    effects: EffectRegistry | None = None
+    consumer: str = "default"
+    clock: Callable[[], float] | None = None
+
+
+def _handle(unit: InboxUnit, rules: ApplyRules, event: Event, previous: str, new_state: str,
+            new_data: dict[str, Any]) -> None:
+    assert rules.clock is not None
+    ctx = ApplyContext(unit, event, previous, new_state, new_data, rules.consumer, rules.effects, rules.clock())
+    for handler in rules.handlers:
+        handler(ctx)
+
+
+def apply_in(
+    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None = None,
+) -> tuple[ApplyResult, FlowState | None, Source]:
+    """One apply step inside ``unit``'s transaction: the outcome, the flow's
+    state after it, and what the outcome is about (:data:`Source`).
+
+    ``known`` is the flow's state as left by the previous step of the same
+    transaction, which holds the write lock, so it cannot be stale; the new
+    one is returned after an apply.
+    """
+    protocol, schemas = rules.protocol, rules.schemas
+    if known is None:
+        known = unit.flow_state(flow_id) or FlowState(protocol.initial, 0, {})
+    seq = known.seq + 1
+    row = unit.next_row(flow_id, seq)
+    if row is None:
+        return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known, None
+    found_seq, event_id, body = row
+    if found_seq != seq:
+        return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known, body
+    event = json.loads(body)
+    try:
+        if event["schema"] not in schemas:
+            raise Rejected(
+                BlockReason.UNSUPPORTED_SCHEMA,
+                f"schema {event['schema']} is not decoded by this consumer (decodes {sorted(schemas)})",
+            )
+        new_data = protocol.next_data(known.state, known.data, event["kind"], event["schema"], event["payload"])
+    except Rejected as rejected:
+        unit.block(event_id, rejected.reason, rejected.detail, _now(rules))
+        return ApplyResult(
+            ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail
+        ), known, event
+    new_state = event["kind"]
+    view = protocol.view(new_state, new_data)
+    if not rules.handlers:
+        _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
+        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data), event
+    try:
+        # Under a nested step: a handler's payload error must leave nothing
+        # of this apply behind, only the block.
+        with unit.step():
+            _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
+            _handle(unit, rules, Event(event_id, flow_id, seq, event["kind"], event["schema"], event["payload"],
+                                       event.get("meta", {}), body), known.state, new_state, new_data)
+    except PayloadError as exc:
+        unit.block(event_id, BlockReason.INVALID_PAYLOAD, str(exc), _now(rules))
+        return ApplyResult(
+            ApplyStatus.BLOCKED, flow_id, seq, event_id, BlockReason.INVALID_PAYLOAD, str(exc)
+        ), known, event
+    return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data), event
+
+
+def _now(rules: ApplyRules) -> float | None:
+    """When a block happens, on the consumer's clock (None without one)."""
+    return None if rules.clock is None else rules.clock()
+
+
+_APPLY_POINTS = ("apply.after_projection", "apply.after_effect")
+_ARRIVAL_POINTS = ("receive_apply.after_projection", "receive_apply.after_effect")
+
+
+def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_state: str,
+                   new_data: dict[str, Any], view: dict[str, Any],
+                   points: tuple[str, str] = _APPLY_POINTS) -> None:
+    unit.put_projection(flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view))
+    crash_point(points[0])
+    unit.record_applied(event_id, flow_id, seq, new_state)
+    crash_point(points[1])
+
+
+def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope) -> bool:
+    """Apply the event that receive just stored, in the same transaction,
+    when it is exactly its flow's next step and applies cleanly: projection,
+    effect record and the row's ``applied`` mark, as ``apply_next`` would
+    write them.  Anything else (a gap before it, a block: unknown schema,
+    rejected step, payload error in a handler) writes nothing here and
+    returns False: the row stays pending and ``apply_next`` decides later,
+    exactly as without this mode."""
+    known = unit.flow_state(env.flow_id)
+    if env.seq != (0 if known is None else known.seq) + 1 or env.schema not in rules.schemas:
+        return False
+    protocol = rules.protocol
+    if known is None:
+        known = FlowState(protocol.initial, 0, {})
+    try:
+        new_data = protocol.next_data(known.state, known.data, env.kind, env.schema, env.payload)
+    except Rejected:
+        return False
+    new_state = env.kind
+    view = protocol.view(new_state, new_data)
+    if not rules.handlers:
+        _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
+    else:
+        try:
+            with unit.step():
+                _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
+                _handle(unit, rules, env, known.state, new_state, new_data)  # the Envelope is the Event
+        except PayloadError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What one committed drain transaction did: the events it applied, the
+    flows it finished, and every step's outcome with its :data:`Source`
+    (for the face to log)."""
+
+    applied: int
+    finished: dict[str, DrainResult]
+    outcomes: list[tuple[ApplyResult, Source]]
+
+
+def drain_flows(
+    write: Callable[[], AbstractContextManager[InboxUnit]], rules: ApplyRules,
+    flows: list[str], limit: int, batch_size: int,
+) -> Iterator[Committed]:
+    """Apply each flow's next steps until a gap, a block, idle or ``limit``,
+    ``batch_size`` applies to a transaction (opened by ``write``); yields
+    what each transaction did once it committed."""
+    at = 0  # the flow being drained: flows[at]
+    applied, last = 0, None  # of that flow, in transactions committed so far
+    while at < len(flows):
+
+        def once(i: int = at, flow_applied: int = applied, flow_last: ApplyResult | None = last
+                 ) -> tuple[int, int, ApplyResult | None, Committed]:
+            """One transaction from where the committed ones left off: the
+            position and counts it reaches and what it did (kept only once it
+            committed, so an aborted run is simply run again)."""
+            done, finished, outcomes = 0, {}, []
+            with write() as unit:
+                known: FlowState | None = None  # re-read in every new transaction
+                while i < len(flows) and done < batch_size:
+                    flow = flows[i]
+                    flow_last, known, source = apply_in(unit, rules, flow, known)
+                    outcomes.append((flow_last, source))
+                    if flow_last.status == ApplyStatus.APPLIED:
+                        flow_applied += 1
+                        done += 1
+                        if flow_applied < limit:
+                            continue
+                        stop = DrainStop.LIMIT
+                    else:
+                        stop = DrainStop(flow_last.status.value)
+                    finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)
+                    i += 1
+                    flow_applied, flow_last, known = 0, None, None
+            return i, flow_applied, flow_last, Committed(done, finished, outcomes)
+
+        at, applied, last, committed = conflicts.rerun_on_conflict(once)
+        if committed.applied:
+            crash_point("apply.after_commit")
+        yield committed

@@ -1,0 +1,296 @@
+"""The effect outbox's decisions: scheduling an effect, what an executor does
+with one it picked up, and what each outcome leaves behind.
+
+Everything an effect goes through is decided here and nowhere else; the
+executor only calls functions and hands the answers back.  Backoff and
+leases come from :mod:`reliable_flow.delivery`, as for deliveries.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from .. import _envelope as envelope
+from .._effects import EffectSpec, Happened, NotHappened, check_json_value
+from .._store.effects import EffectReads, EffectUnit, NewEffect
+from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
+from ..errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
+from ..statuses import AdvanceResult, AdvanceStatus, EffectState, ScheduledEffect
+
+__all__ = [
+    "FEEDBACK_REFUSED",
+    "HANDLER_CANCELS_FROM",
+    "ORDER_BLOCKING",
+    "Outcome",
+    "Plan",
+    "after_reconcile",
+    "after_run",
+    "cancel_in",
+    "claim_changes",
+    "default_key",
+    "feedback_event_id",
+    "feedback_refusal",
+    "lease_held",
+    "plan",
+    "record_outcome_in",
+    "schedule_in",
+    "waiting_behind",
+    "with_waits",
+]
+
+Changes = dict[str, Any]
+_S = EffectState
+
+
+class Plan(enum.Enum):
+    """What an executor does with an effect it picked up."""
+
+    RUN = "run"              # call the function (a first attempt, a retry, or a re-run by key)
+    RECONCILE = "reconcile"  # ask the effect's reconcile whether the last attempt happened
+    EXPIRE = "expire"        # its deadline passed before it ran: never run it
+    SUPERSEDE = "supersede"  # its flow moved past the version it was for: never run it
+    PARK = "park"            # in doubt, and nothing can settle it: unknown, for an operator
+
+
+def _late(effect: ScheduledEffect, now: float, last_seq: int) -> tuple[Plan, str] | None:
+    if effect.deadline is not None and now > effect.deadline:
+        return Plan.EXPIRE, f"its deadline {effect.deadline:.3f} passed (now {now:.3f})"
+    if effect.version is not None and last_seq > effect.version:
+        return Plan.SUPERSEDE, (
+            f"flow {effect.flow_id!r} was applied up to seq {last_seq}, past version {effect.version}"
+        )
+    return None
+
+
+def plan(effect: ScheduledEffect, spec: EffectSpec, now: float, last_seq: int) -> tuple[Plan, str | None]:
+    """Decide, before any call, what happens to an effect an executor picked up.
+
+    An effect that may already have taken effect (``in_doubt``, or
+    ``running`` with its lease run out) is never simply run again: it is
+    reconciled, or re-run with the same key when the target deduplicates by
+    key, or parked.  Only an effect that certainly never took effect can
+    expire or be superseded.
+    """
+    in_doubt = effect.state in (_S.IN_DOUBT, _S.RUNNING)
+    if not in_doubt:
+        return _late(effect, now, last_seq) or (Plan.RUN, None)
+    if spec.reconcile is not None:
+        return Plan.RECONCILE, None
+    if spec.idempotent:
+        late = _late(effect, now, last_seq)
+        if late is not None:
+            return Plan.PARK, f"in doubt, and {late[1]}: not re-run even by key"
+        if effect.attempts >= spec.max_attempts:
+            return Plan.PARK, f"re-run by key {effect.attempts} times (max_attempts), outcome still unknown"
+        return Plan.RUN, None
+    return Plan.PARK, (
+        f"attempt {effect.attempts} may or may not have taken effect, and {effect.name!r} has "
+        f"neither reconcile nor idempotent=True: never re-run blindly"
+    )
+
+
+def claim_changes(effect: ScheduledEffect, chosen: Plan, reason: str | None, policy: DeliveryPolicy,
+                  now: float) -> Changes:
+    """What the claim transaction writes for ``chosen`` (before any call)."""
+    if chosen is Plan.EXPIRE:
+        return {"state": _S.EXPIRED, "reason": reason, "lease_owner": None}
+    if chosen is Plan.SUPERSEDE:
+        return {"state": _S.SUPERSEDED, "reason": reason, "lease_owner": None}
+    if chosen is Plan.PARK:
+        return {"state": _S.UNKNOWN, "reason": reason, "lease_owner": None}
+    lease: Changes = {"state": _S.RUNNING, "due_at": claim_until(policy, now), "lease_owner": policy.owner}
+    if chosen is Plan.RUN:
+        lease["attempts"] = effect.attempts + 1
+    elif effect.state is _S.RUNNING:
+        lease["failures"] = 1  # its runner died mid-call: a new episode of doubt starts here
+    return lease
+
+
+class Outcome(enum.Enum):
+    """How a call of an effect's function ended."""
+
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"          # certainly nothing happened
+    PERMANENT = "permanent"  # never going to work
+    UNKNOWN = "unknown"      # may or may not have happened
+
+
+def _succeeded(spec: EffectSpec, result: Any) -> Changes:
+    try:
+        text = check_json_value("result", result)
+    except InvalidEnvelope as exc:
+        # It ran, but what it returned cannot be kept: never run it again.
+        return {"state": _S.UNKNOWN, "lease_owner": None, "last_error": str(exc)[:1000],
+                "reason": "it ran, but its result is not JSON; resolve it by hand"}
+    return {"state": _S.SUCCEEDED, "result": text, "failures": 0, "lease_owner": None, "last_error": None,
+            "fed": False if spec.feedback is not None else None}
+
+
+def after_run(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float, outcome: Outcome,
+              value: Any) -> Changes:
+    """What a finished call leaves (``effect`` as claimed; ``value`` the result or the exception)."""
+    if outcome is Outcome.SUCCEEDED:
+        return _succeeded(spec, value)
+    if outcome is Outcome.PERMANENT:
+        return {"state": _S.DEAD, "lease_owner": None, "last_error": error_text(value),
+                "reason": "permanent failure"}
+    if outcome is Outcome.UNKNOWN:
+        # A new episode of doubt: its reconcile tries are counted from here
+        # (failures = 1), whatever failed before.
+        doubt = retry_after(policy, 0, now, value)
+        return {"state": _S.IN_DOUBT, "failures": doubt.failures, "due_at": doubt.due_at,
+                "lease_owner": None, "last_error": doubt.error}
+    retry = retry_after(policy, effect.failures, now, value)
+    if effect.attempts >= spec.max_attempts:
+        return {"state": _S.DEAD, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
+                "reason": f"failed {effect.attempts} of max_attempts={spec.max_attempts} times"}
+    return {"state": _S.PENDING, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
+            "last_error": retry.error}
+
+
+def after_reconcile(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
+                    answer: object) -> Changes:
+    """What a reconcile answer leaves: ``Happened`` settles it, ``NotHappened``
+    lets it run again (or makes it dead once ``max_attempts`` attempts are
+    used up), anything else (an exception) keeps it in doubt, until
+    ``max_attempts`` reconciles in a row could not tell: then it is parked as
+    unknown."""
+    if isinstance(answer, Happened):
+        return _succeeded(spec, answer.result)
+    if isinstance(answer, NotHappened):
+        if effect.attempts >= spec.max_attempts:
+            return {"state": _S.DEAD, "lease_owner": None, "reason": (
+                f"reconcile says attempt {effect.attempts} did not happen, and max_attempts="
+                f"{spec.max_attempts} are used up"
+            )}
+        return {"state": _S.PENDING, "due_at": now, "lease_owner": None, "last_error": None}
+    exc = answer if isinstance(answer, BaseException) else TypeError(
+        f"reconcile must return Happened or NotHappened, got {type(answer).__name__}"
+    )
+    retry = retry_after(policy, effect.failures, now, exc)
+    tries = retry.failures - 1  # the doubt itself counted as the first failure
+    if tries >= spec.max_attempts:
+        return {"state": _S.UNKNOWN, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
+                "reason": f"reconcile could not tell in {tries} tries (max_attempts)"}
+    return {"state": _S.IN_DOUBT, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
+            "last_error": retry.error}
+
+
+def feedback_event_id(key: str) -> str:
+    """The event id an effect's result is advanced under: ``<key>:result``,
+    or a digest of the key when that would pass the 128-character limit."""
+    event_id = f"{key}:result"
+    if len(event_id) <= 128:
+        return event_id
+    return "effect-" + hashlib.sha256(key.encode("utf-8")).hexdigest() + ":result"
+
+
+#: How every refused feedback's ``last_error`` begins: the executor writes
+#: it, and ``core.operate.feedback_refused`` recognises it (no column says so).
+FEEDBACK_REFUSED = "feedback "
+
+
+def feedback_refusal(result: AdvanceResult) -> str | None:
+    """None when a fed-back result is in the flow (committed now or before),
+    else why it was refused (the effect's ``last_error``; tried again later)."""
+    if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+        return None
+    return f"{FEEDBACK_REFUSED}{result.status}: {result.reason}"
+
+
+def lease_held(held: ScheduledEffect | None, owner: str) -> bool:
+    """Whether an executor's claim on an effect is still its own: when the
+    lease ran out during the call and another executor took the effect up,
+    the outcome is not recorded (lease_seconds must exceed the function's
+    own timeout)."""
+    return held is not None and held.state is _S.RUNNING and held.lease_owner == owner
+
+
+def record_outcome_in(unit: EffectUnit, key: str, owner: str, changes: Changes, now: float) -> bool:
+    """Write an outcome while the claim is still ``owner``'s; False (nothing
+    written) when the lease was lost."""
+    if not lease_held(unit.effect(key), owner):
+        return False
+    unit.update_effect(key, changes, now)
+    return True
+
+
+#: The states an apply handler may cancel an effect from (an operator may
+#: cancel from more: :data:`reliable_flow._core.admin.EFFECT_ACTIONS`).
+HANDLER_CANCELS_FROM = (_S.PENDING,)
+
+
+def cancel_in(unit: EffectUnit, key: str, reason: str, now: float) -> None:
+    """An apply handler's cancel of an effect (in the apply transaction)."""
+    effect = unit.effect(key)
+    if effect is None:
+        raise UnknownEffect(f"no effect with key {key!r}")
+    if effect.state not in HANDLER_CANCELS_FROM:
+        raise NotResolvable(f"effect {key!r} is {effect.state}; only a pending effect can be cancelled here")
+    unit.update_effect(key, {"state": _S.CANCELLED, "reason": reason}, now)
+
+
+def default_key(consumer: str, event_id: str, name: str) -> str:
+    """The idempotency key of an effect the handler did not name one for."""
+    return f"{consumer}:{event_id}:{name}"
+
+
+def schedule_in(unit: EffectUnit, new: NewEffect) -> ScheduledEffect | None:
+    """Write a scheduled effect, once.  The same key with the same name and
+    payload is a no-op (an apply retried after an unknown commit outcome);
+    with anything else it raises :class:`EffectKeyConflict`, like an event id
+    conflict, and the apply rolls back."""
+    held = unit.add_effect(new)
+    if held is None:
+        return None
+    same = (held.name, envelope.canonical(held.payload), held.event_id, held.deadline, held.version, held.ordered) == (
+        new.name, new.payload, new.event_id, new.deadline, new.version, new.ordered
+    )
+    if not same:
+        raise EffectKeyConflict(
+            f"effect key {new.key!r} is already held by {held.name!r} of event {held.event_id!r} "
+            f"with a different name, payload, event, deadline, version or order; give each effect its own key"
+        )
+    return held
+
+
+# -- an ordered effect waits for the earlier unresolved ones of its flow ---------------------------
+
+#: An ordered effect waits while an earlier ordered effect of its flow is in one
+#: of these states: never taken up by an executor (``EffectUnit.due_effects``,
+#: whose SQL in each engine says the same) until that one is resolved.
+ORDER_BLOCKING = (_S.PENDING, _S.RUNNING, _S.IN_DOUBT, _S.DEAD, _S.UNKNOWN)
+_TAKEN_UP = (_S.PENDING, _S.RUNNING, _S.IN_DOUBT)  # the states an executor claims from
+
+
+def waiting_behind(effect: ScheduledEffect, flow_effects: Sequence[ScheduledEffect]) -> ScheduledEffect | None:
+    """The earliest ordered effect scheduled before ``effect`` in its flow that
+    it waits behind (``flow_effects``: the flow's effects in scheduling
+    order), or None when it does not wait (not ordered, already final, or
+    nothing unresolved before it)."""
+    if not effect.ordered or effect.state not in _TAKEN_UP:
+        return None
+    for earlier in flow_effects:
+        if earlier.key == effect.key:
+            return None
+        if earlier.ordered and earlier.state in ORDER_BLOCKING:
+            return earlier
+    return None
+
+
+def with_waits(reads: EffectReads, effects: Sequence[ScheduledEffect]) -> list[ScheduledEffect]:
+    """``effects`` with ``waiting_behind`` / ``waiting_behind_state`` filled in
+    (their flows' effects read from ``reads``; pass the reads the effects
+    came from, for one picture)."""
+    flows = {e.flow_id for e in effects if e.ordered and e.state in _TAKEN_UP}
+    by_flow = {flow: reads.effect_list(flow_id=flow) for flow in sorted(flows)}
+    out = []
+    for effect in effects:
+        blocker = waiting_behind(effect, by_flow.get(effect.flow_id, ()))
+        out.append(effect if blocker is None else
+                   replace(effect, waiting_behind=blocker.key, waiting_behind_state=blocker.state))
+    return out

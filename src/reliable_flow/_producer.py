@@ -1,0 +1,298 @@
+"""The producer: flow state and its outbox event, committed together.
+
+This is the public face: it checks arguments, opens the store and hands a
+unit of work to :mod:`reliable_flow._core.advance`, which decides.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from ._checks import check_optional_count
+from ._core.advance import advance_at_current_in, advance_in, build
+from ._core.conflicts import rerun_on_conflict
+from ._deprecated import renamed_parameter, renamed_to, to_admin
+from ._envelope import Envelope
+from ._observe import INFO, PRODUCER, WARNING, advanced
+from ._producer_admin import ProducerAdmin
+from ._store import OutboxStore, OutboxUnit
+from ._store.open import Location, open_outbox
+from ._store.records import as_flow_dict
+from ._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
+from .crash import crash_point
+from .errors import StorageError
+from .metrics import ProducerMetrics, producer_metrics
+from .protocol import Protocol
+from .statuses import AdvanceResult, AdvanceStatus, OutboxEntry
+from .tracing import traced
+
+__all__ = ["Batch", "Producer"]
+
+
+def _advance_span(self: object, event_id: object, flow_id: object, **_: object) -> dict[str, str]:
+    """The span attributes of one ``advance`` (of :class:`Producer` or :class:`Batch`)."""
+    return {"reliable_flow.event_id": str(event_id), "reliable_flow.flow_id": str(flow_id)}
+
+
+class Batch:
+    """Advances that commit together; made by :meth:`Producer.batch`."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self._unit: OutboxUnit | None = None
+        self.results: list[AdvanceResult] = []
+        self._metas: list[dict[str, str]] = []  # for the logs, written after the commit
+
+    @property
+    def committed(self) -> int:
+        """How many advances of this batch will commit (status ``committed``)."""
+        return sum(1 for r in self.results if r.status == AdvanceStatus.COMMITTED)
+
+    @traced("reliable_flow.advance", _advance_span)
+    def advance(
+        self, event_id: str, flow_id: str, *, expected_seq: int, kind: str, payload: dict[str, Any],
+        schema: int = 1, meta: dict[str, str] | None = None,
+    ) -> AdvanceResult:
+        """:meth:`Producer.advance` inside the batch's transaction: the same
+        checks and statuses; it commits when the batch's block ends."""
+        unit = self._ready()
+        env = build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
+        # A nested step per advance: if one fails and the caller catches the
+        # error, none of its half-done writes stay in the batch.
+        with unit.step():
+            result = advance_in(unit, self._producer.protocol, env, self._producer.max_backlog, time.time())
+        self.results.append(result)
+        self._metas.append(env.meta)
+        return result
+
+    def _ready(self) -> OutboxUnit:
+        unit = self._unit
+        if unit is None:
+            raise RuntimeError("this batch is closed; use it inside its with-block")
+        if unit.lost is not None:
+            raise StorageError(
+                "SQLite rolled this batch back after an earlier advance failed; nothing of it will commit"
+            ) from unit.lost
+        return unit
+
+
+class Producer:
+    """Owns a producer file: flows, and the outbox of events they committed.
+
+    ``Producer(location, protocol)`` creates the file if it is absent,
+    upgrades an older one in place, and refuses a file that is not a producer
+    file or was created for another protocol.  ``location`` is a file path,
+    or a PostgreSQL location (``postgresql://...#schema``, a connection
+    factory or pool, or a :class:`PostgresLocation`; the ``postgres``
+    extra): the same, for a schema instead of a file (see docs/postgres.md).  One object per thread;
+    after ``fork()`` call :meth:`reopen` in the child.
+
+    ``max_backlog``: if set, ``advance`` answers ``backlog_full`` (storing
+    nothing) while that many deliveries are still pending, summed over the
+    consumers (or that many events, before any consumer was relayed to).
+
+    Operator work (redeliver, skip, the consumer registry, prune) is on
+    :attr:`admin`, a :class:`~reliable_flow.ProducerAdmin`.  Consumers are a
+    registry (``admin.consumers()``): ``relay`` delivers only to registered
+    names, so a typo'd name is refused rather than started from the first
+    event.  The first consumer of a producer that has none is registered on
+    its first relay; any other by ``admin.register_consumer`` or
+    ``relay(..., register=True)``.
+    """
+
+    @renamed_parameter("Producer", "path", "location")
+    def __init__(
+        self,
+        location: Location,
+        protocol: Protocol,
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        max_backlog: int | None = None,
+    ) -> None:
+        if not isinstance(protocol, Protocol):
+            raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
+        check_optional_count("max_backlog", max_backlog)
+        self.protocol = protocol
+        self.max_backlog = max_backlog
+        self._store = open_outbox(location, protocol.name, busy_timeout=busy_timeout)
+        self._admin = ProducerAdmin(self)
+
+    @property
+    def admin(self) -> ProducerAdmin:
+        """The operator's actions on this producer (redeliver, skip, the
+        consumer registry, prune): see :class:`~reliable_flow.ProducerAdmin`."""
+        return self._admin
+
+    @property
+    def location(self) -> str:
+        """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
+        return self._store.location
+
+    @property
+    def store(self) -> OutboxStore:
+        """The storage behind this producer (what ``relay`` works on)."""
+        return self._store
+
+    @traced("reliable_flow.advance", _advance_span)
+    def advance(
+        self, event_id: str, flow_id: str, *, expected_seq: int, kind: str, payload: dict[str, Any],
+        schema: int = 1, meta: dict[str, str] | None = None,
+    ) -> AdvanceResult:
+        """Move ``flow_id`` one step and record the event, in one transaction.
+
+        Guarantees: either the flow row *and* its outbox event are committed
+        together (``committed``), or nothing is written.  Re-sending the same
+        call is safe: an identical event id and body returns ``existing``
+        even after the flow has moved on; the same id with any other body
+        returns ``conflict``.  A new id with the wrong ``expected_seq`` is
+        ``stale``; an illegal step is ``invalid_transition`` or
+        ``invalid_payload``; over ``max_backlog`` it is ``backlog_full``.
+        Malformed arguments raise ``InvalidEnvelope``.
+        SQL errors roll everything back and propagate.  In a
+        :meth:`batch`, the same checks and statuses, inside the batch's
+        transaction.
+        """
+        env = build(event_id, flow_id, expected_seq, kind, payload, schema, meta)
+
+        def once() -> AdvanceResult:
+            with self._store.write() as unit:
+                return advance_in(unit, self.protocol, env, self.max_backlog, time.time())
+
+        return self._advanced(rerun_on_conflict(once), env.meta)
+
+    @traced("reliable_flow.advance", _advance_span)
+    def _advance_at_current(
+        self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+        meta: dict[str, str] | None = None,
+    ) -> AdvanceResult:
+        """``advance`` at the seq the flow is at now, read in the advance's own
+        transaction (one transaction, never ``stale``): how the effect
+        executor feeds a result back.  Every other check and status of
+        :meth:`advance`; an event id already committed answers ``existing``
+        (same body at its seq) or ``conflict``."""
+
+        def once() -> tuple[AdvanceResult, Envelope]:
+            with self._store.write() as unit:
+                return advance_at_current_in(unit, self.protocol, event_id, flow_id, kind, payload, schema, meta,
+                                             self.max_backlog, time.time())
+
+        result, env = rerun_on_conflict(once)
+        return self._advanced(result, env.meta)
+
+    def _advanced(self, result: AdvanceResult, meta: dict[str, str]) -> AdvanceResult:
+        """After the commit: the crash point and the log record."""
+        if result.status == AdvanceStatus.COMMITTED:
+            crash_point("advance.after_commit")
+        if result.status is AdvanceStatus.CONFLICT or PRODUCER.isEnabledFor(INFO):
+            advanced(result, meta)
+        return result
+
+    def batch(self) -> AbstractContextManager[Batch]:
+        """``with producer.batch() as b: b.advance(...)`` -- several advances, one commit.
+
+        All advances in the block (also across flows) commit together when
+        the block ends, or none of them if it raises.  Each ``b.advance``
+        returns its own result, with the same checks and statuses as
+        :meth:`advance`; later advances see earlier ones of the same batch
+        (advance a flow twice with expected_seq 0 then 1).  Results say what
+        *will* be committed: they hold only once the block exited normally.
+        """
+        return self._batch()
+
+    @contextmanager
+    def _batch(self) -> Iterator[Batch]:
+        batch = Batch(self)
+        with self._store.write() as unit:
+            batch._unit = unit
+            try:
+                yield batch
+                if unit.lost is not None:
+                    raise StorageError(
+                        "an advance of this batch failed and SQLite rolled the batch back; nothing committed"
+                    ) from unit.lost
+            finally:
+                batch._unit = None
+        if batch.committed:
+            crash_point("advance.after_commit")
+        if PRODUCER.isEnabledFor(WARNING):
+            for result, meta in zip(batch.results, batch._metas):
+                advanced(result, meta)
+
+    # -- moved to .admin (deprecated, for one release) -----------------------------
+
+    redeliver = to_admin()
+    skip = to_admin()
+    operator_actions = to_admin()
+    prune = to_admin()
+    consumers = to_admin()
+    register_consumer = to_admin()
+    remove_consumer = to_admin()
+    registry_actions = to_admin()
+
+    # -- reads --------------------------------------------------------------------
+
+    def flow(self, flow_id: str) -> dict[str, Any] | None:
+        """``{"state", "seq", **data}`` of the flow as committed, or None if it has no event yet.
+
+        A dict, because its keys beyond ``state`` and ``seq`` are the
+        protocol's own data fields."""
+        return as_flow_dict(self._store.latest.flow_state(flow_id))
+
+    def flows(self) -> list[str]:
+        """Ids of every flow with at least one committed event, sorted."""
+        return self._store.latest.flows()
+
+    def outbox(self, flow_id: str | None = None, *, consumer: str | None = None) -> list[OutboxEntry]:
+        """The flow's events (every flow's if ``flow_id`` is None) in commit order.
+
+        Each :class:`~reliable_flow.records.OutboxEntry` has ``event_id``, ``flow_id``,
+        ``seq``, ``accepted`` (bool), ``state`` (pending / accepted /
+        set_aside / skipped), ``last_status`` (the last relay answer, e.g.
+        ``id_conflict`` for a set-aside event) and ``deliveries`` ({consumer
+        name: :class:`~reliable_flow.records.DeliveryRecord`}).  With ``consumer=``
+        the top-level fields describe that consumer; otherwise all consumers
+        together: accepted only if every consumer accepted, set_aside if any
+        set it aside.
+        """
+        with self._store.read() as reads:
+            return reads.outbox(flow_id, consumer)
+
+    def event(self, event_id: str) -> dict[str, Any] | None:
+        """The stored envelope of one outbox event, or None.
+
+        A dict, because it is the envelope exactly as it travels: a JSON object."""
+        stored = self._store.latest.find_event(event_id)
+        return None if stored is None else dict(json.loads(stored.body))
+
+    def metrics(self, now: float | None = None) -> ProducerMetrics:
+        """Events, flows, and per consumer the deliveries pending / accepted /
+        set aside / skipped, retries, failing, leased, never sent and the
+        oldest pending age (see :class:`~reliable_flow.metrics.ProducerMetrics`),
+        counted in one snapshot; ``now`` (default: the time) judges leases and ages."""
+        with self._store.read() as reads:
+            return producer_metrics(reads, time.time() if now is None else now)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    path = renamed_to("location")  # deprecated, for one release
+
+    def close(self) -> None:
+        """Close the connection (only in the process that opened it)."""
+        self._store.close()
+
+    def reopen(self) -> None:
+        """Open a new connection in the current process (use after fork())."""
+        self._store.reopen()
+
+    def __enter__(self) -> Producer:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Producer({self.location!r}, {self.protocol.name})"

@@ -1,0 +1,39 @@
+"""``prune`` for both sides: argument checks, then :mod:`reliable_flow._core.retention`.
+
+See ``docs/operations.md`` ("Retention") for what is removed, what stays,
+and the deduplication guarantee after pruning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from ._checks import check_count, check_finite, check_optional_count
+from ._core.retention import Pruning, prune
+from ._operations import PruneResult
+
+__all__ = ["DEFAULT_PRUNE_BATCH", "prune_older_than"]
+
+DEFAULT_PRUNE_BATCH = 500
+
+
+def prune_older_than(
+    write: Callable[[], AbstractContextManager[Pruning]], older_than: object, now: object,
+    batch_size: object, limit: object, forget_after: object = None,
+) -> PruneResult:
+    """Check the arguments of a ``prune`` call (bad ones raise ``ValueError``
+    before anything is opened) and prune up to ``now - older_than``."""
+    age = check_finite("older_than", older_than)
+    if age < 0:
+        raise ValueError(f"older_than must be >= 0 seconds, got {older_than!r}")
+    at = check_finite("now", now)
+    size = check_count("batch_size", batch_size)
+    most = check_optional_count("limit", limit)
+    forget_before = None
+    if forget_after is not None:
+        keep = check_finite("forget_after", forget_after)
+        if keep < age:
+            raise ValueError(f"forget_after must be >= older_than ({age:g} s), got {forget_after!r}")
+        forget_before = at - keep
+    return prune(write, at - age, at, size, most, forget_before)

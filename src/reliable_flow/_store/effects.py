@@ -1,0 +1,111 @@
+"""What the effect outbox asks of the consumer's storage.
+
+The effect outbox lives in the consumer's store, because an apply handler
+schedules effects in the apply transaction: an effect is written if and only
+if its event is applied.  These methods are part of the consumer side's
+units and reads (:class:`~reliable_flow._store.inbox.InboxUnit`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..statuses import EffectAction, EffectState, ScheduledEffect
+
+__all__ = ["EFFECT_COLUMNS", "EffectReads", "EffectUnit", "NewEffect"]
+
+#: The columns a unit of work may change on an effect, and nothing else.
+EFFECT_COLUMNS = frozenset({
+    "state", "attempts", "failures", "due_at", "lease_owner", "last_error", "result", "reason", "fed",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class NewEffect:
+    """An effect as an apply handler schedules it (JSON already canonical)."""
+
+    key: str
+    name: str
+    payload: str
+    event_id: str
+    flow_id: str
+    seq: int
+    meta: str
+    ordered: bool
+    deadline: float | None
+    version: int | None
+    fed: bool | None
+    created_at: float
+
+
+class EffectReads(Protocol):
+    """Reads of the effect outbox."""
+
+    def effect(self, key: str) -> ScheduledEffect | None:
+        """The effect with this idempotency key, or None."""
+
+    def effect_list(
+        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
+    ) -> list[ScheduledEffect]:
+        """Effects in scheduling order, filtered by state and flow, at most ``limit``."""
+
+    def effect_counts(self) -> dict[str, int]:
+        """How many effects are in each state (states with none are left out)."""
+
+    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
+        """Recorded operator actions on effects (for one key if given), in order."""
+
+    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
+        """Succeeded effects whose result still has to be fed back, oldest first."""
+
+    def next_effect_due_at(self, names: Collection[str]) -> float | None:
+        """The earliest ``due_at`` among effects of these ``names`` that an
+        executor will take up without an operator: ``pending``, ``running``
+        (its lease ends then) or ``in_doubt``; an ordered effect waiting behind
+        an earlier unresolved ordered effect of its flow does not count (the
+        earlier one's own time does, or it waits for an operator).  None
+        when there is no such effect."""
+
+
+class EffectUnit(EffectReads, Protocol):
+    """Writes of the effect outbox, inside a consumer-side unit of work."""
+
+    @property
+    def engine(self) -> str:
+        """Which engine runs the application's SQL: ``"sqlite"`` or ``"postgres"``."""
+
+    def add_effect(self, new: NewEffect) -> ScheduledEffect | None:
+        """Store a pending effect due at once; if its key is taken, store
+        nothing and return the effect that holds it."""
+
+    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
+        """Effects an executor may take up now, oldest due first: ``pending``
+        or ``in_doubt`` ones due at ``now``, and ``running`` ones whose lease
+        ended; only these ``names``; never an ordered effect while an earlier
+        ordered effect of its flow is unresolved (pending, running, in doubt,
+        dead or unknown)."""
+
+    def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
+        """Set these columns (a subset of :data:`EFFECT_COLUMNS`; ``result``
+        as canonical JSON text) and ``updated_at``."""
+
+    def record_effect_action(self, action: EffectAction) -> None:
+        """Append an operator action on an effect."""
+
+    def last_seq(self, flow_id: str) -> int:
+        """The flow's last applied seq (0 before any)."""
+
+    def user_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement of the application's own SQL in this unit; its rows."""
+
+    def app_version(self, name: str) -> int:
+        """The version of the application's own tables named ``name`` (0 if never created)."""
+
+    def set_app_version(self, name: str, version: int) -> None:
+        """Record that the application's tables ``name`` are at ``version``."""
+
+    def step(self) -> AbstractContextManager[None]:
+        """A nested step: its writes vanish if it raises; the rest stays."""

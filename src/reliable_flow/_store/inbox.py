@@ -1,0 +1,132 @@
+"""What the consumer side asks of its storage (:class:`InboxStore`).
+
+``receive``, ``apply_next`` and the reads of a consumer work through these
+methods alone.  The contract suite (``tests/contract/test_inbox_store.py``)
+holds each engine to every promise written here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .._envelope import Envelope
+from .._operations import InboxAction
+from ..statuses import AppliedEvent, BlockReason
+from .base import Store
+from .effects import EffectReads, EffectUnit
+from .records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
+
+__all__ = ["InboxReads", "InboxStore", "InboxUnit"]
+
+
+class InboxReads(EffectReads, Protocol):
+    """Reads of the consumer side; inside :meth:`InboxStore.read` they share one snapshot."""
+
+    def meta(self) -> dict[str, str]:
+        """The store's identity: ``protocol``, ``name``, ``uid``."""
+
+    def projection(self, flow_id: str) -> dict[str, Any] | None:
+        """``{"state", "last_seq", **view}`` as applied, or None."""
+
+    def effects(self, flow_id: str) -> list[AppliedEvent]:
+        """The flow's effect records in apply order."""
+
+    def flows(self) -> list[str]:
+        """Every flow with an inbox row, sorted."""
+
+    def projected_flows(self) -> list[str]:
+        """Every flow with a projection (applied, or skipped past, at least
+        once), sorted; still listed after its inbox rows were pruned."""
+
+    def open_flows(self) -> list[str]:
+        """Flows with a row still waiting (pending or blocked), sorted."""
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        """What stays of ``event_id`` if its row was pruned (flow, seq, body
+        hash), else None.  Tombstones are never removed."""
+
+    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[StoredRow]:
+        """The flow's rows at or after ``from_seq`` in full, with their
+        bodies, by seq (a replaced row just before its replacement)."""
+
+    def inbox_row(self, event_id: str) -> StoredRow | None:
+        """The row of ``event_id`` (in any state) in full, with its body, or
+        None.  In a unit, the event id is held until it ends (see the engine)."""
+
+    def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
+        """Recorded skips and replacements, oldest first; with ``event_id``,
+        those of that event or naming it as the replacement."""
+
+    def inbox_counts(self) -> InboxCounts:
+        """Rows per state, blocked rows per reason, flows stopped at a gap;
+        for metrics, one pass over the inbox."""
+
+
+class InboxUnit(InboxReads, EffectUnit, Protocol):
+    """One write transaction on the consumer side: all of it commits, or none."""
+
+    def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
+        """Store the event as pending, received at ``received_at``, unless its
+        id or (flow, seq) is taken (by a row not replaced), its id has a
+        tombstone, or its seq is at or before the flow's last applied seq;
+        True if stored."""
+
+    def insert(self, env: Envelope, received_at: float | None = None) -> None:
+        """Store the event as pending, received at ``received_at``; a taken id
+        or (flow, seq) raises the engine's integrity error."""
+
+    def holder(self, flow_id: str, seq: int) -> str | None:
+        """The event id holding (flow, seq) (a replaced row no longer does), or None."""
+
+    def unapplied(self, cap: int) -> int:
+        """Rows still waiting (pending or blocked), counted up to ``cap``."""
+
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        """The flow's applied state, last seq and data, or None."""
+
+    def next_row(self, flow_id: str, seq: int) -> NextRow | None:
+        """The flow's first row at or after ``seq`` that is not replaced, or None."""
+
+    def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
+              now: float | None = None) -> None:
+        """Mark the row blocked for ``reason`` with ``detail`` (writing nothing
+        if it already is, for the same reason and detail); ``blocked_at``
+        becomes ``now`` only when the row was not blocked before."""
+
+    def set_skipped(self, event_id: str) -> None:
+        """Mark the row skipped (an operator moved its flow past it)."""
+
+    def set_replaced(self, event_id: str) -> None:
+        """Mark the row replaced: it keeps its id and body, and gives up its
+        (flow, seq) slot to a replacement stored next."""
+
+    def record_inbox_action(self, action: InboxAction) -> None:
+        """Append a skip or a replacement to the record."""
+
+    def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
+        """Create or replace the flow's projection."""
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        """Remove up to ``limit`` tombstones stamped before ``before``; how
+        many.  The step is recorded (at ``now``, ``before`` as its horizon,
+        no event removed), even when it found none."""
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        """Remove up to ``limit`` of the oldest inbox rows received before the
+        first row received after ``horizon`` (rows without a time count as
+        old) that are applied, skipped or replaced and at or before their
+        flow's last applied seq, each leaving a tombstone stamped ``now``,
+        with their effect records; and up to ``limit`` effect-outbox rows in
+        a final state (succeeded, expired, superseded, cancelled; fed if
+        feedback was asked) last written at or before ``horizon``.  Never a
+        pending or blocked row, a projection, or an unfinished effect.  The
+        step is recorded, even when it removed nothing."""
+
+    def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
+        """The event's one effect record and its row marked applied (reason and
+        detail cleared); a second effect for the event or (flow, seq) raises
+        the engine's integrity error."""
+
+
+class InboxStore(Store[InboxReads, InboxUnit], Protocol):
+    """A consumer's storage: see :class:`~reliable_flow._store.base.Store`."""

@@ -1,0 +1,182 @@
+"""The storage contract of the producer side: an outbox store and its unit of work.
+
+An engine implements :class:`OutboxStore`; the decision code in
+:mod:`reliable_flow._core` sees only these methods, never SQL or a driver.
+Every promise below is checked, through this interface, by the contract
+suite in ``tests/contract/`` for every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from .._envelope import Envelope
+from .._operations import ConsumerEntry, RegistryAction
+from ..delivery import Retry
+from ..statuses import DeliveryState, OperatorAction, OutboxEntry
+from .base import Store
+from .records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+
+__all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
+
+
+class OutboxReads(Protocol):
+    """Reads of the producer side; inside :meth:`OutboxStore.read` they share one snapshot."""
+
+    def protocol_name(self) -> str | None:
+        """The protocol the store was created for."""
+
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        """The flow's committed state, seq and data, or None before its first
+        event.  In a unit, the flow is held until it ends (see the engine)."""
+
+    def flows(self) -> list[str]:
+        """Every flow with a flow row (written by ``put_flow``), sorted."""
+
+    def find_event(self, event_id: str) -> StoredEvent | None:
+        """Position, seq and canonical body of ``event_id``, or None (never
+        stored, or pruned: see :meth:`tombstone`)."""
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        """What stays of ``event_id`` if it was pruned (flow, seq, body hash),
+        else None.  Tombstones are never removed."""
+
+    def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
+        """Events in commit order with their delivery state per consumer."""
+
+    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        """Recorded operator actions, oldest first."""
+
+    def consumers(self) -> list[ConsumerEntry]:
+        """Every registered consumer, by name, with its pending and set-aside delivery counts."""
+
+    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+        """Recorded registrations and removals (of one name if given), oldest first."""
+
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
+        """Positions of the oldest pending deliveries to ``consumer`` due at ``horizon``."""
+
+    def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
+        """The oldest due pending delivery's position and body, or None: a
+        relay without a lease picks one event in one read (:meth:`next_due`
+        with :meth:`bodies` is two)."""
+
+    def next_due_at(self, consumer: str) -> float | None:
+        """The earliest due time of a pending delivery to ``consumer`` (new:
+        at once; leased: when the lease ends; failed: after its backoff), or
+        None when nothing is pending for it (accepted, set aside and skipped
+        deliveries wait for nothing)."""
+
+    def bodies(self, positions: Sequence[int]) -> dict[int, str]:
+        """Bodies of the events at ``positions``; a position with no event
+        stored (pruned since it was picked) is left out."""
+
+    def outbox_counts(self, now: float) -> OutboxCounts:
+        """Events, flows, bound consumers, and deliveries counted per consumer
+        and state (leases judged at ``now``); for metrics, one pass over the
+        deliveries."""
+
+
+class OutboxUnit(OutboxReads, Protocol):
+    """One write transaction on the producer side: all of it commits, or none.
+
+    ``lost`` is set when the engine dropped the transaction under a
+    :meth:`step` (nothing of it will commit).
+    """
+
+    lost: BaseException | None
+
+    def backlog(self, cap: int) -> int:
+        """Pending deliveries over all consumers (events, before any consumer), up to ``cap``."""
+
+    def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
+        """Create or replace the flow row."""
+
+    def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
+        """Store the event, committed at ``committed_at`` (its age for
+        pruning), pending for every bound consumer.  A taken event id or
+        (flow, seq) raises the engine's integrity error."""
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        """Remove up to ``limit`` tombstones stamped before ``before``; how
+        many.  The step is recorded (at ``now``, ``before`` as its horizon,
+        no event removed), even when it found none."""
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        """Remove up to ``limit`` of the oldest events committed before the
+        first event committed after ``horizon`` (events without a commit
+        time count as old) that no registered consumer still waits for
+        (every delivery accepted or skipped), with their deliveries; each
+        leaves a tombstone stamped ``now``, and the step is recorded, even
+        when it removed nothing.
+        Never a pending or set-aside event, never a flow row; nothing at
+        all while no consumer is registered."""
+
+    def step(self) -> AbstractContextManager[None]:
+        """A nested step: its writes vanish if it raises; the rest stays."""
+
+    def bound_uid(self, name: str) -> str | None:
+        """The uid of the consumer file bound to ``name``, or None (not
+        registered, or registered and not bound yet)."""
+
+    def has_consumers(self) -> bool:
+        """True if any consumer name is registered (bound or not)."""
+
+    def is_registered(self, name: str) -> bool:
+        """True if ``name`` is registered (bound or not)."""
+
+    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+        """Register ``name``, bound to no file yet, at ``now``.  Every event
+        committed before becomes pending for it, or, with ``from_now``, none
+        of them (it gets the events appended afterwards, like every
+        registered name).  A taken name raises the engine's integrity error."""
+
+    def bind_consumer(self, name: str, uid: str) -> None:
+        """Bind a registered name that has no file yet to ``uid``."""
+
+    def remove_consumer(self, name: str) -> None:
+        """Forget ``name``: its registration and every delivery to it."""
+
+    def record_registry_action(self, action: RegistryAction) -> None:
+        """Append a registration or removal to the record."""
+
+    def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
+        """Lease these deliveries to ``owner``: due again only at ``until``."""
+
+    def pending_failures(self, consumer: str, pos: int) -> int | None:
+        """Consecutive failures of a still-pending delivery, else None."""
+
+    def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
+        """Record a failed send: one more attempt, the failure count, due time and error; no lease."""
+
+    def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
+             conflicts: Sequence[tuple[int, str]], now: float) -> None:
+        """Record answers: ``delivered`` accepted, ``conflicts`` set aside (an accepted one stays accepted)."""
+
+    def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
+        """Position and delivery state of ``event_id`` towards ``consumer``, or None."""
+
+    def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
+        """Set a delivery's state by an operator's decision: due at once, no failures, no lease."""
+
+    def record_action(self, action: OperatorAction) -> None:
+        """Append an operator action to the record."""
+
+
+class OutboxStore(Store[OutboxReads, OutboxUnit], Protocol):
+    """A producer's storage: see :class:`~reliable_flow._store.base.Store`, plus
+    what the relay needs to know about the connection and bindings."""
+
+    def in_transaction(self) -> bool:
+        """True while a unit of work or snapshot is open on this object (e.g. a batch)."""
+
+    def known_binding(self, name: str, uid: str) -> bool:
+        """True once this object has seen ``name`` bound to ``uid``."""
+
+    def remember_binding(self, name: str, uid: str) -> None:
+        """Remember that ``name`` is bound to ``uid``."""
+
+    def forget_binding(self, name: str) -> None:
+        """Forget what this object remembered about ``name`` (it was removed)."""

@@ -1,0 +1,146 @@
+"""Rows as the engines read them, turned into the records the decision code
+sees: one mapper per record, the same for every engine.  An engine selects
+the columns in the order written here and hands the row (a tuple) over;
+values are normalised (``int``, ``float``, enums, JSON) so that what a
+driver returns (SQLite's loose types, PostgreSQL's numerics) does not leak."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .._operations import ConsumerEntry, InboxAction
+from ..statuses import (
+    AppliedEvent,
+    BlockReason,
+    DeliveryRecord,
+    DeliveryState,
+    EffectAction,
+    EffectState,
+    InboxState,
+    OutboxEntry,
+    ScheduledEffect,
+)
+from .records import DeliveryCounts, FlowState, InboxCounts, StoredEvent, StoredRow, Tombstone
+from .shared import delivery_summary
+
+__all__ = [
+    "consumer_entry", "delivery_counts", "effect", "effect_action", "effect_record", "flow_state", "inbox_action",
+    "inbox_counts", "outbox_entries", "projection", "stored_event", "stored_row", "tombstone",
+]
+
+Row = Sequence[Any]
+
+
+def flow_state(row: Row) -> FlowState:
+    """``(state, seq | last_seq, data)``."""
+    return FlowState(str(row[0]), int(row[1]), json.loads(row[2]))
+
+
+def projection(row: Row) -> dict[str, Any]:
+    """``(state, last_seq, view)``: ``{"state", "last_seq", **view}``."""
+    return {"state": row[0], "last_seq": int(row[1]), **json.loads(row[2])}
+
+
+def stored_event(row: Row) -> StoredEvent:
+    """``(pos, seq, body)``."""
+    return StoredEvent(int(row[0]), int(row[1]), str(row[2]))
+
+
+def tombstone(row: Row) -> Tombstone:
+    """``(flow_id, seq, body_hash)``."""
+    return Tombstone(str(row[0]), int(row[1]), bytes(row[2]))
+
+
+def outbox_entries(events: Iterable[Row], deliveries: Iterable[Row], consumer: str | None) -> list[OutboxEntry]:
+    """``events``: ``(pos, event_id, flow_id, seq)`` in commit order;
+    ``deliveries``: ``(pos, consumer, state, last_status, attempts,
+    last_error, due_at, lease_owner)`` of those events.  Each event with its
+    deliveries and its summary state towards ``consumer`` (all when None)."""
+    events = list(events)
+    per_event: dict[int, dict[str, DeliveryRecord]] = {int(r[0]): {} for r in events}
+    for pos, name, state, last_status, attempts, last_error, due_at, owner in deliveries:
+        per_event[int(pos)][name] = DeliveryRecord(
+            DeliveryState(state), last_status, int(attempts), last_error, float(due_at), owner
+        )
+    out = []
+    for pos, event_id, fid, seq in events:
+        delivered = per_event[int(pos)]
+        if consumer is None:
+            chosen = delivered
+        else:
+            chosen = {consumer: delivered[consumer]} if consumer in delivered else {}
+        state = delivery_summary(chosen)
+        last = [d.last_status for d in chosen.values() if d.last_status is not None]
+        out.append(OutboxEntry(
+            event_id, fid, int(seq), state == DeliveryState.ACCEPTED, state, last[-1] if last else None, delivered,
+        ))
+    return out
+
+
+def delivery_counts(rows: Iterable[Row]) -> tuple[DeliveryCounts, ...]:
+    """``(consumer, state, count, retries, failing, leased, untried, oldest_touch)`` per group."""
+    return tuple(
+        DeliveryCounts(str(c), str(st), int(n), int(retries), int(failing), int(leased), int(untried),
+                       None if touch is None else float(touch))
+        for c, st, n, retries, failing, leased, untried, touch in rows
+    )
+
+
+def consumer_entry(row: Row) -> ConsumerEntry:
+    """``(name, uid, registered_at, from_pos, backlog, set_aside)``."""
+    name, uid, registered_at, from_pos, backlog, set_aside = row
+    return ConsumerEntry(name, uid, uid is not None, registered_at, from_pos is not None, int(backlog),
+                         int(set_aside))
+
+
+def stored_row(row: Row) -> StoredRow:
+    """``(event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body)``."""
+    return StoredRow(row[0], row[1], int(row[2]), InboxState(row[3]), None if row[4] is None else BlockReason(row[4]),
+                     row[5], row[6], row[7], str(row[8]))
+
+
+def inbox_action(row: Row) -> InboxAction:
+    """``(at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id)``."""
+    return InboxAction(row[0], row[1], row[2], int(row[3]), row[4], InboxState(row[5]), row[6], row[7], row[8])
+
+
+def inbox_counts(rows: Iterable[Row], gaps: int) -> InboxCounts:
+    """``rows``: ``(state, reason, count)`` groups; ``gaps``: flows stopped at a gap."""
+    by_state: dict[str, int] = {}
+    blocked: dict[str, int] = {}
+    for state, reason, n in rows:
+        by_state[state] = by_state.get(state, 0) + int(n)
+        if state == InboxState.BLOCKED.value and reason is not None:
+            blocked[reason] = blocked.get(reason, 0) + int(n)
+    return InboxCounts(by_state, blocked, gaps)
+
+
+def effect_record(row: Row) -> AppliedEvent:
+    """``(event_id, flow_id, seq, kind)``."""
+    return AppliedEvent(row[0], row[1], int(row[2]), row[3])
+
+
+def effect_action(row: Row) -> EffectAction:
+    """``(at, key, action, actor, reason)``."""
+    return EffectAction(*row)
+
+
+#: The effect-outbox columns :func:`effect` reads, in its order.
+EFFECT_SELECT = (
+    "key, name, payload, event_id, flow_id, seq, meta, state, ordered, deadline, version, attempts, "
+    "failures, due_at, lease_owner, last_error, result, reason, fed, created_at, updated_at"
+)
+
+
+def effect(row: Row) -> ScheduledEffect:
+    """The columns of :data:`EFFECT_SELECT`."""
+    (key, name, payload, event_id, flow_id, seq, meta, state, ordered, deadline, version, attempts,
+     failures, due_at, lease_owner, last_error, result, reason, fed, created_at, updated_at) = row
+    return ScheduledEffect(
+        key, name, json.loads(payload), event_id, flow_id, int(seq), json.loads(meta), EffectState(state),
+        bool(ordered), deadline, None if version is None else int(version), int(attempts), int(failures),
+        float(due_at), lease_owner, last_error, None if result is None else json.loads(result), reason,
+        None if fed is None else bool(fed), float(created_at), float(updated_at),
+    )

@@ -1,0 +1,342 @@
+"""The producer file on SQLite: every SQL statement the producer side runs.
+
+:class:`SqliteOutboxStore` owns the connection; :class:`SqliteOutbox` is one
+view of it, a unit of work inside :meth:`SqliteOutboxStore.write` or a
+consistent snapshot inside :meth:`SqliteOutboxStore.read`.  Status values
+in the SQL come from the enums; partial-index predicates keep their literal
+(SQLite only uses a partial index when the query repeats its predicate
+text), and a test pins those literals to the enums.  The statement texts
+live in :mod:`.outbox_sql`.
+
+The consumer registry: which names get deliveries, which file each is
+bound to, and the record of changes.  Retention: tombstones of pruned
+events, and the bounded pruning transactions that leave them.
+An event's age is its position in commit (producer: ``pos``) or arrival
+(consumer: ``rowid``) order: the events older than the horizon are those
+before the first one stamped after it.  So a pruning pass walks from the
+oldest row and stops at the first young one, reading only the old rows it
+keeps (pending or set aside: few) and the ones it prunes, never the whole
+table, and no index on the time columns slows every write down.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from ..._envelope import Envelope, body_hash
+from ..._operations import ConsumerEntry, RegistryAction
+from ...delivery import Retry
+from ...errors import StorageError
+from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from .. import rows
+from ..binding import BindingMemo
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..shared import identity_problem
+from .base import SqliteStore
+from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
+from .errors import storage_error
+from .outbox_sql import (
+    CONSUMERS,
+    DELIVERIES,
+    DELIVERY_COUNTS,
+    MARK_CONFLICT,
+    MARK_DELIVERED,
+    NEXT_DUE,
+    NEXT_DUE_AT,
+    NEXT_DUE_BODY,
+    OUTBOX_PRUNABLE,
+    OUTBOX_TOMBSTONE,
+    PENDING,
+    UPSERT_FLOW,
+    WAITING,
+)
+from .schema import PRODUCER
+
+__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "SqliteOutbox", "SqliteOutboxStore"]
+
+
+class SqliteOutbox:
+    """The producer file's tables, seen through one connection: advance,
+    deliveries, the consumer registry, tombstones and pruning."""
+
+    _LOOKUP = OUTBOX_TOMBSTONE
+    _TABLE = "outbox_tombstone"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.lost: BaseException | None = None
+
+    def find_event(self, event_id: str) -> StoredEvent | None:
+        row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
+        return None if row is None else rows.stored_event(row)
+
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        row = self._conn.execute("SELECT state, seq, data FROM flow WHERE flow_id = ?", (flow_id,)).fetchone()
+        return None if row is None else rows.flow_state(row)
+
+    def backlog(self, cap: int) -> int:
+        """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
+        if self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is None:
+            return int(self._conn.execute("SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT ?)", (cap,)).fetchone()[0])
+        return int(self._conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM delivery WHERE state = 'pending' LIMIT ?)", (cap,)
+        ).fetchone()[0])
+
+    def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
+        self._conn.execute(UPSERT_FLOW, (flow_id, seq, state, data))
+
+    def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
+        """The event, pending for every consumer already bound."""
+        cur = self._conn.execute(
+            "INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (?, ?, ?, ?, ?)",
+            (env.event_id, env.flow_id, env.seq, env.body, committed_at),
+        )
+        self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT name, ? FROM consumer", (cur.lastrowid,))
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One advance of a batch under a savepoint: if it fails, none of its
+        writes stay.  If the engine dropped the whole transaction instead,
+        :attr:`lost` is set and the batch must not go on."""
+        conn = self._conn
+        if not conn.in_transaction:
+            # A SAVEPOINT outside a transaction would silently start one that
+            # RELEASE then commits on its own: never let the batch split.
+            self.lost = StorageError("the batch's transaction is gone")
+            raise self.lost
+        conn.execute("SAVEPOINT advance")
+        try:
+            yield
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO advance")
+                conn.execute("RELEASE advance")
+                raise
+            # SQLite already rolled the whole transaction back (e.g. disk full).
+            self.lost = exc
+            if isinstance(exc, sqlite3.Error):
+                translated = storage_error(exc, "advance in a batch")
+                if translated is not exc:
+                    raise translated from exc
+            raise
+        conn.execute("RELEASE advance")
+
+    def bound_uid(self, name: str) -> str | None:
+        row = self._conn.execute("SELECT uid FROM consumer WHERE name = ?", (name,)).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
+        """Positions of the oldest pending deliveries due at ``horizon``."""
+        return [int(r[0]) for r in self._conn.execute(NEXT_DUE, (consumer, horizon, limit))]
+
+    def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
+        row = self._conn.execute(NEXT_DUE_BODY, (consumer, horizon)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def next_due_at(self, consumer: str) -> float | None:
+        due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
+        return None if due is None else float(due)
+
+    def bodies(self, positions: Sequence[int]) -> dict[int, str]:
+        found: dict[int, str] = {}
+        for start in range(0, len(positions), 500):  # old SQLite allows 999 variables per statement
+            chunk = list(positions[start:start + 500])
+            found.update(self._conn.execute(
+                f"SELECT pos, body FROM outbox WHERE pos IN ({','.join('?' * len(chunk))})", chunk
+            ))
+        return found
+
+    def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
+        self._conn.executemany(
+            "UPDATE delivery SET due_at = ?, lease_owner = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
+            [(until, owner, now, consumer, pos) for pos in positions],
+        )
+
+    def pending_failures(self, consumer: str, pos: int) -> int | None:
+        """Consecutive failures of a delivery that is still pending, else None."""
+        row = self._conn.execute(
+            "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = ?",
+            (consumer, pos, PENDING),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
+        self._conn.execute(
+            "UPDATE delivery SET attempts = attempts + 1, failures = ?, due_at = ?, lease_owner = NULL, "
+            "last_error = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
+            (retry.failures, retry.due_at, retry.error, now, consumer, pos),
+        )
+
+    def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
+             conflicts: Sequence[tuple[int, str]], now: float) -> None:
+        """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
+        if delivered:
+            self._conn.executemany(MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
+        if conflicts:
+            self._conn.executemany(MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
+
+    def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
+        row = self._conn.execute(
+            "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos "
+            "WHERE o.event_id = ? AND d.consumer = ?",
+            (event_id, consumer),
+        ).fetchone()
+        return None if row is None else (int(row[0]), DeliveryState(row[1]))
+
+    def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
+        """An operator's decision: the delivery goes to ``state``, due at once, unclaimed."""
+        self._conn.execute(
+            "UPDATE delivery SET state = ?, due_at = 0, failures = 0, lease_owner = NULL, updated_at = ? "
+            "WHERE consumer = ? AND pos = ?",
+            (state.value, now, consumer, pos),
+        )
+
+    def record_action(self, action: OperatorAction) -> None:
+        self._conn.execute(
+            "INSERT INTO operator_action(at, consumer, event_id, action, actor, reason) VALUES (?, ?, ?, ?, ?, ?)",
+            (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason),
+        )
+
+    def protocol_name(self) -> str | None:
+        return dict(self._conn.execute("SELECT key, value FROM meta").fetchall()).get("protocol")
+
+    def flows(self) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT flow_id FROM flow ORDER BY flow_id")]
+
+    def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
+        """Outbox entries with their delivery state; call inside a read transaction."""
+        where, params = ("WHERE o.flow_id = ?", (flow_id,)) if flow_id is not None else ("", ())
+        events = self._conn.execute(
+            f"SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o {where} ORDER BY o.pos", params
+        ).fetchall()
+        deliveries = self._conn.execute(f"{DELIVERIES}{where} ORDER BY d.pos, d.consumer", params)
+        return rows.outbox_entries(events, deliveries, consumer)
+
+    def outbox_counts(self, now: float) -> OutboxCounts:
+        """Counts for metrics; call inside a read transaction for one snapshot."""
+        groups = rows.delivery_counts(self._conn.execute(DELIVERY_COUNTS, (now,)))
+        return OutboxCounts(
+            int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]),
+            int(self._conn.execute("SELECT count(*) FROM flow").fetchone()[0]),
+            tuple(r[0] for r in self._conn.execute("SELECT name FROM consumer ORDER BY name")),
+            groups,
+        )
+
+    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        where, params = ("WHERE event_id = ?", (event_id,)) if event_id is not None else ("", ())
+        return [
+            OperatorAction(*r)
+            for r in self._conn.execute(
+                f"SELECT at, consumer, event_id, action, actor, reason FROM operator_action {where} ORDER BY id",
+                params,
+            )
+        ]
+
+    def has_consumers(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is not None
+
+    def is_registered(self, name: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM consumer WHERE name = ?", (name,)).fetchone() is not None
+
+    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+        """A name with no file yet: from now, after the last committed event; else from the first."""
+        self._conn.execute(
+            "INSERT INTO consumer(name, uid, registered_at, from_pos) "
+            "SELECT ?, NULL, ?, CASE WHEN ? THEN (SELECT coalesce(max(pos), 0) FROM outbox) END",
+            (name, now, from_now),
+        )
+        if not from_now:
+            self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT ?, pos FROM outbox", (name,))
+
+    def bind_consumer(self, name: str, uid: str) -> None:
+        self._conn.execute("UPDATE consumer SET uid = ? WHERE name = ? AND uid IS NULL", (uid, name))
+
+    def remove_consumer(self, name: str) -> None:
+        self._conn.execute("DELETE FROM delivery WHERE consumer = ?", (name,))
+        self._conn.execute("DELETE FROM consumer WHERE name = ?", (name,))
+
+    def record_registry_action(self, action: RegistryAction) -> None:
+        self._conn.execute(
+            "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)",
+            (action.at, action.consumer, action.action, action.actor, action.reason),
+        )
+
+    def consumers(self) -> list[ConsumerEntry]:
+        return [rows.consumer_entry(r) for r in self._conn.execute(CONSUMERS)]
+
+    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+        where, params = ("WHERE consumer = ?", (consumer,)) if consumer is not None else ("", ())
+        return [
+            RegistryAction(*r)
+            for r in self._conn.execute(
+                f"SELECT at, consumer, action, actor, reason FROM registry_action {where} ORDER BY id", params
+            )
+        ]
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        row = self._conn.execute(self._LOOKUP, (event_id,)).fetchone()
+        return None if row is None else rows.tombstone(row)
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        # A scan, but of a table that forgetting keeps to the window's size.
+        gone = int(self._conn.execute(
+            f"DELETE FROM {self._TABLE} WHERE event_id IN "
+            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < ? LIMIT ?)", (before, limit)
+        ).rowcount)
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _bury(self, rows: list[tuple[int, str, str, int, str]], now: float) -> None:
+        self._conn.executemany(
+            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)",
+            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
+        )
+
+    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        conn = self._conn
+        names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
+        # No consumer yet: every event is still owed to the first one.
+        rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)).fetchall() if names else []
+        step = PruneStep(0)
+        if rows:
+            self._bury(rows, now)
+            deliveries = conn.executemany(
+                "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in rows for n in names]
+            ).rowcount
+            conn.executemany("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in rows])
+            step = PruneStep(len(rows), deliveries=deliveries)
+        self._record(now, horizon, step)  # also a pass that found nothing
+        return step
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._conn.execute(
+            "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (?, ?, ?, ?)",
+            (now, horizon, step.events, step.deliveries),
+        )
+
+
+class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):
+    """A producer file on local disk: one connection, owned by the opening process.
+
+    Creates the file if absent (recording ``protocol``), upgrades an older
+    one in place, and refuses a file of another kind or protocol before
+    writing a byte.  ``readonly`` opens it ``mode=ro`` and never writes.
+    """
+
+    def __init__(
+        self, path: PathLike, protocol: str | None, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        readonly: bool = False,
+    ) -> None:
+        def on_create(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO meta(key, value) VALUES ('protocol', ?)", (protocol,))
+
+        def check_meta(meta: dict[str, str]) -> str | None:
+            return identity_problem(meta, protocol)
+
+        super().__init__(Database(
+            path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
+            readonly=readonly,
+        ), SqliteOutbox)
+

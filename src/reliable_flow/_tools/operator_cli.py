@@ -1,0 +1,224 @@
+"""Operator actions from the command line: one command per operator method
+of the Python API, each recorded with ``--actor`` and ``--reason``.
+
+* ``effect retry|resolve|cancel CONSUMER_DB KEY``: ``consumer.admin.retry_effect``
+  / ``resolve_effect`` (``--result JSON``) / ``cancel_effect``;
+* ``delivery redeliver|skip PRODUCER_DB CONSUMER_NAME EVENT_ID``:
+  ``producer.admin.redeliver`` / ``skip``;
+* ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``consumer.admin.skip_event`` /
+  ``replace_event`` (``--envelope FILE``);
+* ``registry register|remove PRODUCER_DB NAME``:
+  ``producer.admin.register_consumer`` (``--from-now``) / ``remove_consumer``.
+
+The command only parses its arguments, opens the store and calls the
+method, which decides and records.  A store must already exist: it is first
+opened read only (as ``inspect`` does, so a missing file or schema is
+refused and nothing is created), then as a ``Producer`` / ``Consumer`` of
+``--protocol``.  Exit codes: 0 done (one line on stdout, or the recorded
+action with ``--json``); 1 refused by the rules (``NotResolvable``: e.g. the
+event or effect is not in a state the action may leave, a name already
+registered), nothing changed; 2 an error (bad arguments, a store that
+cannot be opened, an unknown event, key or consumer), nothing changed.
+Messages go to stderr as ``COMMAND: message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .._checks import check_text
+from ..errors import NotResolvable, ReliableFlowError
+from .loading import DEFAULT_PROTOCOL, OptionError, load_protocol
+
+__all__ = ["add_operator_commands", "run_operator_command"]
+
+_RECORDED = "recorded with who, when and why"
+
+
+def _text(name: str) -> Callable[[str], str]:
+    """An argparse type: the API's own check for an actor or a reason (not blank)."""
+    def parse(value: str) -> str:
+        try:
+            return check_text(name, value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _json_value(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON value (e.g. '{{\"parcel\": \"P-7\"}}'), got {value!r}: {exc}") \
+            from None
+
+
+def _action(group: Any, name: str, help_text: str, store: str, *targets: tuple[str, str]) -> argparse.ArgumentParser:
+    """One action's parser: the store, its targets, and the options every action takes."""
+    parser: argparse.ArgumentParser = group.add_parser(name, help=help_text, description=f"{help_text}; "
+                                                        f"{_RECORDED}. Exit 0 done, 1 refused by the rules, 2 "
+                                                        f"an error. See docs/operations.md.")
+    parser.add_argument("store", metavar=store,
+                        help="an existing SQLite file or postgresql://...#schema location (never created)")
+    for dest, metavar in targets:
+        parser.add_argument(dest, metavar=metavar)
+    parser.add_argument("--actor", required=True, type=_text("actor"), help="who decided (recorded)")
+    parser.add_argument("--reason", required=True, type=_text("reason"), help="why (recorded)")
+    parser.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
+                        help="the store's protocol object to import (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print the recorded action as JSON")
+    return parser
+
+
+def add_operator_commands(sub: Any) -> None:
+    """Register the ``effect``, ``delivery``, ``inbox`` and ``registry`` commands on ``sub``."""
+    effect = sub.add_parser("effect", help="retry / resolve / cancel an effect (recorded operator actions)",
+                            description="Operator actions on a consumer's effect outbox.")
+    actions = effect.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _action(actions, "retry", "run a dead or unknown effect again, now, with a fresh attempt budget",
+            "CONSUMER_DB", ("key", "KEY"))
+    resolve = _action(actions, "resolve", "record that the effect did take place (checked by hand)",
+                      "CONSUMER_DB", ("key", "KEY"))
+    resolve.add_argument("--result", type=_json_value, default=None, metavar="JSON",
+                         help="the effect's result, a JSON value (default: null)")
+    _action(actions, "cancel", "decide that the effect will never run", "CONSUMER_DB", ("key", "KEY"))
+
+    delivery = sub.add_parser("delivery", help="redeliver / skip an event for one consumer (recorded)",
+                              description="Operator actions on a producer's deliveries to one consumer.")
+    actions = delivery.add_subparsers(dest="action", metavar="ACTION", required=True)
+    targets = (("consumer", "CONSUMER_NAME"), ("event_id", "EVENT_ID"))
+    _action(actions, "redeliver", "put a set-aside or pending event back in line for the consumer, due now; "
+            "a lease a relay holds on it is released at once", "PRODUCER_DB", *targets)
+    _action(actions, "skip", "decide that the consumer will never get this event", "PRODUCER_DB", *targets)
+
+    inbox = sub.add_parser("inbox", help="skip / replace an accepted event in a consumer's inbox (recorded)",
+                           description="The operator's way past a bad accepted event.")
+    actions = inbox.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _action(actions, "skip", "move the flow past its next step (pending or blocked) without applying it",
+            "CONSUMER_DB", ("event_id", "EVENT_ID"))
+    replace = _action(actions, "replace", "put a corrected event (same flow and seq, a new event id) in place "
+                      "of a pending or blocked one", "CONSUMER_DB", ("event_id", "EVENT_ID"))
+    replace.add_argument("--envelope", required=True, metavar="FILE",
+                         help="the corrected envelope as JSON, in FILE ('-': standard input)")
+
+    registry = sub.add_parser("registry", help="register / remove a consumer name of a producer (recorded)",
+                              description="The producer's consumer registry.")
+    actions = registry.add_subparsers(dest="action", metavar="ACTION", required=True)
+    register = _action(actions, "register", "register a consumer name, so relays deliver to it",
+                       "PRODUCER_DB", ("name", "NAME"))
+    register.add_argument("--from-now", action="store_true",
+                          help="only events committed from now on (default: every event from the first one)")
+    _action(actions, "remove", "remove a consumer name and every delivery to it", "PRODUCER_DB", ("name", "NAME"))
+
+
+# -- opening -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
+    """The store as a ``Producer`` / ``Consumer``, only if it exists already."""
+    from .._consumer import Consumer
+    from .._producer import Producer
+    from .stores import open_consumer, open_producer
+
+    protocol = load_protocol(args.protocol)
+    # Read only first: a missing file or schema is refused, nothing created.
+    (open_producer if kind == "producer" else open_consumer)(args.store).close()
+    owner = Producer(args.store, protocol) if kind == "producer" else Consumer(args.store, protocol)
+    with owner:
+        yield owner
+
+
+def _envelope(source: str) -> str:
+    try:
+        if source == "-":
+            return sys.stdin.read()
+        with open(source, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(f"cannot read --envelope {source}: {exc}") from None
+
+
+# -- the actions: (record, what happened) ------------------------------------------------------
+
+
+def _effect(args: argparse.Namespace) -> tuple[Any, str]:
+    with _opened(args, "consumer") as consumer:
+        who = {"actor": args.actor, "reason": args.reason}
+        if args.action == "retry":
+            return consumer.admin.retry_effect(args.key, **who), f"effect {args.key!r} is pending again, due now"
+        if args.action == "resolve":
+            record = consumer.admin.resolve_effect(args.key, result=args.result, **who)
+            return record, f"effect {args.key!r} is succeeded, result {json.dumps(args.result)}"
+        return consumer.admin.cancel_effect(args.key, **who), f"effect {args.key!r} is cancelled: it will never run"
+
+
+def _delivery(args: argparse.Namespace) -> tuple[Any, str]:
+    with _opened(args, "producer") as producer:
+        act = producer.admin.redeliver if args.action == "redeliver" else producer.admin.skip
+        record = act(args.event_id, consumer=args.consumer, actor=args.actor, reason=args.reason)
+    was = f"(was {record.previous_state})"
+    if args.action == "redeliver":
+        return record, f"event {args.event_id!r} is pending again for consumer {args.consumer!r}, due now {was}"
+    return record, f"consumer {args.consumer!r} will never get event {args.event_id!r} {was}"
+
+
+def _inbox(args: argparse.Namespace) -> tuple[Any, str]:
+    corrected = _envelope(args.envelope) if args.action == "replace" else None
+    with _opened(args, "consumer") as consumer:
+        if corrected is None:
+            record = consumer.admin.skip_event(args.event_id, actor=args.actor, reason=args.reason)
+        else:
+            record = consumer.admin.replace_event(args.event_id, corrected, actor=args.actor, reason=args.reason)
+    step = f"flow {record.flow_id!r} seq {record.seq}, was {record.previous_state}"
+    if corrected is None:
+        return record, f"event {args.event_id!r} skipped ({step}): the flow goes on past it"
+    return record, f"event {args.event_id!r} replaced by {record.replacement_event_id!r} ({step}), stored pending"
+
+
+def _registry(args: argparse.Namespace) -> tuple[Any, str]:
+    with _opened(args, "producer") as producer:
+        if args.action == "register":
+            record = producer.admin.register_consumer(args.name, args.from_now, actor=args.actor, reason=args.reason)
+            gets = "events committed from now on" if args.from_now else "every event from the first one"
+            return record, f"consumer {args.name!r} registered: it gets {gets}"
+        record = producer.admin.remove_consumer(args.name, actor=args.actor, reason=args.reason)
+    return record, f"consumer {args.name!r} removed, with its deliveries"
+
+
+_GROUPS: dict[str, Callable[[argparse.Namespace], tuple[Any, str]]] = {
+    "effect": _effect, "delivery": _delivery, "inbox": _inbox, "registry": _registry,
+}
+
+#: Exit 2: a store that cannot be opened (missing, wrong kind, another
+#: protocol, needs an upgrade, server unreachable), an unknown event, key or
+#: consumer, a malformed location, value or envelope, no postgres extra.
+_ERRORS = (OptionError, ReliableFlowError, FileNotFoundError, ImportError, ValueError)
+
+
+def run_operator_command(args: argparse.Namespace) -> int | None:
+    """Run an operator command and return its exit code; None if ``args`` is another command."""
+    run = _GROUPS.get(getattr(args, "command", None) or "")
+    if run is None:
+        return None
+    name = f"{args.command} {args.action}"
+    try:
+        record, done = run(args)
+    except NotResolvable as exc:
+        print(f"{name}: refused: {exc}", file=sys.stderr)
+        return 1
+    except _ERRORS as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(dataclasses.asdict(record), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    else:
+        print(f"{name}: {done}; recorded: actor {record.actor!r}, reason {record.reason!r}")
+    return 0

@@ -1,0 +1,261 @@
+"""A worker loop: relay and apply continuously, stop cleanly on a signal."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._checks import check_count, check_flag
+from ._consumer import Consumer
+from ._core.operate import refused_names, unknown_consumer
+from ._executor import EffectExecutor
+from ._loop import CANNOT_HEAL, Loop, until_due
+from ._observe import WARNING, WORKER, fields, log
+from ._producer import Producer
+from ._relay import DeliveryPolicy, relay
+from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
+from .statuses import DrainStop, RelayStatus
+
+__all__ = ["Worker", "WorkerStats"]
+
+
+@dataclass
+class WorkerStats:
+    """Running totals since the worker started (in this process only)."""
+
+    passes: int = 0
+    relayed: Counter[str] = field(default_factory=Counter)
+    applied: int = 0
+    stops: Counter[str] = field(default_factory=Counter)
+    errors: int = 0
+    last_error: str | None = None
+    effects: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passes": self.passes,
+            "relayed": dict(sorted(self.relayed.items())),
+            "applied": self.applied,
+            "stops": dict(sorted(self.stops.items())),
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "effects": dict(sorted(self.effects.items())),
+        }
+
+
+_RECEIVING = ("receive", "receive_many", "accept", "accept_many", "applying")
+
+
+def _own_receiving(consumer: Consumer) -> bool:
+    """True unless a subclass changed how the consumer takes events in (a
+    transport in between, a test double): that path must stay in charge, so
+    such a consumer is relayed to as itself."""
+    return all(getattr(type(consumer), name) is getattr(Consumer, name) for name in _RECEIVING)
+
+
+class Worker:
+    """Relays a producer's events to its consumers and applies them, until stopped.
+
+    One pass: for each consumer, relay up to ``relay_batch`` due events
+    (stopping early at ``idle``), then drain each open flow on its own (up
+    to ``apply_limit`` applies; a flow whose apply raises is recorded and
+    skipped, the others go on);
+    then each of ``executors`` runs up to ``apply_limit`` due effects.
+    When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
+    early by :meth:`stop`).  A full inbox (``max_inbox``) answers
+    ``refused``: counted in ``stats.relayed["refused"]``, the event waits
+    for its backoff and the worker moves on to applying, which makes room.
+    A consumer that raises is recorded by the relay
+    (attempts, error, backoff) and the worker goes on with the others; so is
+    any failure of a pass (``stats.errors``, ``stats.last_error``), except
+    one that retrying cannot heal (:data:`~reliable_flow._loop.CANNOT_HEAL`: ``ConsumerMismatch``,
+    ``UnknownConsumer``, ``WrongFile`` / ``SchemaTooNew``, ``WrongProcess``, ``WrongThread``),
+    which :meth:`run_once` and :meth:`run` raise after recording it.
+
+    ``apply_on_receive`` (default True): relay to each consumer in the
+    receive-and-apply mode (:meth:`Consumer.applying`), so an event that is
+    its flow's next step is stored and applied in one durable commit; the
+    apply pass then only finds what that mode leaves pending (an event
+    after a gap, a blocked one).  This is safe here because the worker
+    applies every consumer it relays to anyway, with the same handlers and
+    effects; the end state is the same, with one commit fewer per event.
+    A consumer whose class overrides how it takes events in (``receive``,
+    ``receive_many``, ``accept``, ``accept_many`` or ``applying``: a
+    transport in between, a test double) is relayed to as itself.
+
+    Consumers must be registered in the producer (see
+    ``producer.admin.register_consumer``; the first consumer of a producer that has
+    none is registered on its first relay): an unknown name raises
+    :class:`UnknownConsumer` here, unless ``register=True`` registers every
+    one of them on its first relay.
+
+    ``policy``: the relays' lease, backoff and clock; by default a lease of
+    :data:`~reliable_flow.delivery.DEFAULT_LEASE_SECONDS` (30 s, the same as
+    ``reliable-flow run``), so several workers on one producer never send
+    one event at once.
+
+    Stopping: :meth:`stop`, or SIGTERM / SIGINT when :meth:`run` installed
+    its handlers.  The handler only sets a flag, so the transaction in
+    progress finishes (or rolls back) normally before :meth:`run` returns.
+    Killing the process instead is also safe: every step is a transaction
+    and is redone by the next run.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        consumers: Sequence[Consumer],
+        *,
+        policy: DeliveryPolicy | None = None,
+        relay_batch: int = 100,
+        apply_limit: int = 100,
+        idle_sleep: float = 0.5,
+        on_pass: Callable[[WorkerStats], None] | None = None,
+        executors: Sequence[EffectExecutor] = (),
+        register: bool = False,
+        apply_on_receive: bool = True,
+    ) -> None:
+        if not consumers:
+            raise ValueError("consumers must name at least one Consumer")
+        names = [c.name for c in consumers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"consumer names must be distinct, got {names}")
+        for name, value in (("relay_batch", relay_batch), ("apply_limit", apply_limit)):
+            check_count(name, value)
+        check_seconds("idle_sleep", idle_sleep, allow_zero=True)
+        if not register:  # refuse a typo'd name now, not on every pass
+            refused = refused_names(producer.store.latest, names)
+            if refused:
+                raise unknown_consumer(producer.location, refused[0], producer.admin.consumers())
+        self.register = check_flag("register", register)
+        self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
+        self.producer = producer
+        self.consumers = list(consumers)
+        self._receivers = [c.applying() if apply_on_receive and _own_receiving(c) else c for c in self.consumers]
+        self.policy = policy or DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
+        self.relay_batch = relay_batch
+        self.apply_limit = apply_limit
+        self.idle_sleep = float(idle_sleep)
+        if not all(isinstance(e, EffectExecutor) for e in executors):
+            raise TypeError("executors must be EffectExecutor objects")
+        self.executors = list(executors)
+        self.stats = WorkerStats()
+        self._on_pass = on_pass
+        self._loop = Loop()
+
+    def stop(self) -> None:
+        """Ask the loop to return after the current transaction."""
+        self._loop.stop()
+
+    @property
+    def stopping(self) -> bool:
+        return self._loop.stopping
+
+    def run_once(self) -> int:
+        """One pass over all consumers; returns how many steps did work."""
+        work = 0
+        for consumer, receiver in zip(self.consumers, self._receivers):
+            for _ in range(self.relay_batch):
+                if self.stopping:
+                    return work
+                try:
+                    result = relay(self.producer, receiver, policy=self.policy, register=self.register)
+                except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
+                    self._failed(consumer.name, exc)
+                    break
+                self.stats.relayed[result.status.value] += 1
+                if result.applied:  # applied on arrival: a step too
+                    self.stats.applied += 1
+                    work += 1
+                if result.status == RelayStatus.IDLE or result.status == RelayStatus.REFUSED:
+                    break  # nothing due, or a full inbox: it waits for its backoff
+                work += 1
+            if self.stopping:
+                return work
+            work += self._apply(consumer)
+        for executor in self.executors:
+            if self.stopping:
+                return work
+            before = Counter(executor.stats.outcomes)
+            try:
+                work += executor.run_once(limit=self.apply_limit)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+                self._failed(f"effects of {executor.consumer.name}", exc)
+            self.stats.effects.update(executor.stats.outcomes - before)
+        self.stats.passes += 1
+        if self._on_pass is not None:
+            self._on_pass(self.stats)
+        return work
+
+    def _apply(self, consumer: Consumer) -> int:
+        """Drain each open flow on its own, so a flow whose apply raises (a
+        handler's bug, a full disk) is recorded and skipped, and the others
+        go on; the failed flow is tried again next pass."""
+        applied = 0
+        try:
+            flows = consumer.open_flows()
+        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+            self._failed(consumer.name, exc)
+            return 0
+        for flow in flows:
+            if self.stopping:
+                break
+            try:
+                drained = consumer.drain(flow, limit=self.apply_limit)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+                self._failed(f"{consumer.name} flow {flow!r}", exc)
+                continue
+            self.stats.applied += drained.applied
+            applied += drained.applied
+            if drained.stop != DrainStop.IDLE:
+                self.stats.stops[drained.stop.value] += 1
+        return applied
+
+    def _failed(self, where: str, exc: Exception) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{where}: {type(exc).__name__}: {exc}"
+        if WORKER.isEnabledFor(WARNING):
+            log(WORKER, WARNING, f"error in {where}, going on",
+                fields(status="error", where=where, error=f"{type(exc).__name__}: {exc}"))
+        if isinstance(exc, CANNOT_HEAL):
+            raise exc
+
+    def run(
+        self, *, max_passes: int | None = None, handle_signals: bool = True, until_idle: bool = False
+    ) -> WorkerStats:
+        """Loop until :meth:`stop`, a signal, or ``max_passes`` passes; return the totals.
+
+        ``until_idle``: also return once a pass did no work and nothing is
+        merely waiting for its time: no delivery to these consumers still
+        pending (leased by a relay, or backing off after a failure) and no
+        effect of the ``executors`` pending, running or in doubt.  While
+        something waits, sleep until the earliest due time (looking again at
+        least every :data:`~reliable_flow._loop.UNTIL_IDLE_MAX_SLEEP` seconds), so leases and
+        backoffs are waited out; a consumer that keeps failing keeps it
+        running.  What waits for a person does not count: an event at a gap
+        or blocked, a set-aside delivery, an effect parked as unknown.
+
+        Raises, after recording it, an error retrying cannot heal
+        (:data:`~reliable_flow._loop.CANNOT_HEAL`).
+        """
+        self._loop.run(self.run_once, self._waiting, idle_sleep=self.idle_sleep, max_passes=max_passes,
+                       handle_signals=handle_signals, until_idle=until_idle)
+        return self.stats
+
+    def _waiting(self) -> float | None:
+        """Seconds to sleep until the earliest pending delivery or open effect
+        is due (bounded), or None when nothing waits."""
+        try:
+            now = self.policy.clock()
+            due = [d - now for d in (self.producer.store.latest.next_due_at(c.name) for c in self.consumers)
+                   if d is not None]
+            for executor in self.executors:
+                at = executor.consumer.store.latest.next_effect_due_at(list(executor.effects))
+                if at is not None:
+                    due.append(at - executor.policy.clock())
+        except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
+            self._failed("until_idle", exc)
+            return self.idle_sleep
+        return until_due(due)
