@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from reliable_flow import envelope
+from reliable_flow import _envelope as envelope
 from reliable_flow.reservation import RESERVATION
 
 __all__ = [

@@ -12,7 +12,7 @@ import json
 import timeit
 from typing import Any
 
-from reliable_flow import envelope
+from reliable_flow import _envelope as envelope
 
 __all__ = ["NOTES", "micro", "micro_md", "why", "why_scaling"]
 
@@ -52,7 +52,7 @@ def micro() -> dict[str, float]:
             fields["event_id"]
         )
     try:
-        from reliable_flow import consumer as consumer_module
+        from reliable_flow import _consumer as consumer_module
 
         check = getattr(consumer_module, "_check_flow_id", None)
     except ImportError:  # pragma: no cover
@@ -175,7 +175,7 @@ def avoidable(which: tuple[str, ...] = ("control", "flow_id", "probe")) -> str:
     installed library (checked in its source, so this text cannot go stale)."""
     found = []
     try:
-        from reliable_flow import consumer as consumer_module
+        from reliable_flow import _consumer as consumer_module
 
         has_control = getattr(envelope, "_has_control", None)
         if "control" in which and has_control is not None and "for ch in" in inspect.getsource(has_control):

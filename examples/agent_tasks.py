@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for flow_id, result in consumer.process_all().items():
                 print(f"process_all: {flow_id} applied {result.applied}, stopped at {result.stop}")
             print(f"projection T1: {consumer.projection('T1')}")
-            print("effects T1:", ", ".join(e.kind for e in consumer.effects("T1")))
+            print("effects T1:", ", ".join(e.kind for e in consumer.applied("T1")))
     return 0
 
 

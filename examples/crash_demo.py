@@ -38,7 +38,7 @@ def observe(producer: Producer, consumer: Consumer) -> str:
     outbox = producer.outbox("A")
     sent = ("accepted" if outbox[0].accepted else "unsent") if outbox else "-"
     inbox = consumer.inbox("A")
-    effects = len(consumer.effects("A"))
+    effects = len(consumer.applied("A"))
     return f"{flow:<5} {sent:<9} {inbox[0].state if inbox else '-':<8} {effects}"
 
 
@@ -48,7 +48,7 @@ def recover(producer: Producer, consumer: Consumer) -> str:
         pass
     consumer.drain("A")
     p = consumer.projection("A") or {}
-    return f"{again.status:<9} {p.get('state')}/{p.get('last_seq')}/{p.get('held')}, effects={len(consumer.effects('A'))}"
+    return f"{again.status:<9} {p.get('state')}/{p.get('last_seq')}/{p.get('held')}, effects={len(consumer.applied('A'))}"
 
 
 def main() -> int:
@@ -68,7 +68,7 @@ def main() -> int:
             with Producer(p_path, RESERVATION) as producer, Consumer(c_path, RESERVATION) as consumer:
                 seen = observe(producer, consumer)
                 after = recover(producer, consumer)
-                ok &= child.returncode == 73 and len(consumer.effects("A")) == 1
+                ok &= child.returncode == 73 and len(consumer.applied("A")) == 1
             print(f"{point:<28} {child.returncode:>4}  {seen}   | {after}")
     print("Every recovery ends with exactly one effect." if ok else "SOMETHING WENT WRONG")
     return 0 if ok else 1

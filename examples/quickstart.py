@@ -40,7 +40,7 @@ def run(where: Path) -> None:
         print(f"drain A -> applied {done.applied}, stopped at {done.stop}: strictly in seq order")
         print(f"  projection A: {consumer.projection('A')}")
         again = relay(producer, consumer, event_id="A2").status
-        kinds = [e.kind for e in consumer.effects("A")]
+        kinds = [e.kind for e in consumer.applied("A")]
         print(f"relay A2 again -> {again}; effects A: {kinds} (one per event, ever)")
 
 

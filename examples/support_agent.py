@@ -291,11 +291,11 @@ class Clock:
 
 
 def _effects(consumer: Consumer) -> dict[str, tuple[str, int, bool | None]]:
-    return {e.key: (e.state.value, e.attempts, e.fed) for e in consumer.effect_outbox()}
+    return {e.key: (e.state.value, e.attempts, e.fed) for e in consumer.scheduled_effects()}
 
 
 def _applied(consumer: Consumer) -> set[tuple[str, int, str]]:
-    return {(r.event_id, r.seq, r.kind) for flow in consumer.flows() for r in consumer.effects(flow)}
+    return {(r.event_id, r.seq, r.kind) for flow in consumer.flows() for r in consumer.applied(flow)}
 
 
 def settle(worker: Worker, consumer: Consumer, clock: Clock) -> None:
@@ -303,10 +303,13 @@ def settle(worker: Worker, consumer: Consumer, clock: Clock) -> None:
     for _ in range(100):
         effects_before, applied_before = _effects(consumer), _applied(consumer)
         work = worker.run_once()
+        # The worker starts effect calls off its thread and records them on a
+        # later pass; to tell the story pass by pass, wait for them here.
+        work += sum(executor.finish() for executor in worker.executors)
         effects = _effects(consumer)
         # A pass relays and applies first, then runs the due effects: print it in that order.
         for event_id, seq, kind in sorted(_applied(consumer) - applied_before, key=lambda a: a[0]):
-            names = [e.name for e in consumer.effect_outbox() if e.event_id == event_id]
+            names = [e.name for e in consumer.scheduled_effects() if e.event_id == event_id]
             say("support", f"applied {event_id} ({kind}): ticket_log row, scheduled {' + '.join(names)}")
         for line in WORLD:
             print(line)
@@ -314,14 +317,14 @@ def settle(worker: Worker, consumer: Consumer, clock: Clock) -> None:
         for key, (state, attempts, fed) in effects.items():
             old_state, old_attempts, old_fed = effects_before.get(key, ("pending", 0, None))
             if (state, attempts) != (old_state, old_attempts):
-                error = consumer.effect(key).last_error  # type: ignore[union-attr]
+                error = consumer.scheduled_effect(key).last_error  # type: ignore[union-attr]
                 why = f"  ({error})" if error and state in ("pending", "in_doubt") else ""
                 say("effect", f"{key}: {old_state} -> {state}{why}")
             if fed and not old_fed:
                 say("feedback", f"{key}:result advanced into agent.db as tool_result")
         if work:
             continue
-        waiting = [e.due_at for e in consumer.effect_outbox()
+        waiting = [e.due_at for e in consumer.scheduled_effects()
                    if e.state in (EffectState.PENDING, EffectState.IN_DOUBT)]
         if not waiting or min(waiting) <= clock.now:
             return  # idle, or only effects an operator must look at

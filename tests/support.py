@@ -517,3 +517,39 @@ class EffectWorld:
     def close(self) -> None:
         for thing in reversed(self._open):
             thing.close()
+
+
+def dead_effects(engine: str, tmp_path: Path, flows: Sequence[str] = ("A", "B")) -> str:
+    """A consumer store (its location) whose handler scheduled ``notify``
+    for ``<flow>1`` of each of ``flows``, every one of them ``dead``."""
+    from engine_reads import new_location
+    from reliable_flow import (
+        ApplyContext,
+        DeliveryPolicy,
+        EffectExecutor,
+        EffectRegistry,
+        PermanentFailure,
+    )
+
+    producer_at, consumer_at = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "consumer")
+    effects = EffectRegistry()
+
+    def declined(call: Any) -> Any:
+        raise PermanentFailure("declined")
+
+    effects.register("notify", declined)
+
+    def handler(ctx: ApplyContext) -> None:
+        ctx.schedule("notify", {"flow": ctx.event.flow_id})
+
+    with Producer(producer_at, RESERVATION) as producer, \
+            Consumer(consumer_at, RESERVATION, handlers=(handler,), effects=effects) as consumer:
+        for flow in flows:
+            producer.advance(f"{flow}1", flow, expected_seq=0, kind=KINDS[0], payload={"amount": 3})
+        while relay(producer, consumer).status != "idle":
+            pass
+        consumer.process_all()
+        EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=30)).run_until_idle()
+        assert {e.key: e.state for e in consumer.scheduled_effects()} == {
+            f"default:{flow}1:notify": "dead" for flow in flows}
+    return consumer_at

@@ -109,7 +109,7 @@ def test_happy_path_committed_accepted_applied_with_projection_and_effects(at: A
             }
         assert relay(producer, consumer).status == "idle"
         assert consumer.apply_next("T").status == "idle"
-        assert consumer.effects("T") == [
+        assert consumer.applied("T") == [
             AppliedEvent(event_id=f"T-{seq}", flow_id="T", seq=seq, kind=kind)
             for seq, (kind, _) in enumerate(HAPPY, start=1)
         ]
@@ -283,7 +283,7 @@ def test_reverse_arrival_gaps_until_complete_then_applies_in_order(at: At) -> No
         assert relay(producer, consumer).status == "idle"
         d = consumer.drain("T")
         assert (d.applied, d.stop) == (5, "idle")
-        assert [e.seq for e in consumer.effects("T")] == [1, 2, 3, 4, 5]
+        assert [e.seq for e in consumer.applied("T")] == [1, 2, 3, 4, 5]
         assert consumer.projection("T") == {
             "state": "answered",
             "last_seq": 5,
@@ -326,7 +326,7 @@ def test_schema_2_tool_call_blocks_until_the_consumer_is_upgraded(at: At) -> Non
             "tool_calls": 2,
             "answered": True,
         }
-        assert [e.event_id for e in upgraded.effects("T")] == [f"T-{seq}" for seq in range(1, 6)]
+        assert [e.event_id for e in upgraded.applied("T")] == [f"T-{seq}" for seq in range(1, 6)]
         assert {row.state for row in upgraded.inbox("T")} == {"applied"}
 
 
@@ -393,7 +393,7 @@ def test_hand_built_bad_event_is_accepted_then_blocks(
             reason,
         )
         assert consumer.inbox("X")[-1] == InboxEntry(event_id=bad["event_id"], seq=bad["seq"], state="blocked", reason=reason)
-        assert len(consumer.effects("X")) == len(prefix)
+        assert len(consumer.applied("X")) == len(prefix)
         projection = consumer.projection("X")
         assert (projection or {}).get("last_seq", 0) == len(prefix)
 
@@ -463,7 +463,7 @@ def test_duplicate_never_adds_effect(at: At, protocol: Protocol, steps: Steps) -
         assert relay(producer, consumer, event_id="F-1").status == "duplicate"  # before apply
         assert [str(r.status) for r in relay_until_idle(producer, consumer)] == ["accepted", "accepted"]
         assert consumer.drain("F").applied == 3
-        first = consumer.effects("F")
+        first = consumer.applied("F")
         for seq, (kind, payload) in enumerate(steps, start=1):
             event_id = f"F-{seq}"
             assert relay(producer, consumer, event_id=event_id).status == "duplicate"  # after apply
@@ -475,7 +475,7 @@ def test_duplicate_never_adds_effect(at: At, protocol: Protocol, steps: Steps) -
                 == "existing"
             )
         assert (consumer.drain("F").applied, consumer.process_all()) == (0, {})
-        assert consumer.effects("F") == first
+        assert consumer.applied("F") == first
         assert [e.event_id for e in first] == ["F-1", "F-2", "F-3"]
 
 
@@ -489,9 +489,9 @@ def test_arrival_orders_converge(at: At, protocol: Protocol, steps: Steps) -> No
                 for seq in order:
                     assert relay(producer, consumer, event_id=f"F-{seq}", register=True).status == "accepted"
                     consumer.process_all()
-                    applied = [e.seq for e in consumer.effects("F")]
+                    applied = [e.seq for e in consumer.applied("F")]
                     assert applied == list(range(1, len(applied) + 1))  # always a gap-free prefix
-                outcomes.append((consumer.projection("F"), consumer.effects("F")))
+                outcomes.append((consumer.projection("F"), consumer.applied("F")))
     assert len(outcomes) == 6
     assert all(outcome == outcomes[0] for outcome in outcomes)
     projection, effects = outcomes[0]

@@ -121,13 +121,13 @@ def ordered(w: World, first: Exception | None, **register: Any) -> Consumer:
 
 def test_an_effect_waiting_behind_a_dead_one_says_so_everywhere(world: World) -> None:
     c = ordered(world, PermanentFailure("card declined"))
-    dead, waiting = c.effect("A-1"), c.effect("A-2")
+    dead, waiting = c.scheduled_effect("A-1"), c.scheduled_effect("A-2")
     assert (dead.state, dead.waiting_behind, dead.waiting_behind_state) == ("dead", None, None)
     assert (waiting.state, waiting.waiting_behind, waiting.waiting_behind_state) == ("pending", "A-1", "dead")
-    listed = {e.key: (e.waiting_behind, e.waiting_behind_state) for e in c.effect_outbox()}
+    listed = {e.key: (e.waiting_behind, e.waiting_behind_state) for e in c.scheduled_effects()}
     assert listed == {"A-1": (None, None), "A-2": ("A-1", "dead"), "A-free": (None, None),
                       "B-1": (None, None), "B-2": (None, None), "B-free": (None, None)}
-    assert c.effect_outbox(state="pending")[0].waiting_behind == "A-1"  # its blocker filtered out: still known
+    assert c.scheduled_effects(state="pending")[0].waiting_behind == "A-1"  # its blocker filtered out: still known
 
     flow = c.stuck("A")  # the inbox is done: the flow waits for its effect, not idle
     assert (flow.wait, flow.since) == ("effect", dead.updated_at)
@@ -167,9 +167,9 @@ def test_an_effect_waiting_behind_a_dead_one_says_so_everywhere(world: World) ->
     assert world.inspect("--flow", "B")[0] == 0
 
     c.admin.cancel_effect("A-1", actor="ops", reason="card replaced, charged by hand")
-    assert c.effect("A-2").waiting_behind is None
+    assert c.scheduled_effect("A-2").waiting_behind is None
     world.executor(c).run_until_idle()
-    assert c.effect("A-2").state == "succeeded" and c.stuck("A").wait == "idle"
+    assert c.scheduled_effect("A-2").state == "succeeded" and c.stuck("A").wait == "idle"
     code, report = world.inspect()
     assert (code, report["attention"], report["consumer"]["waiting"]) == (0, [], [])
 
@@ -207,7 +207,7 @@ class _Unsure:
 def test_unknown_and_in_doubt_effects_need_attention(world: World, register: dict[str, Any], state: str,
                                                      kind: str) -> None:
     c = ordered(world, OutcomeUnknown("timed out"), **register)
-    assert (c.effect("A-1").state, c.effect("A-2").waiting_behind_state) == (state, state)
+    assert (c.scheduled_effect("A-1").state, c.scheduled_effect("A-2").waiting_behind_state) == (state, state)
     code, report = world.inspect()
     assert code == 1 and [(a["kind"], a["effect_key"]) for a in report["attention"]] == [(kind, "A-1")]
     assert "timed out" in report["attention"][0]["detail"] or state == "in_doubt"
@@ -239,7 +239,7 @@ def test_refused_feedback_needs_attention(world: World) -> None:
     c = world.consumer(handler, effects)
     world.deliver(c, "A", upto=1)
     world.executor(c, producer=world.producer).run_until_idle()
-    e = c.effect("default:A1:look")
+    e = c.scheduled_effect("default:A1:look")
     assert (e.state, e.fed) == ("succeeded", False) and e.last_error.startswith("feedback ")
     code, report = world.inspect()
     assert code == 1
@@ -260,7 +260,7 @@ def test_a_succeeded_effect_owing_feedback_without_a_refusal_needs_nothing(world
     c = world.consumer(handler, effects)
     world.deliver(c, "A", upto=1)
     world.executor(c).run_until_idle()  # no producer given: the result is owed, nothing was refused
-    assert (c.effect("default:A1:look").state, c.effect("default:A1:look").fed) == ("succeeded", False)
+    assert (c.scheduled_effect("default:A1:look").state, c.scheduled_effect("default:A1:look").fed) == ("succeeded", False)
     code, report = world.inspect()
     assert (code, report["attention"], report["consumer"]["effects"]["attention"]) == (0, [], [])
 

@@ -875,7 +875,7 @@ def test_relay_batch_refused_part_way_by_a_full_inbox_keeps_the_rest_pending_and
         consumer.process_all()
         assert all(e.accepted for e in producer.outbox())
         for flow_id in "AB":
-            assert [x.event_id for x in consumer.effects(flow_id)] == [f"{flow_id}{n}" for n in (1, 2, 3)]
+            assert [x.event_id for x in consumer.applied(flow_id)] == [f"{flow_id}{n}" for n in (1, 2, 3)]
             assert consumer.projection(flow_id) == {"state": "released", "last_seq": 3, "held": 0}
 
 
@@ -902,7 +902,7 @@ def test_relay_batch_with_every_event_refused_stores_nothing_and_retries_later(n
         consumer.process_all()
         assert [x.event_id for x in relay_batch(producer, consumer, limit=100, policy=FIXED).results] == ["A3"]
         consumer.process_all()
-        assert [e.event_id for e in consumer.effects("A")] == ["A1", "A2", "A3"]
+        assert [e.event_id for e in consumer.applied("A")] == ["A1", "A2", "A3"]
 
 
 def test_relay_batch_lets_in_what_repeated_relay_lets_in_when_the_inbox_is_full(new_store: Any) -> None:
@@ -972,7 +972,7 @@ def check_consumer_after(consumer: Consumer, flow_id: str, envelopes: list[dict[
         else:
             want.append((seq, "pending", None))
     assert [(r.seq, r.state, r.reason) for r in rows] == want
-    assert [e.seq for e in consumer.effects(flow_id)] == list(range(1, applied + 1))
+    assert [e.seq for e in consumer.applied(flow_id)] == list(range(1, applied + 1))
     projection = consumer.projection(flow_id)
     assert projection is not None
     assert (projection["last_seq"], projection["steps"]) == (applied, applied)
@@ -1014,7 +1014,7 @@ def test_drain_batches_match_repeated_apply_next(new_store: Any, batch_size: int
             assert drained.last == steps[-1], scene
             assert str(drained.stop) == str(steps[-1].status), scene
             assert batched.inbox("T") == single.inbox("T")
-            assert batched.effects("T") == single.effects("T")
+            assert batched.applied("T") == single.applied("T")
             assert batched.projection("T") == single.projection("T")
 
 
@@ -1028,7 +1028,7 @@ def test_a_blocked_schema_applies_unchanged_after_the_upgrade(new_store: Any, ba
         assert shape(old.drain("T", batch_size=batch_size))[:2] == (0, "blocked")  # re-examined, still blocked
     with Consumer(location, TICKER, schemas={1, 2}) as new:
         assert shape(new.drain("T", batch_size=batch_size)) == (3, "idle", ("idle", 7, None, None))
-        assert [e.event_id for e in new.effects("T")] == [f"T{n}" for n in range(1, 7)]
+        assert [e.event_id for e in new.applied("T")] == [f"T{n}" for n in range(1, 7)]
         assert new.inbox("T")[3] == InboxEntry(event_id="T4", seq=4, state="applied", reason=None)
 
 
@@ -1049,7 +1049,7 @@ def test_process_all_stops_each_flow_where_the_single_step_path_stops(
             event_id = None if event_id is None else f"{scene}-{seq}"
             assert shape(result) == (applied, stop, (status, seq, event_id, reason)), scene
             assert result.flow_id == scene
-            assert len(consumer.effects(scene)) == applied
+            assert len(consumer.applied(scene)) == applied
 
 
 def test_a_sql_failure_in_a_drain_batch_keeps_the_earlier_batches_and_rolls_back_its_own(new_store: Any) -> None:
@@ -1059,11 +1059,11 @@ def test_a_sql_failure_in_a_drain_batch_keeps_the_earlier_batches_and_rolls_back
         with pytest.raises(integrity_error(consumer.location), match="injected effect failure"):
             consumer.drain("T", limit=100, batch_size=5)
         assert consumer.store.in_transaction() is False
-        assert [e.seq for e in consumer.effects("T")] == [1, 2, 3, 4, 5]  # T6 went with T7's batch
+        assert [e.seq for e in consumer.applied("T")] == [1, 2, 3, 4, 5]  # T6 went with T7's batch
         assert [r.state for r in consumer.inbox("T")] == ["applied"] * 5 + ["pending"] * 7
         allow_inserts(consumer.location, "effect")
         assert shape(consumer.drain("T", limit=100, batch_size=5))[:2] == (7, "idle")
-        assert [e.seq for e in consumer.effects("T")] == list(range(1, 13))
+        assert [e.seq for e in consumer.applied("T")] == list(range(1, 13))
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, True, False, 1.5, "2", None])
@@ -1074,7 +1074,7 @@ def test_drain_and_process_all_refuse_a_bad_batch_size(new_store: Any, batch_siz
             consumer.drain("T", limit=10, batch_size=batch_size)
         with deadline(10), pytest.raises(ValueError, match="batch_size"):
             consumer.process_all(limit=10, batch_size=batch_size)
-        assert consumer.effects("T") == [] and consumer.projection("T") is None
+        assert consumer.applied("T") == [] and consumer.projection("T") is None
 
 
 @pytest.mark.parametrize("limit", [0, -1, True, 1.5])
@@ -1085,7 +1085,7 @@ def test_drain_and_process_all_refuse_a_bad_limit_with_batches(new_store: Any, l
             consumer.drain("T", limit=limit, batch_size=5)
         with pytest.raises(ValueError, match="limit"):
             consumer.process_all(limit=limit, batch_size=5)
-        assert consumer.effects("T") == []
+        assert consumer.applied("T") == []
 
 
 # =====================================================================================
@@ -1121,7 +1121,7 @@ FINAL_ADVANCE_STATE = {
 
 def check_final(producer: Producer, consumer: Consumer, final: dict[str, Any]) -> None:
     for flow_id, event_ids in final["effects"].items():
-        assert [e.event_id for e in consumer.effects(flow_id)] == event_ids, flow_id
+        assert [e.event_id for e in consumer.applied(flow_id)] == event_ids, flow_id
     for flow_id, projection in final["projections"].items():
         assert consumer.projection(flow_id) == projection, flow_id
     assert all(e.accepted for e in producer.outbox())
@@ -1258,7 +1258,7 @@ def test_a_crash_inside_an_apply_batch_leaves_none_of_it_and_after_its_commit_al
             rows = consumer.inbox(flow_id)
             assert [(r.event_id, r.state) for r in rows] == \
                 [(e, "applied" if e in applied else "pending") for e in events]
-            assert [e.event_id for e in consumer.effects(flow_id)] == [e for e in events if e in applied]
+            assert [e.event_id for e in consumer.applied(flow_id)] == [e for e in events if e in applied]
             n = sum(1 for e in events if e in applied)
             projection = consumer.projection(flow_id)
             assert (projection or {}).get("last_seq", 0) == n
@@ -1269,7 +1269,7 @@ def test_a_crash_inside_an_apply_batch_leaves_none_of_it_and_after_its_commit_al
         else:
             apply_until_idle(consumer)
         for flow_id, events in ids.items():
-            assert [e.event_id for e in consumer.effects(flow_id)] == events
+            assert [e.event_id for e in consumer.applied(flow_id)] == events
             assert all(r.state == "applied" for r in consumer.inbox(flow_id))
         if mode == "drain":
             assert consumer.projection("T") == {"state": "done", "last_seq": 12, "n": 1, "steps": 12}

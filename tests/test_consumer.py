@@ -38,7 +38,7 @@ def test_receive_accepted_stores_one_pending_row(consumer: Consumer) -> None:
     assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="pending", reason=None)]
     assert count(consumer.location, "inbox") == 1
     assert consumer.projection("A") is None  # accepted is not applied
-    assert consumer.effects("A") == []
+    assert consumer.applied("A") == []
 
 
 def test_receive_json_text_and_duplicate_by_canonical_body(consumer: Consumer) -> None:
@@ -58,7 +58,7 @@ def test_receive_duplicate_after_the_event_was_applied(consumer: Consumer) -> No
     assert consumer.apply_next("A").status == "applied"
     assert consumer.receive(envelope("A1", "A", 1)).status == "duplicate"
     assert consumer.apply_next("A").status == "idle"
-    assert len(consumer.effects("A")) == 1
+    assert len(consumer.applied("A")) == 1
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_apply_next_applied_commits_projection_effect_and_mark(consumer: Consume
     r = consumer.apply_next("A")
     assert (r.status, r.flow_id, r.seq, r.event_id, r.reason) == ("applied", "A", 1, "A1", None)
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert consumer.effects("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+    assert consumer.applied("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
     assert consumer.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="applied", reason=None)]
 
 
@@ -144,7 +144,7 @@ def test_apply_next_walks_the_whole_flow(consumer: Consumer) -> None:
         r = consumer.apply_next("A")
         assert (r.status, r.seq, r.event_id) == ("applied", n, f"A{n}")
         assert consumer.projection("A") == view
-    assert [(e.seq, e.kind) for e in consumer.effects("A")] == [(1, "reserved"), (2, "confirmed"), (3, "released")]
+    assert [(e.seq, e.kind) for e in consumer.applied("A")] == [(1, "reserved"), (2, "confirmed"), (3, "released")]
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("idle", 4, None)
 
@@ -201,14 +201,14 @@ def test_apply_next_blocked_marks_the_row_and_is_reexamined(
     for n in range(1, seq):
         assert consumer.apply_next("A").status == "applied"
     projection_before = consumer.projection("A")
-    effects_before = consumer.effects("A")
+    effects_before = consumer.applied("A")
     for _ in range(2):  # re-examined on every call, same answer
         r = consumer.apply_next("A")
         assert (r.status, r.seq, r.event_id, r.reason) == ("blocked", seq, f"A{seq}", reason)
         assert r.detail
         assert consumer.inbox("A")[seq - 1] == InboxEntry(event_id=f"A{seq}", seq=seq, state="blocked", reason=reason)
         assert consumer.projection("A") == projection_before
-        assert consumer.effects("A") == effects_before
+        assert consumer.applied("A") == effects_before
     assert count(consumer.location, "effect") == seq - 1
 
 
@@ -357,7 +357,7 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     for _ in range(done):
         assert consumer.apply_next("A").status == "applied"
     projection_before = consumer.projection("A")
-    effects_before = consumer.effects("A")
+    effects_before = consumer.applied("A")
     inbox_before = raw_inbox(consumer.location)
     reject_inserts(consumer.location, "effect", "rejected")
     with pytest.raises(integrity_error(consumer.location), match="rejected"):
@@ -365,7 +365,7 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     assert consumer.store.in_transaction() is False
     assert consumer.projection("A") == projection_before
     assert projection_before == (None if done == 0 else {"state": "reserved", "last_seq": 1, "held": 3})
-    assert consumer.effects("A") == effects_before
+    assert consumer.applied("A") == effects_before
     assert len(effects_before) == done
     assert consumer.inbox("A")[done] == InboxEntry(event_id=f"A{done + 1}", seq=done + 1, state="pending", reason=None)
     assert raw_inbox(consumer.location) == inbox_before
@@ -378,5 +378,5 @@ def test_trigger_rejected_effect_insert_rolls_back_apply(consumer: Consumer, don
     allow_inserts(consumer.location, "effect")
     r = consumer.apply_next("A")
     assert (r.status, r.seq, r.event_id) == ("applied", done + 1, f"A{done + 1}")
-    assert [e.event_id for e in consumer.effects("A")] == [f"A{n}" for n in range(1, done + 2)]
+    assert [e.event_id for e in consumer.applied("A")] == [f"A{n}" for n in range(1, done + 2)]
     assert consumer.inbox("A")[done].state == "applied"

@@ -30,6 +30,7 @@ from reliable_flow._core.admin import (
 )
 from reliable_flow._core.effects import (
     HANDLER_CANCELS_FROM,
+    Plan,
     cancel_in,
     feedback_refusal,
     lease_held,
@@ -113,9 +114,13 @@ class FakeEffectUnit:
     held: ScheduledEffect | None
     updates: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
     actions: list[Any] = field(default_factory=list)
+    history: list[Any] = field(default_factory=list)
 
     def effect(self, key: str) -> ScheduledEffect | None:
         return self.held
+
+    def add_transitions(self, rows: list[Any]) -> None:
+        self.history.extend(rows)
 
     def update_effect(self, key: str, changes: dict[str, Any], now: float) -> None:
         self.updates.append((key, changes, now))
@@ -171,13 +176,18 @@ def test_a_handler_cancels_only_a_pending_effect(state: EffectState) -> None:
 @pytest.mark.parametrize("state", list(EffectState))
 def test_an_outcome_is_recorded_only_while_the_claim_is_still_ours(state: EffectState) -> None:
     for owner, ours in (("exec-1", True), ("exec-2", False), (None, False)):
-        unit = FakeEffectUnit(_effect(state, owner))
+        effect = _effect(state, owner)
+        unit = FakeEffectUnit(effect)
         held = state is _S.RUNNING and ours
         assert lease_held(unit.held, "exec-1") is held
-        assert record_outcome_in(unit, "k", "exec-1", {"state": _S.SUCCEEDED}, 2.0) is held  # type: ignore[arg-type]
-        assert unit.updates == ([("k", {"state": _S.SUCCEEDED}, 2.0)] if held else [])
+        assert record_outcome_in(unit, effect, Plan.RUN, "exec-1", {"state": _S.SUCCEEDED}, 2.0,  # type: ignore[arg-type]
+                                 "returned") is held
+        assert unit.updates == ([(effect.key, {"state": _S.SUCCEEDED}, 2.0)] if held else [])
+        # the history says what happened either way: the outcome, or that it was discarded
+        assert [str(t.transition) for t in unit.history] == (["called", "succeeded"] if held else ["lease_lost"])
     assert lease_held(None, "exec-1") is False
-    assert record_outcome_in(FakeEffectUnit(None), "k", "exec-1", {}, 2.0) is False  # type: ignore[arg-type]
+    assert record_outcome_in(FakeEffectUnit(None), effect, Plan.RUN, "exec-1", {}, 2.0,  # type: ignore[arg-type]
+                             "returned") is False
 
 
 @pytest.mark.parametrize("status", list(AdvanceStatus))
@@ -307,7 +317,7 @@ def test_the_executor_feeds_back_in_one_transaction_though_the_flow_keeps_moving
         writes = _counting_writes(feeder, lambda: _note(rival, f"R{len(writes)}", "N", "rival"))
         ex = EffectExecutor(c, producer=feeder)
         assert ex.run_once() == 1
-        effect = c.effect_outbox()[0]
+        effect = c.scheduled_effects()[0]
         assert (effect.state, effect.fed, effect.last_error) == ("succeeded", True, None)
         assert (ex.stats.fed, ex.stats.feedback_errors) == (1, 0)
         assert len(writes) == 1  # one producer transaction, no retry loop

@@ -105,7 +105,7 @@ def recover(stores: Stores, apply_on_receive: bool = False) -> tuple[str, list[s
             answers.append(str(relay(producer, consumer).status))
         drained = consumer.drain("A")
         assert drained.stop == "idle"
-        assert [asdict(e) for e in consumer.effects("A")] == EFFECT
+        assert [asdict(e) for e in consumer.applied("A")] == EFFECT
         assert consumer.projection("A") == PROJECTION
         assert [asdict(r) for r in consumer.inbox("A")] == APPLIED
         assert producer.flow("A") == FLOW
@@ -114,7 +114,7 @@ def recover(stores: Stores, apply_on_receive: bool = False) -> tuple[str, list[s
         assert producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
         assert relay(producer, consumer, event_id="A1").status == "duplicate"
         assert consumer.apply_next("A").status == "idle"
-        assert [asdict(e) for e in consumer.effects("A")] == EFFECT
+        assert [asdict(e) for e in consumer.applied("A")] == EFFECT
         return str(again.status), answers, drained.applied
 
 

@@ -120,7 +120,7 @@ def test_each_named_consumer_gets_every_event_and_keeps_its_own_state(
         assert {f: (d.applied, d.stop) for f, d in drained.items()} == {f: (3, "idle") for f in "ABCD"}
         for flow in "ABCD":
             assert c.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-            assert [e.event_id for e in c.effects(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
+            assert [e.event_id for e in c.applied(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
     assert all(e.accepted and e.state == "accepted" for e in producer.outbox())
     # Three separate files, each with its own copy.
     assert len({c.location for c in three.values()}) == 3
@@ -310,7 +310,7 @@ def test_a_relay_process_that_dies_mid_send_loses_its_lease_on_expiry(
         assert sent == ([] if resent_as is None else [f"A1 {resent_as}"])
         assert [(r.event_id, r.state) for r in consumer.inbox("A")] == [("A1", "pending")]
         assert outbox_entry(producer, "A1", "projection").accepted is True
-        assert (consumer.drain("A").applied, len(consumer.effects("A"))) == (1, 1)
+        assert (consumer.drain("A").applied, len(consumer.applied("A"))) == (1, 1)
 
 
 def test_six_relay_processes_with_leases_send_each_event_once(tmp_path: Path, engine: str) -> None:
@@ -390,8 +390,8 @@ def test_a_flow_whose_sends_always_fail_does_not_hold_back_fifty_others(
             pytest.fail("the healthy flows were not all applied within 400 relays")
         assert relays - failures <= 150 + 2 * 3 + 1, (relays, failures)  # about one send per healthy event
         for flow in healthy_flows:
-            assert [e.seq for e in c.effects(flow)] == [1, 2, 3]
-        assert c.projection("STUCK") is None and c.inbox("STUCK") == [] and c.effects("STUCK") == []
+            assert [e.seq for e in c.applied(flow)] == [1, 2, 3]
+        assert c.projection("STUCK") is None and c.inbox("STUCK") == [] and c.applied("STUCK") == []
         stuck = producer.outbox("STUCK", consumer="default")
         assert [e.state for e in stuck] == ["pending"] * 3
         assert all(e.deliveries["default"].attempts >= 2 for e in stuck)  # retried, with backoff

@@ -26,13 +26,20 @@ RENAMED_NAMES = [
     ("reliable_flow.statuses", "Effect", "reliable_flow.records.ScheduledEffect"),
     ("reliable_flow.statuses", "EffectRecord", "reliable_flow.records.AppliedEvent"),
     ("reliable_flow.effects", "Effects", "reliable_flow.EffectRegistry"),
+    # one record type for every operator action
+    *((module, name, "reliable_flow.records.OperatorAction")
+      for module in ("reliable_flow", "reliable_flow.records")
+      for name in ("EffectAction", "InboxAction", "RegistryAction")),
+    ("reliable_flow.statuses", "EffectAction", "reliable_flow.records.OperatorAction"),
+    ("reliable_flow.operations", "InboxAction", "reliable_flow.records.OperatorAction"),
+    ("reliable_flow.operations", "RegistryAction", "reliable_flow.records.OperatorAction"),
 ]
 
 MOVED_NAMES = [
     *(("reliable_flow", name, f"reliable_flow.records.{name}") for name in (
         "AdvanceResult", "ApplyResult", "ConsumerEntry", "DeliveryRecord", "DrainResult",
-        "EffectAction", "ExecutorStats", "InboxAction", "InboxEntry", "InboxRow", "OperatorAction",
-        "OutboxEntry", "PruneResult", "ReceiveResult", "RegistryAction", "RelayBatchResult",
+        "ExecutorStats", "InboxEntry", "InboxRow", "OperatorAction",
+        "OutboxEntry", "PruneResult", "ReceiveResult", "RelayBatchResult",
         "RelayResult", "StuckFlow", "WorkerStats",
     )),
     *(("reliable_flow", name, f"reliable_flow.errors.{name}") for name in (
@@ -228,12 +235,21 @@ def test_the_method_table_lists_every_alias() -> None:
 
 @pytest.fixture
 def sides(tmp_path):
-    from reliable_flow import Consumer, Producer, relay
+    """A producer and a consumer that applied A1, which scheduled one effect
+    (``default:A1:notify``): every read has something to answer."""
+    from reliable_flow import Consumer, EffectRegistry, Producer, relay
     from reliable_flow.reservation import RESERVATION
 
-    with Producer(str(tmp_path / "p.db"), RESERVATION) as p, Consumer(str(tmp_path / "c.db"), RESERVATION) as c:
+    effects = EffectRegistry()
+    effects.register("notify", lambda call: {})
+    with (
+        Producer(str(tmp_path / "p.db"), RESERVATION) as p,
+        Consumer(str(tmp_path / "c.db"), RESERVATION, handlers=[lambda ctx: ctx.schedule("notify", {})],
+                 effects=effects) as c,
+    ):
         p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 1})
         relay(p, c)
+        c.apply_next("A")
         yield {"Producer": p, "Consumer": c}
 
 
@@ -258,13 +274,25 @@ def test_the_new_methods_do_not_warn(sides) -> None:
         sides["Producer"].admin.consumers()
         sides["Consumer"].admin.operator_actions()
         sides["Consumer"].admin.effect_actions()
+        sides["Consumer"].applied("A")
+        sides["Consumer"].scheduled_effect("default:A1:notify")
+        sides["Consumer"].scheduled_effects()
 
 
 # -- attributes and constructor keywords ------------------------------------------------------
-# ``path`` and ``location`` were one value under two names (issue 19, item 5):
-# (class, old name, new name).
+# ``path`` and ``location`` were one value under two names, and the consumer's
+# three reads now say what they read: applied events, or rows of the effect
+# outbox (issue 19, item 5): (class, old name, new name).
 
-ATTRIBUTE_ALIASES = [("Producer", "path", "location"), ("Consumer", "path", "location")]
+ATTRIBUTE_ALIASES = [
+    ("Producer", "path", "location"), ("Consumer", "path", "location"),
+    ("Consumer", "effects", "applied"), ("Consumer", "effect", "scheduled_effect"),
+    ("Consumer", "effect_outbox", "scheduled_effects"),
+]
+# The arguments each renamed method is called with (in ``sides``, each answers something).
+METHOD_CALLS: dict[str, tuple[object, ...]] = {
+    "effects": ("A",), "effect": ("default:A1:notify",), "effect_outbox": (),
+}
 PARAMETER_ALIASES = [("Producer", "path", "location"), ("Consumer", "path", "location")]
 
 
@@ -282,7 +310,12 @@ def test_old_attribute_warns_naming_its_replacement_and_still_works(sides, cls: 
     owner = sides[cls]
     with pytest.warns(DeprecationWarning, match=rf"^{cls}\.{old} is deprecated; use {cls.lower()}\.{new}$"):
         value = getattr(owner, old)
-    assert value == getattr(owner, new)
+    assert value == getattr(owner, new)  # a method: the same bound method
+    if old in METHOD_CALLS:
+        answer = getattr(owner, new)(*METHOD_CALLS[old])
+        assert answer  # not empty: the comparison below means something
+        with pytest.warns(DeprecationWarning, match=rf"use {cls.lower()}\.{new}$"):
+            assert getattr(owner, old)(*METHOD_CALLS[old]) == answer
     with pytest.raises(AttributeError, match="read-only"):
         setattr(owner, old, "elsewhere")
 

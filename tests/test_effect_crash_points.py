@@ -96,7 +96,7 @@ def prepare(where: Path, engine: str) -> Files:
         assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "committed"
         assert relay(p, c).status == "accepted"
         assert c.apply_next("A").status == "applied"
-        assert c.effect(KEY).state == "pending"
+        assert c.scheduled_effect(KEY).state == "pending"
     return files
 
 
@@ -117,7 +117,7 @@ def run_child(files: Files, crash_at: str | None) -> subprocess.CompletedProcess
 
 def on_disk(files: Files) -> tuple[Any, ...]:
     with Consumer(files.consumer, RESERVATION) as c:
-        e = c.effect(KEY)
+        e = c.scheduled_effect(KEY)
         assert e is not None
         # An executor claims as "<its policy's owner>/<its own hex>": compare the policy's part.
         owner = None if e.lease_owner is None else e.lease_owner.rpartition("/")[0]
@@ -197,7 +197,7 @@ def test_executor_crash_point_then_recovery(tmp_path: Path, engine: str, point: 
         for _ in range(5):  # and nothing more happens, however long it runs
             clock[0] += 3600
             ex.run_until_idle()
-        e = c.effect(KEY)
+        e = c.scheduled_effect(KEY)
         want_state, want_result, want_lines, want_reconciles = RECOVERED[(point, mode)]
         assert (e.state, e.result, e.lease_owner) == (want_state, want_result, None)
         assert files.call_lines() == want_lines

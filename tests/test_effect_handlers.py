@@ -65,8 +65,8 @@ def assert_nothing_applied(w: World, c: Consumer, flow: str = "A", *, at_seq: in
     scheduled effect, no app row for the next event, and its inbox row not applied."""
     projection = c.projection(flow)
     assert (projection or {}).get("last_seq", 0) == at_seq
-    assert len(c.effects(flow)) == at_seq
-    assert [e for e in c.effect_outbox(flow_id=flow) if e.seq > at_seq] == []
+    assert len(c.applied(flow)) == at_seq
+    assert [e for e in c.scheduled_effects(flow_id=flow) if e.seq > at_seq] == []
     assert [n for n in notes(w) if n[0] == flow and n[1] > at_seq] == []
     assert [e.state for e in c.inbox(flow) if e.seq == at_seq + 1] in (["pending"], ["blocked"])
 
@@ -118,11 +118,11 @@ def test_handler_writes_app_table_and_schedules_everything_commits_with_apply(wo
     assert c.apply_next("A").status == "applied"
     # Committed: visible to a separate connection at once.
     assert notes(world) == [("A", 1, "reserved")]
-    assert [(e.key, e.payload, e.state) for e in c.effect_outbox()] == [
+    assert [(e.key, e.payload, e.state) for e in c.scheduled_effects()] == [
         ("default:A1:notify", {"state": "reserved"}, "pending")]
     assert c.apply_next("A").status == "applied"
     assert notes(world) == [("A", 1, "reserved"), ("A", 2, "confirmed")]
-    assert len(c.effect_outbox()) == 2
+    assert len(c.scheduled_effects()) == 2
 
 
 def test_handler_raising_rolls_back_everything_and_fixed_handler_applies_later(world: World) -> None:
@@ -145,7 +145,7 @@ def test_handler_raising_rolls_back_everything_and_fixed_handler_applies_later(w
             c.apply_next("A")
         assert_nothing_applied(world, c, at_seq=1)
         assert c.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-        assert [e.key for e in c.effect_outbox()] == ["default:A1:notify"]
+        assert [e.key for e in c.scheduled_effects()] == ["default:A1:notify"]
     with pytest.raises(RuntimeError):
         c.drain("A")
     assert_nothing_applied(world, c, at_seq=1)
@@ -156,7 +156,7 @@ def test_handler_raising_rolls_back_everything_and_fixed_handler_applies_later(w
     assert fixed.apply_next("A").status == "applied"
     assert fixed.projection("A") == {"state": "confirmed", "last_seq": 2, "held": 3}
     assert notes(world) == [("A", 1, "x"), ("A", 2, "x")]
-    assert [e.key for e in fixed.effect_outbox()] == ["default:A1:notify", "default:A2:notify"]
+    assert [e.key for e in fixed.scheduled_effects()] == ["default:A1:notify", "default:A2:notify"]
 
 
 def test_handler_payload_error_blocks_with_detail_and_leaves_nothing(world: World) -> None:
@@ -184,7 +184,7 @@ def test_handler_payload_error_blocks_with_detail_and_leaves_nothing(world: Worl
     assert c.apply_next("A").status == "applied"
     assert [(e.state, e.reason) for e in c.inbox("A")] == [("applied", None)]
     assert notes(world) == [("A", 1, "x")]
-    assert len(c.effect_outbox()) == 1
+    assert len(c.scheduled_effects()) == 1
 
 
 def test_payload_error_in_a_drain_batch_keeps_the_earlier_applies(world: World) -> None:
@@ -198,7 +198,7 @@ def test_payload_error_in_a_drain_batch_keeps_the_earlier_applies(world: World) 
     world.deliver(c)
     drained = c.drain("A", batch_size=10)
     assert (drained.applied, drained.stop, drained.last.detail) == (1, "blocked", "payload.amount: no")
-    assert [e.key for e in c.effect_outbox()] == ["default:A1:notify"]
+    assert [e.key for e in c.scheduled_effects()] == ["default:A1:notify"]
     assert c.projection("A")["last_seq"] == 1
 
 
@@ -410,14 +410,14 @@ def test_default_key_is_consumer_event_and_name(world: World, name: str | None) 
     c.apply_next("A")
     prefix = name or "default"
     assert handler.keys == [f"{prefix}:A1:notify", f"{prefix}:A1:bill"]
-    stored = c.effect_outbox()
+    stored = c.scheduled_effects()
     assert [(e.key, e.name, e.payload, e.event_id, e.flow_id, e.seq, e.state, e.attempts, e.created_at)
             for e in stored] == [
         (f"{prefix}:A1:notify", "notify", {"a": 1}, "A1", "A", 1, "pending", 0, 1000.0),
         (f"{prefix}:A1:bill", "bill", {"b": [1, {"c": None}]}, "A1", "A", 1, "pending", 0, 1000.0),
     ]
-    assert c.effect(f"{prefix}:A1:notify") == stored[0]
-    assert c.effect("nope") is None
+    assert c.scheduled_effect(f"{prefix}:A1:notify") == stored[0]
+    assert c.scheduled_effect("nope") is None
 
 
 def test_explicit_keys_let_one_event_schedule_a_name_twice(world: World) -> None:
@@ -428,7 +428,7 @@ def test_explicit_keys_let_one_event_schedule_a_name_twice(world: World) -> None
     world.deliver(c)
     c.apply_next("A")
     assert handler.keys == ["mail-a", "mail-b"]
-    assert [(e.key, e.payload) for e in c.effect_outbox()] == [("mail-a", {"to": "a"}), ("mail-b", {"to": "b"})]
+    assert [(e.key, e.payload) for e in c.scheduled_effects()] == [("mail-a", {"to": "a"}), ("mail-b", {"to": "b"})]
 
 
 @pytest.mark.parametrize("key", ["", "k" * 513, 7])
@@ -448,7 +448,7 @@ def test_unregistered_name_raises_unknown_effect_and_stores_nothing(world: World
     with pytest.raises(UnknownEffect, match="nope"):
         c.apply_next("A")
     assert_nothing_applied(world, c)
-    assert c.effect_outbox() == []
+    assert c.scheduled_effects() == []
 
 
 @pytest.mark.parametrize(("payload", "field"), [
@@ -476,7 +476,7 @@ def test_non_json_payload_raises_invalid_envelope_naming_the_field(world: World,
         c.apply_next("A")
     assert caught.value.field == field
     assert_nothing_applied(world, c)
-    assert c.effect_outbox() == []
+    assert c.scheduled_effects() == []
 
 
 @pytest.mark.parametrize("kw", [{"version": True}, {"version": False}, {"version": 0}, {"version": "1"},
@@ -499,7 +499,7 @@ def test_same_key_different_payload_in_one_apply_conflicts_and_rolls_back(world:
     with pytest.raises(EffectKeyConflict, match="'k'"):
         c.apply_next("A")
     assert_nothing_applied(world, c)
-    assert c.effect_outbox() == []
+    assert c.scheduled_effects() == []
 
 
 def test_same_key_different_name_conflicts(world: World) -> None:
@@ -509,7 +509,7 @@ def test_same_key_different_name_conflicts(world: World) -> None:
     world.deliver(c)
     with pytest.raises(EffectKeyConflict):
         c.apply_next("A")
-    assert c.effect_outbox() == []
+    assert c.scheduled_effects() == []
 
 
 def test_same_key_from_a_later_event_conflicts_and_the_flow_stays(world: World) -> None:
@@ -523,7 +523,7 @@ def test_same_key_from_a_later_event_conflicts_and_the_flow_stays(world: World) 
     with pytest.raises(EffectKeyConflict, match="order-1"):
         c.apply_next("A")  # same name and payload, but another event
     assert_nothing_applied(world, c, at_seq=1)
-    assert [e.event_id for e in c.effect_outbox()] == ["A1"]
+    assert [e.event_id for e in c.scheduled_effects()] == ["A1"]
 
 
 @pytest.mark.parametrize("options", [{"deadline": 5000.0}, {"version": 3}, {"ordered": True}])
@@ -536,7 +536,7 @@ def test_same_key_same_payload_other_options_conflicts(world: World, options: di
     with pytest.raises(EffectKeyConflict, match="'k'"):
         c.apply_next("A")
     assert_nothing_applied(world, c)
-    assert c.effect_outbox() == []
+    assert c.scheduled_effects() == []
 
 
 def test_same_key_same_payload_twice_in_one_apply_is_one_row(world: World) -> None:
@@ -547,7 +547,7 @@ def test_same_key_same_payload_twice_in_one_apply_is_one_row(world: World) -> No
     world.deliver(c)
     assert c.apply_next("A").status == "applied"
     assert first.keys == second.keys == ["default:A1:notify"]
-    assert [e.key for e in c.effect_outbox()] == ["default:A1:notify"]
+    assert [e.key for e in c.scheduled_effects()] == ["default:A1:notify"]
 
 
 @pytest.mark.parametrize(("expires_at", "deadline"), [
@@ -562,7 +562,7 @@ def test_deadline_defaults_to_meta_expires_at(world: World, expires_at: str, dea
     world.push("A", 1, meta={"expires_at": expires_at})
     world.deliver(c)
     assert c.apply_next("A").status == "applied"
-    assert [(e.key, e.deadline, e.meta) for e in c.effect_outbox()] == [
+    assert [(e.key, e.deadline, e.meta) for e in c.scheduled_effects()] == [
         ("default:A1:notify", deadline, {"expires_at": expires_at}),
         ("explicit", 1200.0, {"expires_at": expires_at}),
     ]
@@ -573,7 +573,7 @@ def test_no_expires_at_means_no_deadline(world: World) -> None:
     world.push("A", 1)
     world.deliver(c)
     c.apply_next("A")
-    assert c.effect("default:A1:notify").deadline is None
+    assert c.scheduled_effect("default:A1:notify").deadline is None
 
 
 @pytest.mark.parametrize("expires_at", ["next tuesday", "2030-01-01T00:00:00", "nan", "inf", ""])
@@ -603,11 +603,11 @@ def test_already_expired_deadline_is_stored_and_expires_without_running(world: W
     world.push("A", 1, meta={"expires_at": "900"})  # the clock says 1000
     world.deliver(c)
     assert c.apply_next("A").status == "applied"
-    stored = c.effect("default:A1:notify")
+    stored = c.scheduled_effect("default:A1:notify")
     assert (stored.state, stored.deadline) == ("pending", 900.0)
     ex = world.executor(c)
     assert ex.run_once() == 1
-    expired = c.effect("default:A1:notify")
+    expired = c.scheduled_effect("default:A1:notify")
     assert (expired.state, expired.attempts) == ("expired", 0)
     assert "deadline 900.000 passed" in expired.reason
     assert calls == []
@@ -634,7 +634,7 @@ def test_handler_cancel_checks_its_arguments(world: World) -> None:
     assert c.drain("A").applied == 2
     assert isinstance(outcome["unknown"], UnknownEffect)
     assert isinstance(outcome["empty_reason"], ValueError)
-    cancelled = c.effect("default:A1:notify")
+    cancelled = c.scheduled_effect("default:A1:notify")
     assert (cancelled.state, cancelled.reason) == ("cancelled", "not needed once confirmed")
 
 
@@ -650,11 +650,11 @@ def test_handler_cancel_of_a_non_pending_effect_rolls_the_apply_back(world: Worl
     world.deliver(c)
     assert c.apply_next("A").status == "applied"
     world.executor(c).run_until_idle()
-    assert c.effect("default:A1:notify").state == "succeeded"
+    assert c.scheduled_effect("default:A1:notify").state == "succeeded"
     with pytest.raises(NotResolvable, match="succeeded"):
         c.apply_next("A")
     assert_nothing_applied(world, c, at_seq=1)
-    assert c.effect("default:A1:notify").state == "succeeded"
+    assert c.scheduled_effect("default:A1:notify").state == "succeeded"
 
 
 def test_consumer_without_registry_schedules_any_name(world: World) -> None:
@@ -662,4 +662,4 @@ def test_consumer_without_registry_schedules_any_name(world: World) -> None:
     world.push("A", 1)
     world.deliver(c)
     assert c.apply_next("A").status == "applied"
-    assert [e.name for e in c.effect_outbox()] == ["anything"]
+    assert [e.name for e in c.scheduled_effects()] == ["anything"]

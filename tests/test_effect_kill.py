@@ -54,6 +54,33 @@ per configuration.  The seed is printed; ``RELIABLE_FLOW_SEED=<seed>``
 replays the same kill delays, the same work and the same sequence of the
 service's draws (where each kill lands, and which call meets which draw,
 depend on timing and are not exactly reproducible).
+
+The concurrent configurations (issue 20), ``reconcile-c16``,
+``idempotent-c16`` and ``neither-c16``
+(:func:`test_effect_kill_concurrent_loses_nothing_doubles_nothing`, both
+engines): the same service, the same three ways of settling doubt and the
+same checks, but every executor child runs at ``concurrency=16`` with a
+1.5 s lease, and two of them are alive at once (a lease that ran out while
+its executor lived would be taken over by the other).  The apply handler
+schedules, per step, the plain-function effect or the ``async def`` one
+(with an ``async def`` reconcile), as a quick call, a long one (the service
+works longer than the lease before deciding; the function heartbeats) or a
+slow one (past the effects' ``timeout=``: recorded in doubt while it runs,
+its late outcome discarded); the service's "retry" answers carry a
+``Retry-After`` (``RetryLater(after=)``).  The service decides a long or
+slow call only for a caller still connected, so a killed caller has nothing
+performed after its death.  Each round starts incarnations up to two, waits
+0-1.6 s (the first round 4.2-4.6 s, its first effects slow and long, so
+calls surely time out and outlive the lease) and kills one of them at random (so some live long enough to finish
+long and slow calls); the last one is killed too.  Besides :func:`check`,
+:func:`check_concurrent` asserts that no call or reconcile of a key reached
+the service while another call of it was in progress for a live caller, that
+no live executor lost a claim, and that the campaign did call both
+functions, answer long calls past the lease, heartbeat, time calls out,
+discard late outcomes and settle doubt the configuration's way.  Default:
+12 kills per configuration on each engine (about 45 s on SQLite, 65 s on
+PostgreSQL on two cores); ``RELIABLE_FLOW_C_KILLS=N`` sets it;
+``RELIABLE_FLOW_SOAK=1`` runs 200 per configuration (SQLite).
 """
 
 from __future__ import annotations
@@ -97,6 +124,19 @@ BACKLOG_LOW = 15
 P_FAIL, P_LATE = 0.2, 0.12  # the service's draws for a perform: fail before / perform, answer late
 WAIT = 30.0  # any single wait (a child's "ready", a killed child's exit, the service) before failing
 FINAL_PASSES = 10_000  # the clean run's passes before it counts as a hang
+# The concurrent configurations (issue 20): two incarnations alive at once, each concurrency=16.
+CONCURRENT_KILLS = 12  # per configuration, on each engine
+CONCURRENT_SOAK_KILLS = 200  # per configuration, RELIABLE_FLOW_SOAK=1
+C_LIVE = 2  # incarnations alive at once: a lease that ran out would be taken over
+C_MAX_KILL_DELAY = 1.6  # seconds after the newest incarnation is "ready"
+C_INITIAL_FLOWS = 20  # x 3 = 60 effects to start with
+C_REFILL_FLOWS = 12
+C_BACKLOG_LOW = 40
+P_LONG, P_SLOW = 0.25, 0.12  # an effect's kind of call (else quick); sync or async: even odds
+FINAL_SECONDS = 120.0  # the concurrent clean run's time before it counts as a hang
+FIRST_ROUND = (4.2, 4.6)  # the first round's kill delay: past a slow call's deadline
+FIRST = {"F00000": [("call_service_sync", "slow"), ("call_service_async", "slow"), ("call_service_sync", "long")],
+         "F00001": [("call_service_async", "long"), ("call_service_sync", "quick"), ("call_service_async", "quick")]}
 STEPS = ("reserved", "confirmed", "released")
 UNSETTLED = ("pending", "running", "in_doubt")
 Location = Path | str  # a SQLite file, or a postgresql://...#schema location
@@ -241,13 +281,15 @@ class Incarnation:
 
 
 def start_incarnation(consumer_path: Location, service: FakeService, config: str, owner: str, tmp_path: Path,
-                      max_seconds: float) -> Incarnation:
+                      max_seconds: float, events_path: Path | None = None) -> Incarnation:
     """Fork an executor child (fast); a subprocess instead if this process has threads."""
     error_path = tmp_path / f"{owner}.error"
+    events = [] if events_path is None else [str(events_path)]
     if threading.active_count() > 1:  # fork only a process without threads
         with open(error_path, "wb") as stderr:
             proc = subprocess.Popen(
-                [sys.executable, str(WORKER), str(consumer_path), service.socket, config, owner, str(max_seconds)],
+                [sys.executable, str(WORKER), str(consumer_path), service.socket, config, owner, str(max_seconds),
+                 *events],
                 env=child_env(), stdout=subprocess.PIPE, stderr=stderr,
             )
         assert proc.stdout is not None
@@ -262,7 +304,7 @@ def start_incarnation(consumer_path: Location, service: FakeService, config: str
             for fd in inherited:
                 os.close(fd)
             worker.run(str(consumer_path), service.socket, config, owner,
-                       lambda: os.write(write_fd, b"ready\n"), max_seconds)
+                       lambda: os.write(write_fd, b"ready\n"), max_seconds, *events)
             code = 0
         except BaseException:  # noqa: BLE001 - reported to the parent through the file
             with open(error_path, "w") as f:
@@ -277,10 +319,10 @@ def start_incarnation(consumer_path: Location, service: FakeService, config: str
 
 
 def add_flows(producer_path: Location, consumer_path: Location, config: str, socket: str, first: int, n: int,
-              rng: random.Random) -> int:
+              rng: random.Random, handler: Any = schedule_call) -> int:
     """Commit, relay and apply three steps of ``n`` new flows: 3n effects scheduled."""
     with Producer(producer_path, RESERVATION) as producer, \
-            Consumer(consumer_path, RESERVATION, handlers=[schedule_call],
+            Consumer(consumer_path, RESERVATION, handlers=[handler],
                      effects=worker.build_effects(config, socket, "scheduler")) as consumer:
         for i in range(first, first + n):
             flow_id, amount = f"F{i:05d}", rng.randint(1, 9)
@@ -308,7 +350,7 @@ def left_running(consumer_path: Location, owner: str) -> list[str]:
     """Keys of the effects the incarnation ``owner`` left running (at most one)."""
     with Consumer(consumer_path, RESERVATION) as consumer:
         # An executor claims as "<its policy's owner>/<its own hex>".
-        return [e.key for e in consumer.effect_outbox(state="running")
+        return [e.key for e in consumer.scheduled_effects(state="running")
                 if e.lease_owner is not None and e.lease_owner.rpartition("/")[0] == owner]
 
 
@@ -355,6 +397,7 @@ class Campaign:
     running_at_kill: list[tuple[str, str]] = field(default_factory=list)  # (owner, key) left running
     final_outcomes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    kill_seconds: float = 0.0  # the concurrent campaign: until the last kill
 
 
 def run_campaign(tmp_path: Path, config: str, kills: int, seed: int, engine: str = "sqlite") -> None:
@@ -427,38 +470,46 @@ def kill_phases(campaign: Campaign, log: ServiceLog) -> Counter[str]:
             phases["after perform, before record"] += 1
         elif "dedup" in outcomes:
             phases["after a dedup answer, before record"] += 1
+        elif "abandoned" in outcomes:
+            phases["during a long call (abandoned by the service)"] += 1
         elif outcomes:
             phases["after a refused call, before record"] += 1
         else:
             phases["claimed, before the call reached the service"] += 1
-    phases["idle or outside a call"] = campaign.kills - len(campaign.running_at_kill)
+    # (a concurrent incarnation may die holding several: the phases count effects, this one kills)
+    phases["idle or outside a call"] = campaign.kills - len({owner for owner, _ in campaign.running_at_kill})
     return phases
 
 
 def check(campaign: Campaign, consumer_path: Location, log: ServiceLog, kills: int) -> None:
     """Every effect against the service's log; prints the report line first."""
-    config, seed = campaign.config, campaign.seed
-    where = f"seed {seed}, {campaign.engine}, {config}"
+    config, seed = worker.split_config(campaign.config)[0], campaign.seed  # how doubt is settled
+    where = f"seed {seed}, {campaign.engine}, {campaign.config}"
     with Consumer(consumer_path, RESERVATION) as consumer:
-        effects = {e.key: e for e in consumer.effect_outbox()}
+        effects = {e.key: e for e in consumer.scheduled_effects()}
         counts = consumer.effect_counts()
     outcomes = log.outcomes()
     performed = log.performances()
     twice = {key: [e["result"] for e in calls] for key, calls in performed.items() if len(calls) > 1}
     # A call of a key the service had already performed, that it did not refuse
-    # by its deadline (sent after the performance): a blind re-run.
+    # by its deadline (sent after the performance): a blind re-run.  (A held
+    # call is logged when decided: one read before the performance is not.)
     done_at: dict[str, int] = {}
+    performed_at: dict[str, float] = {}
     resent: Counter[str] = Counter()
     for e in log.entries:
-        if e["op"] == "perform" and e["key"] in done_at and e["outcome"] != "expired":
+        if e["op"] == "perform" and e["key"] in done_at and e["outcome"] != "expired" \
+                and not ("read_at" in e and e["key"] in performed_at and e["read_at"] < performed_at[e["key"]]):
             resent[e["key"]] += 1
         if e["performed"]:
             done_at.setdefault(e["key"], e["n"])
+            if "at" in e:
+                performed_at.setdefault(e["key"], e["at"])
     unknown = sorted(key for key, e in effects.items() if e.state == "unknown")
     unknown_performed = [key for key in unknown if key in performed]
     phases = kill_phases(campaign, log)
     calls = sum(n for o, n in outcomes.items() if o not in ("status", "garbled"))
-    print(f"effect kill test [{campaign.engine}, {config}]: seed={seed} kills={campaign.kills} (early {campaign.early_kills}; "
+    print(f"effect kill test [{campaign.engine}, {campaign.config}]: seed={seed} kills={campaign.kills} (early {campaign.early_kills}; "
           f"{', '.join(f'{p} {n}' for p, n in sorted(phases.items()))}) incarnations={campaign.incarnations} "
           f"effects={len(effects)} service calls={calls} performed={sum(len(v) for v in performed.values())} "
           f"(answer late {outcomes['late']}) failed={outcomes['fail']} expired={outcomes['expired']} "
@@ -497,14 +548,239 @@ def check(campaign: Campaign, consumer_path: Location, log: ServiceLog, kills: i
 
 
 CONFIG_PARAMS = [pytest.param(c, id=c) for c in worker.CONFIGS]
+CONCURRENT_PARAMS = [pytest.param(c, id=c) for c in worker.CONCURRENT_CONFIGS]
 
 
+
+
+# -- the concurrent campaign (issue 20) ------------------------------------------------------
+
+
+def schedule_mixed(seed: int) -> Any:
+    """The apply handler of the concurrent campaign: every applied step
+    schedules one call, of the sync or the async effect, quick, long or
+    slow (with its hold), drawn from the seed and the step (so the same
+    seed schedules the same calls)."""
+    def schedule(ctx: ApplyContext) -> None:
+        rng = random.Random(f"{seed}:{ctx.event.flow_id}:{ctx.event.kind}")
+        name = worker.SYNC_EFFECT if rng.random() < 0.5 else worker.ASYNC_EFFECT
+        draw = rng.random()
+        kind = "long" if draw < P_LONG else "slow" if draw < P_LONG + P_SLOW else "quick"
+        if ctx.event.flow_id in FIRST:  # the first incarnations surely time calls out and heartbeat
+            name, kind = FIRST[ctx.event.flow_id][STEPS.index(ctx.event.kind)]
+        ctx.schedule(name, {"flow": ctx.event.flow_id, "step": ctx.event.kind, "kind": kind,
+                            "hold": worker.hold_for(kind, rng)})
+
+    return schedule
+
+
+def left_held(consumer_path: Location, owner: str) -> list[str]:
+    """Keys of the effects the incarnation ``owner`` held when it was killed:
+    a call or reconcile in progress (``running``), or a call past its
+    timeout still running (``in_doubt``, still leased to it)."""
+    with Consumer(consumer_path, RESERVATION) as consumer:
+        return [e.key for state in ("running", "in_doubt") for e in consumer.scheduled_effects(state=state)
+                if e.lease_owner is not None and e.lease_owner.rpartition("/")[0] == owner]
+
+
+def stop_threads(executor: EffectExecutor, before: set[threading.Thread]) -> None:
+    """Let the threads ``executor`` started in this process end (its event
+    loop, its calls' threads), so the next campaign forks its children again."""
+    executor.close()  # its event loop thread would stay
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith("reliable_flow-"):
+            thread.join(WAIT)
+
+
+def finish_concurrent(consumer_path: Location, config: str, socket: str) -> dict[str, int]:
+    """:func:`finish` at ``concurrency=16``: one clean executor, in this
+    process, until nothing is left to settle and no call is in flight.
+
+    Its clock starts past every lease a killed child left and jumps past
+    every backoff whenever nothing is due and nothing is in flight; the
+    calls themselves (long, slow, timed out) take their real time.
+    """
+    shift = [worker.C_LEASE + 1.0]
+    before = set(threading.enumerate())
+    policy = worker.policy_for(config, clock=lambda: time.time() + shift[0], owner="final")
+    with Consumer(consumer_path, RESERVATION, effects=worker.build_effects(config, socket, "final")) as consumer:
+        executor = EffectExecutor(consumer, policy=policy, concurrency=worker.CONCURRENCY)
+        try:
+            end = time.monotonic() + FINAL_SECONDS
+            while time.monotonic() < end:
+                if executor.run_once() == 0:
+                    if executor.in_flight:  # a call past its timeout: held until it returns
+                        time.sleep(0.01)
+                    elif sum(consumer.effect_counts()[s] for s in UNSETTLED) == 0:
+                        return executor.stats.outcomes
+                    else:
+                        shift[0] += 1.0
+            pytest.fail(f"the clean executor did not settle everything in {FINAL_SECONDS:.0f}s: "
+                        f"{consumer.effect_counts()} (in flight {executor.in_flight})")
+        finally:
+            stop_threads(executor, before)
+
+
+def read_events(tmp_path: Path) -> list[dict[str, Any]]:
+    """What the incarnations reported (a killed one's last line may be cut)."""
+    out = []
+    for path in sorted(tmp_path.glob("*.events")):
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def run_concurrent_campaign(tmp_path: Path, config: str, kills: int, seed: int, engine: str = "sqlite") -> None:
+    """The campaign of a concurrent configuration: :data:`C_LIVE`
+    incarnations alive at once, each at ``concurrency=16``; each round starts
+    incarnations up to that number, waits a random delay and kills one of
+    them (a random one, so some live long enough to finish long and slow
+    calls); after the last round the survivor is killed too.  ``kills``
+    counts them all."""
+    print(f"\neffect kill test [{engine}, {config}]: RELIABLE_FLOW_SEED={seed} RELIABLE_FLOW_KILLS={kills}",
+          flush=True)
+    rng = random.Random(seed)
+    started = time.monotonic()
+    budget = 180.0 + 6.0 * kills  # the whole campaign's watchdog
+    producer_path, consumer_path = new_stores(engine, tmp_path)
+    log_path = tmp_path / "service.log"
+    campaign = Campaign(config, seed, engine)
+    base, _ = worker.split_config(config)
+    handler = schedule_mixed(seed)
+    service = FakeService(log_path, rng.randrange(2**32), base == "idempotent", budget + 60)
+    live: list[Incarnation] = []
+
+    def kill(victim: Incarnation, early: bool) -> None:
+        where = f"seed {seed}, {config}, {victim.owner}"
+        code = victim.kill_and_wait(WAIT)
+        assert code == -signal.SIGKILL, f"{where}: the executor exited {code} before the kill:\n{victim.error()}"
+        victim.close()
+        live.remove(victim)
+        campaign.kills += 1
+        campaign.early_kills += early
+        campaign.running_at_kill += [(victim.owner, key) for key in left_held(consumer_path, victim.owner)]
+
+    try:
+        campaign.flows = add_flows(producer_path, consumer_path, config, service.socket, 0, C_INITIAL_FLOWS, rng,
+                                   handler)
+        while campaign.kills < kills - (C_LIVE - 1):
+            assert time.monotonic() - started < budget, f"seed {seed}: campaign watchdog ({budget:.0f}s) fired"
+            if unsettled(consumer_path) < C_BACKLOG_LOW:
+                campaign.flows = add_flows(producer_path, consumer_path, config, service.socket, campaign.flows,
+                                           C_REFILL_FLOWS, rng, handler)
+            new: list[Incarnation] = []
+            while len(live) < C_LIVE:
+                owner = f"inc-{campaign.incarnations}"
+                campaign.incarnations += 1
+                incarnation = start_incarnation(consumer_path, service, config, owner, tmp_path, budget,
+                                                tmp_path / f"{owner}.events")
+                live.append(incarnation)
+                new.append(incarnation)
+            if new and campaign.kills > 0 and rng.random() < EARLY_KILL_SHARE:  # kill timing only: may land before it opened the store
+                time.sleep(rng.uniform(0, 0.03))
+                kill(new[-1], early=True)
+                continue
+            for incarnation in new:
+                if not incarnation.wait_ready(WAIT):
+                    incarnation.kill_and_wait(WAIT)
+                    pytest.fail(f"seed {seed}, {config}, {incarnation.owner}: the executor never became ready:\n"
+                                f"{incarnation.error()}")
+            time.sleep(rng.uniform(*FIRST_ROUND) if campaign.kills == 0 else rng.uniform(0, C_MAX_KILL_DELAY))
+            kill(rng.choice(live), early=False)
+        while live:
+            kill(live[0], early=False)
+        campaign.kill_seconds = time.monotonic() - started
+        campaign.final_outcomes = dict(finish_concurrent(consumer_path, config, service.socket))
+    finally:
+        for incarnation in live:
+            incarnation.kill_and_wait(WAIT)
+            incarnation.close()
+        stopped = service.stop()
+    campaign.seconds = time.monotonic() - started
+    assert stopped.startswith("stopped after"), (stopped, service.stderr_path.read_text())
+    log = ServiceLog.read(log_path)
+    check(campaign, consumer_path, log, kills)
+    check_concurrent(campaign, consumer_path, log, read_events(tmp_path))
+
+
+def check_concurrent(campaign: Campaign, consumer_path: Location, log: ServiceLog,
+                     events: list[dict[str, Any]]) -> None:
+    """No two calls of a key at once, no lease lost by a live executor, and
+    what the concurrent campaign must really have exercised (the
+    invariants themselves are :func:`check`'s); prints its report line first."""
+    where = f"seed {campaign.seed}, {campaign.engine}, {campaign.config}"
+    base = worker.split_config(campaign.config)[0]
+    with Consumer(consumer_path, RESERVATION) as consumer:
+        effects = {e.key: e for e in consumer.scheduled_effects()}
+    calls = [e for e in events if e.get("ev") == "call"]
+    kinds = Counter((e["kind"], "async" if _effect_name(e["key"]) == worker.ASYNC_EFFECT else "sync")
+                    for e in log.entries if e["op"] == "perform" and e.get("kind"))
+    long_kept = [e for e in calls if e["kind"] == "long" and e["end"] == "answered"
+                 and e["seconds"] > worker.C_LEASE]
+    slow_late = [e for e in calls if e["kind"] == "slow" and e["seconds"] > worker.C_TIMEOUT]
+    timed_out = sum(e.get("ev") == "timed_out" for e in events)
+    lease_lost = sum(e.get("ev") == "lease_lost" for e in events) + sum(e["lease_lost"] for e in calls)
+    beats = sum(e["beats"] for e in calls)
+    longest_beat = max((e["longest_beat"] for e in calls), default=0.0)
+    drivers = Counter(e["driver"] for e in events if e.get("ev") == "start")
+    final = campaign.final_outcomes
+    print(f"effect kill test [{campaign.engine}, {campaign.config}]: calls by kind/function "
+          f"{dict(sorted(kinds.items()))} abandoned={log.outcomes()['abandoned']} "
+          f"long calls answered past the lease={len(long_kept)} heartbeats={beats} "
+          f"(longest wait {longest_beat:.3f}s) timed out={timed_out} (+{final.get('timed_out', 0)} final) "
+          f"slow calls returned past the timeout={len(slow_late)} "
+          f"(+{final.get('late_outcome_discarded', 0)} final discarded) lease lost={lease_lost} "
+          f"drivers={dict(drivers)} kills took {campaign.kill_seconds:.1f}s, the final run "
+          f"{campaign.seconds - campaign.kill_seconds:.1f}s", flush=True)
+    overlapping = overlaps(log)
+    assert not overlapping, (f"{where}: {len(overlapping)} calls or reconciles of a key read while another call of "
+                             f"it was in progress for a caller still alive: {overlapping[:3]}")
+    assert lease_lost == 0, f"{where}: a live executor lost {lease_lost} claims (a lease ran out while it lived)"
+    assert {"sync", "async"} <= {f for _, f in kinds}, f"{where}: not both functions were called: {kinds}"
+    assert long_kept, f"{where}: no long call outlived the lease and was answered: heartbeats prove nothing"
+    assert beats >= 1, f"{where}: no heartbeat"
+    assert timed_out + final.get("timed_out", 0) >= 1, f"{where}: no call timed out"
+    assert slow_late or final.get("late_outcome_discarded", 0), f"{where}: no late outcome was discarded"
+    unknown_performed = [e.key for e in effects.values() if e.state == "unknown" and e.key in log.performances()]
+    exercised = {"reconcile": sum(e.get("status_performed", False) for e in log.entries),
+                 "idempotent": log.outcomes()["dedup"], "neither": len(unknown_performed)}[base]
+    assert exercised >= 1, f"{where}: the doubt was never settled the {base} way"
+    assert drivers["pump"] >= 1 and drivers["run_once"] >= 1, f"{where}: not both drivers ran: {drivers}"
+
+
+def overlaps(log: ServiceLog) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs (a, b) of requests of one key where ``b`` (a call or a reconcile)
+    was read while ``a``, a call whose caller was still connected when it
+    was decided, was in progress (read, not yet decided): two executors
+    calling one effect at once, which a held claim must prevent, whether or
+    not both performed."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for e in log.entries:
+        if "read_at" in e:
+            by_key.setdefault(e["key"], []).append(e)
+    return [(a, b) for calls in by_key.values() for a in calls
+            if a["op"] == "perform" and a["outcome"] not in ("abandoned", "expired")
+            for b in calls if b is not a and a["read_at"] < b["read_at"] < a["at"]]
+
+
+def _effect_name(key: str) -> str:
+    """The effect's name from its default key ``<consumer>:<event id>:<name>``."""
+    return key.rpartition(":")[2]
 
 
 def engine_kills(engine: str) -> int:
     """The default test's kills per configuration: 300 on SQLite, 60 on PostgreSQL (scaled by RELIABLE_FLOW_KILLS)."""
     kills = kill_count(DEFAULT_KILLS)
     return kills if engine == "sqlite" else max(1, POSTGRES_KILLS * kills // DEFAULT_KILLS)
+
+
+def concurrent_kills(default: int) -> int:
+    """The concurrent campaign's kills per configuration: ``RELIABLE_FLOW_C_KILLS=N`` sets it."""
+    value = os.environ.get("RELIABLE_FLOW_C_KILLS")
+    return max(C_LIVE, int(value)) if value else default
 
 
 @pytest.mark.parametrize("config", CONFIG_PARAMS)
@@ -517,3 +793,17 @@ def test_effect_kill_loses_nothing_doubles_nothing(tmp_path: Path, engine: str, 
 @pytest.mark.parametrize("config", CONFIG_PARAMS)
 def test_effect_kill_soak(tmp_path: Path, config: str) -> None:
     run_campaign(tmp_path, config, kill_count(SOAK_KILLS), chosen_seed())
+
+
+@pytest.mark.parametrize("config", CONCURRENT_PARAMS)
+def test_effect_kill_concurrent_loses_nothing_doubles_nothing(tmp_path: Path, engine: str, config: str) -> None:
+    """Issue 20: two executors alive at once, ``concurrency=16``, sync and
+    async functions, long calls kept by heartbeats, calls past ``timeout=``."""
+    run_concurrent_campaign(tmp_path, config, concurrent_kills(CONCURRENT_KILLS), chosen_seed(), engine)
+
+
+@pytest.mark.soak
+@pytest.mark.skipif(not os.environ.get("RELIABLE_FLOW_SOAK"), reason="soak run: set RELIABLE_FLOW_SOAK=1")
+@pytest.mark.parametrize("config", CONCURRENT_PARAMS)
+def test_effect_kill_concurrent_soak(tmp_path: Path, config: str) -> None:
+    run_concurrent_campaign(tmp_path, config, concurrent_kills(CONCURRENT_SOAK_KILLS), chosen_seed())

@@ -125,7 +125,7 @@ def test_success_stores_json_result_and_the_call_sees_everything(world: World) -
     assert ex.run_once() == 1
     (call,) = run.calls
     assert call == EffectCall(KEY, "notify", {"flow": "A"}, {"trace": "t-9"}, 1, "A", "A1")
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.result, e.attempts, e.failures, e.lease_owner, e.last_error, e.fed) == (
         "succeeded", {"sent": [1, "two", None], "n": 1.5}, 1, 0, None, None, None)
     assert e.updated_at == T0
@@ -138,7 +138,7 @@ def test_success_stores_json_result_and_the_call_sees_everything(world: World) -
 def test_any_json_value_is_a_result(world: World, result: Any) -> None:
     c = one_effect(world, Script(lambda call: result))
     world.executor(c).run_once()
-    assert (c.effect(KEY).state, c.effect(KEY).result) == ("succeeded", result)
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).result) == ("succeeded", result)
 
 
 def test_retry_later_backs_off_exactly_then_goes_dead_at_max_attempts(world: World) -> None:
@@ -154,14 +154,14 @@ def test_retry_later_backs_off_exactly_then_goes_dead_at_max_attempts(world: Wor
     for failures, (start, due) in enumerate([(1000, 1002.0), (1002, 1005.0), (1005, 1008.5)], start=1):
         world.clock.t = start
         assert ex.run_once() == 1
-        e = c.effect(KEY)
+        e = c.scheduled_effect(KEY)
         assert (e.state, e.attempts, e.failures, e.due_at, e.last_error, e.lease_owner) == (
             "pending", failures, failures, due, "RetryLater: busy", None)
         world.clock.t = due - 0.01
         assert ex.run_once() == 0  # not due yet
     world.clock.t = 1008.5
     assert ex.run_once() == 1
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.failures, e.reason, e.last_error) == (
         "dead", 4, 4, "failed 4 of max_attempts=4 times", "RetryLater: busy")
     for _ in range(5):
@@ -179,7 +179,7 @@ def test_permanent_failure_goes_dead_at_once(world: World) -> None:
     ex.run_once()
     world.clock.t += 3600
     ex.run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.reason, e.last_error) == (
         "dead", 1, "permanent failure", "PermanentFailure: card declined")
     assert len(run.calls) == 1
@@ -195,7 +195,7 @@ def test_failures_that_may_have_happened_go_in_doubt(world: World, raised: Excep
     c = one_effect(world, run, reconcile=Script(Happened()))
     ex = world.executor(c)
     assert ex.run_once() == 1
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.failures, e.due_at, e.last_error, e.lease_owner) == (
         "in_doubt", 1, 1, T0 + 0.25, error, None)  # 0.5 * min(300, 0.5 * 2**0)
     world.clock.t = T0 + 0.2
@@ -211,7 +211,7 @@ def test_in_doubt_reconciled_as_happened_succeeds_without_calling_again(world: W
     assert check.calls == []  # not before it is due
     world.clock.t = T0 + 0.25
     assert ex.run_once() == 1
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.result, e.attempts, e.lease_owner) == ("succeeded", {"receipt": "r-1"}, 1, None)
     assert [(call.key, call.attempt) for call in check.calls] == [(KEY, 1)]
     assert len(run.calls) == 1
@@ -226,10 +226,10 @@ def test_in_doubt_reconciled_as_not_happened_runs_again_with_the_same_key(world:
     ex.run_once()
     world.clock.t = T0 + 1
     assert ex.run_once(limit=1) == 1  # only the reconcile
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.due_at, e.attempts, e.last_error) == ("pending", T0 + 1, 1, None)
     assert ex.run_once() == 1
-    assert (c.effect(KEY).state, c.effect(KEY).result, c.effect(KEY).attempts) == ("succeeded", {"ok": 2}, 2)
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).result, c.scheduled_effect(KEY).attempts) == ("succeeded", {"ok": 2}, 2)
     assert [(call.key, call.attempt) for call in run.calls] == [(KEY, 1), (KEY, 2)]
     assert len(check.calls) == 1
 
@@ -242,7 +242,7 @@ def test_not_happened_with_attempts_used_up_goes_dead(world: World) -> None:
     for _ in range(10):
         ex.run_until_idle()
         world.clock.t += 3600
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts) == ("dead", 2)
     assert "max_attempts=2" in e.reason
     assert run.attempts == [1, 2] and [call.attempt for call in check.calls] == [1, 2]
@@ -254,19 +254,19 @@ def test_reconcile_that_cannot_tell_backs_off_then_parks_unknown(world: World) -
     c = one_effect(world, run, reconcile=check, max_attempts=3)
     ex = world.executor(c)
     ex.run_once()  # the doubt is failure 1: due + 0.5 * min(300, 0.5 * 2**0)
-    assert (c.effect(KEY).failures, c.effect(KEY).due_at) == (1, T0 + 0.25)
+    assert (c.scheduled_effect(KEY).failures, c.scheduled_effect(KEY).due_at) == (1, T0 + 0.25)
     world.clock.t = T0 + 1
     assert ex.run_once() == 1  # reconcile raises: failure 2, due + 0.5 * min(300, 0.5 * 2**1)
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.failures, e.due_at, e.last_error) == ("in_doubt", 2, T0 + 1.5, "OSError: ledger down")
     world.clock.t = T0 + 2
     assert ex.run_once() == 1  # a non-answer also counts as "could not tell": failure 3
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.failures, e.due_at) == ("in_doubt", 3, T0 + 3)
     assert e.last_error.startswith("TypeError: reconcile must return Happened or NotHappened")
     world.clock.t = T0 + 3
     assert ex.run_once() == 1  # max_attempts=3 reconciles could not tell: parked
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.failures, e.lease_owner) == ("unknown", 4, None)
     assert e.reason == "reconcile could not tell in 3 tries (max_attempts)"
     for _ in range(5):
@@ -284,12 +284,12 @@ def test_each_doubt_starts_its_own_backoff_and_reconcile_budget(world: World) ->
     for t in (T0, T0 + 0.25, T0 + 0.75):  # retries due after 0.25, then 0.5
         world.clock.t = t
         assert ex.run_once() == 1
-    e = c.effect(KEY)  # the two retries before do not count: the doubt is failure 1
+    e = c.scheduled_effect(KEY)  # the two retries before do not count: the doubt is failure 1
     assert (e.state, e.attempts, e.failures, e.due_at) == ("in_doubt", 3, 1, T0 + 1.0)
     for _ in range(10):
-        world.clock.t = c.effect(KEY).due_at
+        world.clock.t = c.scheduled_effect(KEY).due_at
         ex.run_once()
-    assert c.effect(KEY).state == "unknown"
+    assert c.scheduled_effect(KEY).state == "unknown"
     assert len(check.calls) == 3  # max_attempts reconciles of its own
 
 
@@ -298,10 +298,10 @@ def test_idempotent_in_doubt_reruns_with_the_same_key(world: World) -> None:
     c = one_effect(world, run, idempotent=True)
     ex = world.executor(c)
     ex.run_once()
-    assert c.effect(KEY).state == "in_doubt"
+    assert c.scheduled_effect(KEY).state == "in_doubt"
     world.clock.t = T0 + 1
     ex.run_once()
-    assert (c.effect(KEY).state, c.effect(KEY).attempts) == ("succeeded", 2)
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).attempts) == ("succeeded", 2)
     assert [(call.key, call.attempt) for call in run.calls] == [(KEY, 1), (KEY, 2)]
 
 
@@ -312,7 +312,7 @@ def test_idempotent_reruns_stop_at_max_attempts(world: World) -> None:
     for _ in range(10):
         ex.run_once()
         world.clock.t += 3600
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts) == ("unknown", 2)
     assert "max_attempts" in e.reason
     assert run.attempts == [1, 2]
@@ -323,11 +323,11 @@ def test_in_doubt_with_neither_is_parked_unknown_and_never_called_again(world: W
     c = one_effect(world, run)
     ex = world.executor(c)
     ex.run_once()
-    assert c.effect(KEY).state == "in_doubt"
+    assert c.scheduled_effect(KEY).state == "in_doubt"
     for _ in range(20):
         world.clock.t += 3600
         ex.run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.lease_owner) == ("unknown", 1, None)
     assert "neither reconcile nor idempotent=True" in e.reason
     assert len(run.calls) == 1
@@ -342,7 +342,7 @@ def test_running_effect_whose_lease_ran_out_is_in_doubt(world: World, mode: str)
     c = one_effect(world, run, **register)
     dead = world.executor(c, owner="dead-one")
     run_dying(dead)
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.lease_owner, e.due_at) == ("running", 1, dead.owner, T0 + 30)
     assert dead.owner.startswith("dead-one/")  # the policy's owner, made this executor's own
     other = world.executor(c, owner="survivor")
@@ -350,7 +350,7 @@ def test_running_effect_whose_lease_ran_out_is_in_doubt(world: World, mode: str)
     assert other.run_once() == 0  # the lease still holds
     world.clock.t = T0 + 30
     assert other.run_once() == 1
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     if mode == "reconcile":
         assert (e.state, e.result, e.attempts) == ("succeeded", {"ok": "checked"}, 1)
         assert len(run.calls) == 1 and [call.attempt for call in check.calls] == [1]
@@ -376,10 +376,10 @@ def test_a_runner_dying_starts_a_new_doubt_after_earlier_retries(world: World) -
     ex.run_once()
     world.clock.t = T0 + 0.75
     run_dying(ex)
-    assert (c.effect(KEY).state, c.effect(KEY).failures) == ("running", 2)
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).failures) == ("running", 2)
     world.clock.t = T0 + 0.75 + 30  # the lease ran out: reconcile, which cannot tell
     assert world.executor(c, owner="survivor").run_once() == 1
-    e = c.effect(KEY)  # the doubt is failure 1, the failed reconcile failure 2
+    e = c.scheduled_effect(KEY)  # the doubt is failure 1, the failed reconcile failure 2
     assert (e.state, e.failures, e.due_at) == ("in_doubt", 2, world.clock.t + 0.5)
 
 
@@ -395,7 +395,7 @@ def test_late_outcome_after_the_lease_was_taken_over_is_discarded(world: World) 
     first, second = world.executor(c, owner="first"), world.executor(c, owner="second")
     takeover.append(second)
     assert first.run_once() == 1
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.result) == ("succeeded", {"by": "checker"})
     assert first.stats.outcomes == {"lease_lost": 1}
     assert second.stats.outcomes == {"reconciled_succeeded": 1}
@@ -406,13 +406,13 @@ def test_deadline_passed_before_running_expires_it(world: World) -> None:
     c = one_effect(world, run, schedule_kw={"deadline": T0 + 1})
     ex = world.executor(c)
     ex.run_once()
-    assert c.effect(KEY).state == "pending"
+    assert c.scheduled_effect(KEY).state == "pending"
     world.clock.t = T0 + 1  # exactly at the deadline: still runs
     ex.run_once()
-    assert c.effect(KEY).due_at == T0 + 1.5
+    assert c.scheduled_effect(KEY).due_at == T0 + 1.5
     world.clock.t = T0 + 1.5
     ex.run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.lease_owner) == ("expired", 2, None)
     assert e.reason == "its deadline 1001.000 passed (now 1001.500)"
     assert len(run.calls) == 2
@@ -426,7 +426,7 @@ def test_in_doubt_past_deadline_is_reconciled_before_it_expires(world: World) ->
     ex.run_once()
     world.clock.t = T0 + 5
     ex.run_once()
-    assert c.effect(KEY).state == "expired"
+    assert c.scheduled_effect(KEY).state == "expired"
     assert len(run.calls) == 1 and len(check.calls) == 1
 
 
@@ -437,7 +437,7 @@ def test_idempotent_in_doubt_past_deadline_is_parked_not_rerun(world: World) -> 
     ex.run_once()
     world.clock.t = T0 + 5
     ex.run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert e.state == "unknown"
     assert "not re-run even by key" in e.reason
     assert len(run.calls) == 1
@@ -447,9 +447,9 @@ def test_idempotent_in_doubt_past_deadline_is_parked_not_rerun(world: World) -> 
 def test_version_superseded_once_the_flow_moves_past_it(world: World, version: int, state: str) -> None:
     run = Script({"ok": True})
     c = one_effect(world, run, upto=2, schedule_kw={"version": version})  # the flow is at seq 2
-    assert c.effect(KEY).version == version
+    assert c.scheduled_effect(KEY).version == version
     world.executor(c).run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert e.state == state
     assert len(run.calls) == (state == "succeeded")
     if state == "superseded":
@@ -473,7 +473,7 @@ def test_effect_cancelled_by_a_handler_never_runs(world: World) -> None:
     c.drain("A")
     ex = world.executor(c)
     assert ex.run_until_idle() == 0
-    assert (c.effect(KEY).state, c.effect(KEY).reason) == ("cancelled", "confirmed before it was sent")
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).reason) == ("cancelled", "confirmed before it was sent")
     assert run.calls == []
 
 
@@ -483,7 +483,7 @@ def test_non_json_result_is_unknown_and_never_rerun(world: World, result: Any) -
     c = one_effect(world, run, idempotent=True)
     ex = world.executor(c)
     ex.run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.result, e.lease_owner) == ("unknown", None, None)
     assert e.reason == "it ran, but its result is not JSON; resolve it by hand"
     assert e.last_error.startswith("result")
@@ -499,13 +499,13 @@ def test_non_json_answer_of_reconcile_is_unknown(world: World) -> None:
     ex.run_once()
     world.clock.t += 1
     ex.run_once()
-    assert c.effect(KEY).state == "unknown"
+    assert c.scheduled_effect(KEY).state == "unknown"
 
 
 def test_result_with_a_lone_surrogate_is_unknown(world: World) -> None:
     c = one_effect(world, Script({"text": "\ud800"}))
     world.executor(c).run_once()
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.lease_owner) == ("unknown", None)
     assert e.last_error.startswith("result.text")
 
@@ -526,8 +526,8 @@ def test_only_registered_names_are_claimed(world: World) -> None:
     with pytest.raises(TypeError):
         EffectExecutor(c)  # neither the consumer nor the call names a registry
     assert world.executor(c, effects=mine).run_until_idle() == 1
-    assert c.effect("default:A1:theirs").state == "pending"
-    assert c.effect("default:A1:theirs").attempts == 0
+    assert c.scheduled_effect("default:A1:theirs").state == "pending"
+    assert c.scheduled_effect("default:A1:theirs").attempts == 0
     assert run_theirs.calls == []
     assert world.executor(c, effects=theirs).run_until_idle() == 1
     assert [len(run_mine.calls), len(run_theirs.calls)] == [1, 1]
@@ -584,11 +584,11 @@ def test_ordered_effect_waits_for_the_earlier_one_of_its_flow_only(world: World)
     ex = world.executor(c)
     ex.run_until_idle()
     assert calls == [("A-1", 1), ("A-free", 1), ("B-1", 1), ("B-2", 1), ("B-free", 1)]
-    assert (c.effect("A-1").state, c.effect("A-2").state) == ("pending", "pending")
+    assert (c.scheduled_effect("A-1").state, c.scheduled_effect("A-2").state) == ("pending", "pending")
     world.clock.t += 1
     ex.run_until_idle()
     assert calls[5:] == [("A-1", 2), ("A-2", 1)]
-    assert {e.state for e in c.effect_outbox()} == {"succeeded"}
+    assert {e.state for e in c.scheduled_effects()} == {"succeeded"}
 
 
 @pytest.mark.parametrize(("first", "state", "action"), [
@@ -604,12 +604,12 @@ def test_ordered_effect_waits_behind_a_dead_or_unknown_one_until_an_operator_act
     for _ in range(10):
         ex.run_until_idle()
         world.clock.t += 3600
-    assert c.effect("A-1").state == state
-    assert c.effect("A-2").state == "pending"
+    assert c.scheduled_effect("A-1").state == state
+    assert c.scheduled_effect("A-2").state == "pending"
     assert ("A-2", 1) not in calls and ("A-free", 1) in calls and ("B-2", 1) in calls
     getattr(c.admin, f"{action}_effect")("A-1", actor="ops", reason="checked by hand")
     ex.run_until_idle()
-    assert c.effect("A-2").state == "succeeded"
+    assert c.scheduled_effect("A-2").state == "succeeded"
     assert calls.count(("A-1", 1)) == 1 and ("A-1", 2) not in calls
 
 
@@ -662,7 +662,7 @@ def build_zoo(w: World) -> Consumer:
                 break
         except Died:
             continue
-    assert {flow: c.effect(zoo_key(flow)).state for flow in ZOO} == {f: s for f, (_, s) in ZOO.items()}
+    assert {flow: c.scheduled_effect(zoo_key(flow)).state for flow in ZOO} == {f: s for f, (_, s) in ZOO.items()}
     return c
 
 
@@ -676,14 +676,14 @@ def test_effect_counts_list_every_state(world: World) -> None:
 
 def test_effect_outbox_filters_by_state_flow_and_limit(world: World) -> None:
     c = build_zoo(world)
-    assert [e.flow_id for e in c.effect_outbox()] == sorted(ZOO)  # scheduling order (process_all: by flow)
-    assert [e.key for e in c.effect_outbox(state="unknown")] == [zoo_key("U")]
-    assert [e.key for e in c.effect_outbox(state=c.effect(zoo_key("X")).state)] == [zoo_key("X")]
-    assert [e.key for e in c.effect_outbox(flow_id="D")] == [zoo_key("D")]
-    assert c.effect_outbox(flow_id="D", state="dead") == []
-    assert [e.flow_id for e in c.effect_outbox(limit=2)] == ["C", "D"]
+    assert [e.flow_id for e in c.scheduled_effects()] == sorted(ZOO)  # scheduling order (process_all: by flow)
+    assert [e.key for e in c.scheduled_effects(state="unknown")] == [zoo_key("U")]
+    assert [e.key for e in c.scheduled_effects(state=c.scheduled_effect(zoo_key("X")).state)] == [zoo_key("X")]
+    assert [e.key for e in c.scheduled_effects(flow_id="D")] == [zoo_key("D")]
+    assert c.scheduled_effects(flow_id="D", state="dead") == []
+    assert [e.flow_id for e in c.scheduled_effects(limit=2)] == ["C", "D"]
     with pytest.raises(ValueError):
-        c.effect_outbox(state="sleeping")
+        c.scheduled_effects(state="sleeping")
 
 
 @pytest.mark.parametrize("action", ["retry", "resolve", "cancel"])
@@ -694,14 +694,14 @@ def test_operator_action_from_every_state(world: World, action: str) -> None:
     done = []
     for flow, (_, state) in ZOO.items():
         key = zoo_key(flow)
-        before = c.effect(key)
+        before = c.scheduled_effect(key)
         if state in ALLOWED[action]:
             world.clock.t += 1.0
             record = act(key, actor="alice", reason=f"{action} {flow}", **extra)
             assert (record.key, record.action, record.actor, record.reason) == (key, action, "alice", f"{action} {flow}")
             assert record.at == world.clock.t  # the consumer's clock
-            assert c.effect(key).updated_at == world.clock.t
-            after = c.effect(key)
+            assert c.scheduled_effect(key).updated_at == world.clock.t
+            after = c.scheduled_effect(key)
             assert (after.state, after.lease_owner) == (AFTER[action], None)
             if action == "retry":
                 assert (after.due_at, after.failures, after.attempts) == (0.0, 0, 0)  # a fresh budget
@@ -713,7 +713,7 @@ def test_operator_action_from_every_state(world: World, action: str) -> None:
         else:
             with pytest.raises(NotResolvable, match=state):
                 act(key, actor="alice", reason="try it", **extra)
-            assert c.effect(key) == before
+            assert c.scheduled_effect(key) == before
     assert len(done) == len(ALLOWED[action])
     mine = [a for a in c.admin.effect_actions() if a.actor == "alice"]
     assert [(a.key, a.action) for a in mine] == [(k, action) for k in done]
@@ -726,7 +726,7 @@ def test_retried_dead_and_unknown_effects_run_again_with_the_same_key(world: Wor
     for flow in ("X", "U"):
         c.admin.retry_effect(zoo_key(flow), actor="bob", reason="fixed upstream")
     ex.run_until_idle()
-    dead, unknown = c.effect(zoo_key("X")), c.effect(zoo_key("U"))
+    dead, unknown = c.scheduled_effect(zoo_key("X")), c.scheduled_effect(zoo_key("U"))
     assert (dead.state, dead.attempts) == ("dead", 1)  # still declined; attempts counted afresh
     assert (unknown.state, unknown.attempts) == ("unknown", 1)
     perm = world_specs(c)["perm"]
@@ -741,16 +741,16 @@ def test_retry_of_an_exhausted_effect_starts_a_fresh_budget(world: World) -> Non
     for _ in range(3):
         ex.run_until_idle()
         world.clock.t += 10
-    assert (c.effect(KEY).state, c.effect(KEY).attempts, c.effect(KEY).failures) == ("dead", 2, 2)
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).attempts, c.scheduled_effect(KEY).failures) == ("dead", 2, 2)
     c.admin.retry_effect(KEY, actor="bob", reason="the service is back")
-    e = c.effect(KEY)
+    e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.failures, e.due_at, e.reason) == ("pending", 0, 0, 0.0, None)
     ex.run_once()
-    e = c.effect(KEY)  # backoff starts again from the first failure
+    e = c.scheduled_effect(KEY)  # backoff starts again from the first failure
     assert (e.state, e.attempts, e.failures, e.due_at) == ("pending", 1, 1, world.clock.t + 0.25)
     world.clock.t += 10
     ex.run_once()
-    assert (c.effect(KEY).state, c.effect(KEY).attempts) == ("dead", 2)
+    assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).attempts) == ("dead", 2)
     assert run.attempts == [1, 2, 1, 2]
 
 
@@ -765,7 +765,7 @@ def test_resolved_pending_effect_never_runs(world: World) -> None:
     c.admin.resolve_effect(zoo_key("P"), result=None, actor="bob", reason="sent by hand")
     world.clock.t += 3600
     world.executor(c).run_until_idle()
-    assert (c.effect(zoo_key("P")).state, c.effect(zoo_key("P")).result) == ("succeeded", None)
+    assert (c.scheduled_effect(zoo_key("P")).state, c.scheduled_effect(zoo_key("P")).result) == ("succeeded", None)
     assert len(world_specs(c)["retry"].calls) == 1
 
 
@@ -781,7 +781,7 @@ def test_operator_actions_check_their_arguments(world: World) -> None:
     with pytest.raises(InvalidEnvelope):
         c.admin.resolve_effect(zoo_key("X"), result={"x": float("nan")}, actor="bob", reason="why")
     assert c.admin.effect_actions() == before
-    assert c.effect(zoo_key("X")).state == "dead"
+    assert c.scheduled_effect(zoo_key("X")).state == "dead"
 
 
 def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: World) -> None:
@@ -795,7 +795,7 @@ def test_inspect_shows_effect_counts_and_the_effects_needing_attention(world: Wo
     assert effects["counts"] == c.effect_counts() == {s: 1 for _, s in ZOO.values()}
     attention = {a["key"]: a for a in effects["attention"]}
     assert set(attention) == {zoo_key(f) for f in ("P", "R", "D", "X", "U")}
-    owner = c.effect(zoo_key("R")).lease_owner
+    owner = c.scheduled_effect(zoo_key("R")).lease_owner
     assert owner is not None and owner.startswith("exec-1/")  # the executor's own owner
     assert attention[zoo_key("R")] == {
         "key": zoo_key("R"), "name": "die", "flow_id": "R", "state": "running", "attempts": 1, "due_at": T0 + 30,
@@ -825,7 +825,7 @@ def test_worker_runs_effects(world: World) -> None:
     world.push("B", 1)
     ex = world.executor(c)
     worker = Worker(world.producer, [c], executors=[ex], idle_sleep=0)
-    stats = worker.run(max_passes=3, handle_signals=False)
+    stats = worker.run(until_idle=True, handle_signals=False)  # calls end on a later pass than they start
     assert stats.applied == 4
     assert stats.effects == {"succeeded": 4}
     assert c.effect_counts()["succeeded"] == 4
@@ -912,7 +912,7 @@ def test_feedback_advances_the_result_as_the_next_step_exactly_once(agent: World
                                         "input": "6*7", "output": "calc(6*7) = 42"}
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
     assert agent.producer.event(f"{TOOL_KEY}:result")["meta"] == {"trace": "t-1"}
-    assert (c.effect(TOOL_KEY).state, c.effect(TOOL_KEY).fed) == ("succeeded", True)
+    assert (c.scheduled_effect(TOOL_KEY).state, c.scheduled_effect(TOOL_KEY).fed) == ("succeeded", True)
     assert ex.stats.fed == 1
     # Re-run: this executor and a new one, with a new producer object on the same file.
     assert ex.run_until_idle() == 0
@@ -931,11 +931,11 @@ def test_feedback_advances_the_result_as_the_next_step_exactly_once(agent: World
 def test_feedback_owed_is_advanced_by_a_later_executor_with_a_producer(agent: World) -> None:
     c, tool = tool_flow(agent)
     agent.executor(c).run_once()  # no producer: the result waits
-    assert (c.effect(TOOL_KEY).state, c.effect(TOOL_KEY).fed) == ("succeeded", False)
+    assert (c.scheduled_effect(TOOL_KEY).state, c.scheduled_effect(TOOL_KEY).fed) == ("succeeded", False)
     assert result_events(agent) == []
     feeder = agent.executor(c, owner="feeder", producer=agent.producer)
     assert feeder.run_once() == 0
-    assert c.effect(TOOL_KEY).fed is True
+    assert c.scheduled_effect(TOOL_KEY).fed is True
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
     assert feeder.stats.fed == 1
     assert len(tool.calls) == 1
@@ -971,7 +971,7 @@ def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: Wor
         ex = agent.executor(c, producer=losing)
         with pytest.raises(CommitOutcomeUnknown):
             ex.run_once()
-        assert (c.effect(TOOL_KEY).state, c.effect(TOOL_KEY).fed) == ("succeeded", False)
+        assert (c.scheduled_effect(TOOL_KEY).state, c.scheduled_effect(TOOL_KEY).fed) == ("succeeded", False)
         assert result_events(agent) == [f"{TOOL_KEY}:result"]
         for _ in range(3):  # the result is owed: every pass tries to feed it again
             assert ex.run_once() == 0
@@ -995,7 +995,7 @@ def test_owed_feedback_whose_advance_committed_is_settled(agent: World, moved_on
                                           payload={"answer": "42"}).status == "committed"
         ex.run_once()
         assert result_events(agent) == [f"{TOOL_KEY}:result"]
-        assert (c.effect(TOOL_KEY).fed, c.effect(TOOL_KEY).last_error) == (True, None)
+        assert (c.scheduled_effect(TOOL_KEY).fed, c.scheduled_effect(TOOL_KEY).last_error) == (True, None)
         assert (ex.stats.fed, ex.stats.feedback_errors) == (1, 0)
     finally:
         losing.close()
@@ -1005,7 +1005,7 @@ def test_refused_feedback_is_recorded_and_nothing_advanced(agent: World) -> None
     c, _ = tool_flow(agent, run=lambda call: {"output": "x", "extra": 1})  # not a valid tool_result payload
     ex = agent.executor(c, producer=agent.producer)
     ex.run_once()
-    e = c.effect(TOOL_KEY)
+    e = c.scheduled_effect(TOOL_KEY)
     assert (e.state, e.fed) == ("succeeded", False)
     assert e.last_error.startswith("feedback invalid_payload")
     assert ex.stats.feedback_errors == 1
@@ -1019,9 +1019,9 @@ def test_result_resolved_by_an_operator_is_fed_back(agent: World) -> None:
     ex.run_once()
     agent.clock.t += 1
     ex.run_once()
-    assert c.effect(TOOL_KEY).state == "unknown"
+    assert c.scheduled_effect(TOOL_KEY).state == "unknown"
     c.admin.resolve_effect(TOOL_KEY, result={"output": "checked by hand"}, actor="ops", reason="looked in the tool log")
     ex.run_once()
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
     assert agent.producer.flow("T")["output"] == "checked by hand"
-    assert c.effect(TOOL_KEY).fed is True
+    assert c.scheduled_effect(TOOL_KEY).fed is True

@@ -104,10 +104,10 @@ def test_the_example_leaves_real_consumer_and_producer_files(
     ):
         counts = consumer.effect_counts()
         assert counts == {s.value: 0 for s in EffectState} | {"succeeded": 7}
-        refund = consumer.effect("support:T-1001-2:refund")
+        refund = consumer.scheduled_effect("support:T-1001-2:refund")
         assert refund is not None and refund.fed is True and refund.attempts == 2
         assert refund.result == {"refund_id": "rf-1", "amount_cents": 1999}
-        notify = consumer.effect("support:T-1001-2:notify")
+        notify = consumer.scheduled_effect("support:T-1001-2:notify")
         assert notify is not None and notify.attempts == 1  # reconciled, never sent again
         assert notify.result == {"message_id": "msg-3"}
 

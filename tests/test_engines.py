@@ -148,7 +148,7 @@ def test_apply_next_answers_applied_gap_blocked_and_idle(c: Consumer) -> None:
     assert (c.apply_next("A").status, c.apply_next("A").status, c.apply_next("A").status) == (
         "applied", "applied", "idle")
     assert c.projection("A") == {"state": "confirmed", "last_seq": 2, "held": 3}
-    assert [(e.event_id, e.seq, e.kind) for e in c.effects("A")] == [("A1", 1, "reserved"), ("A2", 2, "confirmed")]
+    assert [(e.event_id, e.seq, e.kind) for e in c.applied("A")] == [("A1", 1, "reserved"), ("A2", 2, "confirmed")]
     c.receive(envelope("B1", "B", 1, kind="released"))  # not a legal first step
     blocked = c.apply_next("B")
     assert (blocked.status, blocked.reason, blocked.event_id) == ("blocked", "invalid_transition", "B1")
@@ -169,7 +169,7 @@ def test_drain_and_process_all_with_a_batch_size(c: Consumer, batch_size: int) -
         "A": (1, "idle"), "B": (3, "idle"), "C": (3, "idle"), "D": (0, "gap")}
     for flow in ("A", "B", "C"):
         assert c.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-        assert [e.seq for e in c.effects(flow)] == [1, 2, 3]
+        assert [e.seq for e in c.applied(flow)] == [1, 2, 3]
     assert c.open_flows() == ["D"]
 
 
@@ -256,7 +256,7 @@ def test_pruned_events_leave_tombstones_that_answer_duplicate_and_existing(p: Pr
         c.process_all()
         result = c.admin.prune(10, now=clock.t + 100)
         assert (result.events, result.effect_records, result.complete) == (3, 3, True)
-        assert c.inbox("A") == [] and c.effects("A") == []
+        assert c.inbox("A") == [] and c.applied("A") == []
         assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
         assert c.receive(envelope("A2", "A", 2)).status == "duplicate"
         assert c.receive(envelope("A2", "A", 2, amount=9)).status == "id_conflict"
@@ -288,7 +288,7 @@ def test_receive_and_apply_mode_and_the_applying_view(where: Locations, p: Produ
         assert relay_log(p, view) == ["B1 accepted", "B2 accepted"]
         assert view.applied == 2
         assert plain.projection("B") == {"state": "confirmed", "last_seq": 2, "held": 3}
-        assert [e.event_id for e in plain.effects("B")] == ["B1", "B2"]
+        assert [e.event_id for e in plain.applied("B")] == ["B1", "B2"]
         assert plain.apply_next("B").status == "idle"
 
 
@@ -304,7 +304,7 @@ def test_the_worker_relays_and_applies_through_the_receive_and_apply_mode(p: Pro
     assert (worker.stats.applied, dict(worker.stats.stops)) == (6, {})
     for flow in ("A", "B"):
         assert c.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-        assert [e.event_id for e in c.effects(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
+        assert [e.event_id for e in c.applied(flow)] == [f"{flow}1", f"{flow}2", f"{flow}3"]
     assert all(e.accepted for e in p.outbox())
 
 
@@ -329,7 +329,7 @@ def test_the_effect_executor_runs_a_scheduled_effect_once(where: Locations, p: P
         assert executor.run_once() == 1
         assert executor.run_once() == 0
         assert calls == ["default:A1:notify"]
-        effect = c.effect("default:A1:notify")
+        effect = c.scheduled_effect("default:A1:notify")
         assert (effect.state, effect.result, effect.attempts, effect.lease_owner) == (
             "succeeded", {"sent": "A"}, 1, None)
 
@@ -355,6 +355,6 @@ def test_delivery_across_engines(pair: tuple[str, str], request: pytest.FixtureR
         assert relay(p, c, event_id="A1").status == "duplicate"
         for flow in ("A", "B"):
             assert c.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-            assert len(c.effects(flow)) == 3
+            assert len(c.applied(flow)) == 3
         assert all(e.accepted for e in p.outbox())
         assert p.outbox()[0].deliveries["default"].last_status == "duplicate"

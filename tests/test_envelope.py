@@ -635,7 +635,7 @@ def test_a_body_parsed_again_in_the_same_process_is_the_same_envelope_with_its_o
     """parse() answers a text it validated lately without validating it again:
     same fields, but payload and meta are copies, so a handler that changes
     what it was given cannot change what the next reader of the text gets."""
-    from reliable_flow import envelope as module
+    from reliable_flow import _envelope as module
 
     made = module.make(event_id="R1", flow_id="R", seq=1, kind="reserved", schema=1,
                        payload={"amount": 3}, meta={"trace_id": "t"})
@@ -651,7 +651,7 @@ def test_a_body_parsed_again_in_the_same_process_is_the_same_envelope_with_its_o
 
 
 def test_the_memory_of_recent_bodies_is_bounded() -> None:
-    from reliable_flow import envelope as module
+    from reliable_flow import _envelope as module
 
     for i in range(module._RECENT_MAX + 50):
         module.make(event_id=f"B{i}", flow_id="B", seq=1, kind="k", schema=1, payload={})

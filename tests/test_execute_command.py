@@ -99,7 +99,7 @@ def stores(engine: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 def states(consumer: str) -> dict[str, str]:
     with Consumer(consumer, RESERVATION) as c:
-        return {e.flow_id: str(e.state) for e in c.effect_outbox()}
+        return {e.flow_id: str(e.state) for e in c.scheduled_effects()}
 
 
 def stopped(stderr: str) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def test_execute_until_idle_runs_what_is_due_and_exits_0(stores: tuple[str, str]
     assert stopped(done.stderr)["outcomes"] == {"succeeded": 2}
     assert states(consumer) == {"A": "succeeded", "B": "succeeded"}
     with Consumer(consumer, RESERVATION) as c:
-        assert c.effect("mail:A1:notify").result == {"quick": "A"}
+        assert c.scheduled_effect("mail:A1:notify").result == {"quick": "A"}
 
 
 def test_execute_stops_on_sigterm_after_the_call_in_progress_is_recorded(

@@ -131,21 +131,21 @@ def test_a_raising_feedback_function_is_recorded_as_refused_and_other_effects_go
     s.ask("A")
     ex = s.executor()
     assert ex.run_once() == 1  # before the fix: raised KeyError out of run_once, after recording the call
-    a = s.consumer.effect("tools:A1:look_up")
+    a = s.consumer.scheduled_effect("tools:A1:look_up")
     assert (a.state, a.fed) == ("succeeded", False)
     assert a.last_error == f"feedback refused: Feedback.{which} raised KeyError: 'answer_text'"
     assert (ex.stats.feedback_errors, ex.stats.fed) == (1, 0)
     # Every later pass tries it again, and still claims and runs the other effects.
     s.ask("B")
     assert ex.run_once() == 1  # before the fix: raised from the owed feed, B never claimed
-    b = s.consumer.effect("tools:B1:look_up")
+    b = s.consumer.scheduled_effect("tools:B1:look_up")
     assert (b.state, b.fed) == ("succeeded", False)
     assert ex.stats.feedback_errors == 3  # A again, then B
     assert answers(s) == {"A": None, "B": None}
     flaky.fixed = True  # the application's bug fixed: the owed feedback goes through
     assert ex.run_once() == 0
     assert answers(s) == {"A": "A", "B": "B"}
-    assert [s.consumer.effect(f"tools:{f}1:look_up").fed for f in "AB"] == [True, True]
+    assert [s.consumer.scheduled_effect(f"tools:{f}1:look_up").fed for f in "AB"] == [True, True]
     assert ex.stats.fed == 2
 
 
@@ -174,7 +174,7 @@ def test_run_until_idle_refuses_a_max_passes_that_is_not_a_count(make: Callable[
     ex = s.executor()
     with pytest.raises(ValueError, match="max_passes must be an int >= 1"):
         ex.run_until_idle(max_passes=value)
-    assert s.consumer.effect("tools:A1:look_up").state == "pending"  # nothing claimed
+    assert s.consumer.scheduled_effect("tools:A1:look_up").state == "pending"  # nothing claimed
     assert ex.run_until_idle(max_passes=1) == 1
 
 
@@ -218,7 +218,7 @@ def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[
     shared = s.policy(owner="host:1")
     first, second = s.executor(shared), s.executor(shared)
     assert first.run_once() == 1
-    e = s.consumer.effect("tools:A1:look_up")
+    e = s.consumer.scheduled_effect("tools:A1:look_up")
     # Before the fix both claimed as "host:1": the first executor's late outcome
     # overwrote the second's live claim (succeeded, "late").
     assert (e.state, e.result, e.lease_owner) == ("running", None, second.owner)
@@ -230,7 +230,7 @@ def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[
 def test_an_executor_records_its_own_owner_on_the_claim(make: Callable[[EffectRegistry], Setup]) -> None:
     seen: list[str | None] = []
     effects = EffectRegistry()
-    effects.register("look_up", lambda call: seen.append(s.consumer.effect(call.key).lease_owner) or {})
+    effects.register("look_up", lambda call: seen.append(s.consumer.scheduled_effect(call.key).lease_owner) or {})
     s = make(effects)
     s.ask("A")
     ex = s.executor(s.policy(owner="me"))
@@ -280,7 +280,7 @@ def test_run_stops_after_the_call_in_progress_and_claims_nothing_more(make: Call
     ex = s.executor()
     ex.run(handle_signals=False)
     assert calls == ["A"]
-    assert [s.consumer.effect(f"tools:{f}1:look_up").state for f in "AB"] == ["succeeded", "pending"]
+    assert [s.consumer.scheduled_effect(f"tools:{f}1:look_up").state for f in "AB"] == ["succeeded", "pending"]
     assert ex.run_until_idle() == 1  # run_once outside run() is not stopped
 
 
@@ -299,7 +299,7 @@ def test_run_refuses_bad_arguments_before_claiming(make: Callable[[EffectRegistr
     s.ask("A")
     with pytest.raises((ValueError, TypeError), match=match):
         s.executor().run(handle_signals=False, **{"max_passes": 1, **kwargs})
-    assert s.consumer.effect("tools:A1:look_up").state == "pending"
+    assert s.consumer.scheduled_effect("tools:A1:look_up").state == "pending"
 
 
 def test_run_records_a_failed_pass_and_goes_on(make: Callable[[EffectRegistry], Setup]) -> None:

@@ -250,7 +250,7 @@ def check_round_finished(producer_path: Path | str, consumer_path: Path | str, p
         assert consumer.projection(plan.poison) == {
             "state": "reserved", "last_seq": 1, "held": plan.amounts[plan.poison] + 1}
         assert [r.state for r in consumer.inbox(plan.poison)] == ["applied", "blocked", "pending"]
-        assert [e.event_id for e in consumer.effects(plan.shadow)] == [
+        assert [e.event_id for e in consumer.applied(plan.shadow)] == [
             f"{plan.shadow}-planted", f"{plan.shadow}-2", f"{plan.shadow}-3"]
         assert relay(producer, consumer).status == "idle"
 

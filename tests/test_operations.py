@@ -285,7 +285,7 @@ def test_skip_event_moves_the_flow_past_it_without_an_effect_and_is_recorded(at:
         assert (action.at, action.event_id, action.flow_id, action.seq, action.action, action.previous_state) == (
             7000.0, "A3", "A", 3, "skip", "blocked")
         assert c.projection("A") == {"state": "confirmed", "last_seq": 3, "held": 3}
-        assert [e.seq for e in c.effects("A")] == [1, 2]  # no effect for the skipped step
+        assert [e.seq for e in c.applied("A")] == [1, 2]  # no effect for the skipped step
         assert [(e.event_id, e.state) for e in c.inbox("A")][-1] == ("A3", "skipped")
         assert c.admin.operator_actions() == [action] and c.admin.operator_actions("A3") == [action]
         assert c.open_flows() == [] and c.stuck("A").wait == "idle"
@@ -341,7 +341,7 @@ def test_runbook_a_a_bad_accepted_event_is_replaced_by_a_corrected_one(at: At) -
             ("A1", "applied"), ("A2", "replaced"), ("A2-fix", "pending")]
         assert c.process_all()["A"].applied == 1
         assert c.projection("A") == {"state": "confirmed", "last_seq": 2, "held": 3}
-        assert [e.event_id for e in c.effects("A")] == ["A1", "A2-fix"]
+        assert [e.event_id for e in c.applied("A")] == ["A1", "A2-fix"]
         assert c.event("A2") == {**envelope("A2", "A", 2, "confirmed", amount=9)}  # kept as it arrived
     # The producer (bug fixed) goes on; the old event relayed again is a duplicate.
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:

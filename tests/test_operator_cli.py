@@ -16,24 +16,27 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from engine_reads import is_pg, new_location, rows
 from reliable_flow import (
-    ApplyContext,
     Consumer,
     DeliveryPolicy,
-    EffectExecutor,
-    EffectRegistry,
-    PermanentFailure,
     Producer,
     relay,
 )
 from reliable_flow._tools.cli import main
 from reliable_flow.reservation import RESERVATION
-from support import KINDS, Clock, Unreachable, commit, outbox_entry, run_cli, troubled_history
+from support import (
+    Clock,
+    Unreachable,
+    commit,
+    dead_effects,
+    outbox_entry,
+    run_cli,
+    troubled_history,
+)
 
 WHO = ["--actor", "alice", "--reason", "INC-7: checked by hand"]
 
@@ -193,32 +196,6 @@ def test_a_bad_replacement_is_exit_2_naming_the_field_and_stores_nothing(
 # -- effects ------------------------------------------------------------------------------------
 
 
-def dead_effects(engine: str, tmp_path: Path) -> str:
-    """A consumer store whose handler scheduled ``notify`` for A1 and B1, both dead."""
-    producer_at, consumer_at = new_location(engine, tmp_path, "producer"), new_location(engine, tmp_path, "consumer")
-    effects = EffectRegistry()
-
-    def declined(call: Any) -> Any:
-        raise PermanentFailure("declined")
-
-    effects.register("notify", declined)
-
-    def handler(ctx: ApplyContext) -> None:
-        ctx.schedule("notify", {"flow": ctx.event.flow_id})
-
-    with Producer(producer_at, RESERVATION) as producer, \
-            Consumer(consumer_at, RESERVATION, handlers=(handler,), effects=effects) as consumer:
-        for flow in ("A", "B"):
-            producer.advance(f"{flow}1", flow, expected_seq=0, kind=KINDS[0], payload={"amount": 3})
-        while relay(producer, consumer).status != "idle":
-            pass
-        consumer.process_all()
-        EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=30)).run_until_idle()
-        assert {e.key: e.state for e in consumer.effect_outbox()} == {
-            "default:A1:notify": "dead", "default:B1:notify": "dead"}
-    return consumer_at
-
-
 def test_effect_retry_resolve_cancel_are_recorded_with_actor_and_reason(
     capsys: pytest.CaptureFixture[str], engine: str, tmp_path: Path
 ) -> None:
@@ -239,8 +216,8 @@ def test_effect_retry_resolve_cancel_are_recorded_with_actor_and_reason(
         assert [(e.action, e.actor, e.reason) for e in consumer.admin.effect_actions(a)] == [
             ("retry", "alice", "INC-7: checked by hand"), ("cancel", "bob", "too late")]
         assert [(e.action, e.actor) for e in consumer.admin.effect_actions(b)] == [("resolve", "alice")]
-        assert (consumer.effect(a).state, consumer.effect(b).state) == ("cancelled", "succeeded")
-        assert consumer.effect(b).result == {"parcel": "P-7"}
+        assert (consumer.scheduled_effect(a).state, consumer.scheduled_effect(b).state) == ("cancelled", "succeeded")
+        assert consumer.scheduled_effect(b).result == {"parcel": "P-7"}
 
 
 def test_effect_refusals_are_exit_1_and_errors_exit_2_with_nothing_recorded(
@@ -264,7 +241,7 @@ def test_effect_refusals_are_exit_1_and_errors_exit_2_with_nothing_recorded(
     assert exited.value.code == 2 and "argument --result: must be a JSON value" in capsys.readouterr().err
     with Consumer(consumer_at, RESERVATION) as consumer:
         assert [e.action for e in consumer.admin.effect_actions()] == ["cancel"]
-        assert consumer.effect("default:B1:notify").state == "dead"
+        assert consumer.scheduled_effect("default:B1:notify").state == "dead"
 
 
 # -- the registry -------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def raw_bodies(path: str) -> list[tuple[str, str]]:
 
 def assert_released_once(consumer: Consumer) -> None:
     assert consumer.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-    assert [(e.event_id, e.seq, e.kind) for e in consumer.effects("A")] == [
+    assert [(e.event_id, e.seq, e.kind) for e in consumer.applied("A")] == [
         ("A1", 1, "reserved"), ("A2", 2, "confirmed"), ("A3", 3, "released"),
     ]
 
@@ -51,7 +51,7 @@ def test_every_arrival_order_ends_released_with_ordered_effects(
         while expected_prefix + 1 in arrived:
             expected_prefix += 1
         assert last_seq == expected_prefix
-        assert [e.seq for e in consumer.effects("A")] == list(range(1, last_seq + 1))
+        assert [e.seq for e in consumer.applied("A")] == list(range(1, last_seq + 1))
     assert_released_once(consumer)
     assert relay(producer, consumer).status == "idle"
     assert all(e.accepted for e in producer.outbox("A"))
@@ -88,7 +88,7 @@ def test_duplicates_at_every_position_leave_one_effect_each(
         if i == position:
             assert relay(producer, consumer, event_id=order[0]).status == "duplicate"
             consumer.drain("A")
-        effects = consumer.effects("A")
+        effects = consumer.applied("A")
         assert len(effects) <= 3
         ids = [e.event_id for e in effects]
         assert len(ids) == len(set(ids))
@@ -115,7 +115,7 @@ def test_schema_upgrade_blocks_then_applies_unchanged(producer: Producer, consum
         d = upgraded.drain("A")
         assert (d.applied, d.stop) == (2, "idle")
         assert upgraded.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
-        assert [(e.event_id, e.kind) for e in upgraded.effects("A")] == [
+        assert [(e.event_id, e.kind) for e in upgraded.applied("A")] == [
             ("A1", "reserved"), ("A2", "confirmed"), ("A3", "released"),
         ]
         assert [r.state for r in upgraded.inbox("A")] == ["applied"] * 3
@@ -135,8 +135,8 @@ def test_flow_isolation_a_gap_does_not_hold_back_b(producer: Producer, consumer:
     assert (results["B"].applied, results["B"].stop) == (3, "idle")
     assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
     assert consumer.projection("B") == {"state": "released", "last_seq": 3, "held": 0}
-    assert [e.event_id for e in consumer.effects("A")] == ["A1"]
-    assert [e.event_id for e in consumer.effects("B")] == ["B1", "B2", "B3"]
+    assert [e.event_id for e in consumer.applied("A")] == ["A1"]
+    assert [e.event_id for e in consumer.applied("B")] == ["B1", "B2", "B3"]
     assert [(r.event_id, r.state) for r in consumer.inbox("A")] == [("A1", "applied"), ("A3", "pending")]
     # A2 is still undelivered, and delivering it completes A.
     outbox: dict[str, Any] = {e.event_id: e.accepted for e in producer.outbox("A")}

@@ -65,13 +65,13 @@ PUBLIC_NAMES = [
 # The namespaces (issue 19): every result and record, every error, every status enum.
 RECORD_NAMES = [
     "AdvanceResult", "AppliedEvent", "ApplyResult", "ConsumerEntry", "DeliveryRecord",
-    "DrainResult", "EffectAction", "ExecutorStats", "InboxAction", "InboxEntry", "InboxRow",
-    "OperatorAction", "OutboxEntry", "PruneResult", "ReceiveResult", "RegistryAction",
+    "DrainResult", "EffectTransition", "ExecutorStats", "InboxEntry", "InboxRow",
+    "OperatorAction", "OutboxEntry", "PruneResult", "ReceiveResult",
     "RelayBatchResult", "RelayResult", "ScheduledEffect", "StuckFlow", "WorkerStats",
 ]
 STATUS_NAMES = [
-    "AdvanceStatus", "ApplyStatus", "BlockReason", "DeliveryState", "DrainStop", "EffectState",
-    "FlowWait", "InboxState", "ReceiveStatus", "RelayStatus",
+    "ActionTarget", "AdvanceStatus", "ApplyStatus", "BlockReason", "DeliveryState", "DrainStop", "EffectState",
+    "FlowWait", "InboxState", "ReceiveStatus", "RelayStatus", "Transition",
 ]
 
 # Statuses the SPEC fixes (section 2); an enum may have more members, never fewer.

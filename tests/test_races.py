@@ -128,7 +128,7 @@ def test_six_apply_next_on_one_pending_event_leave_exactly_one_effect(paths: tup
     statuses = Counter(s for child in race("apply", *paths) for s in child)
     assert statuses == {"applied": 1, "idle": 5}
     with Consumer(consumer_path, RESERVATION) as consumer:
-        assert consumer.effects("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+        assert consumer.applied("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
         assert consumer.inbox("A")[0].state == "applied"
     assert effect_counts(consumer_path) == {"A1": 1}
@@ -192,12 +192,12 @@ def test_beyond_the_busy_timeout_a_call_fails_cleanly_and_a_retry_succeeds(sqlit
                 assert producer.flow("A") is None and producer.outbox("A") == []
             if name == "receive":
                 assert consumer.inbox("A") == []
-            assert consumer.effects("A") == [] and consumer.projection("A") is None, name
+            assert consumer.applied("A") == [] and consumer.projection("A") is None, name
             retried = call()  # the same call, retried once the lock is free
             assert retried.status in ("committed", "accepted", "applied"), (name, retried)
         assert [e.event_id for e in producer.outbox("A")] == ["A1"]
         assert consumer.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-        assert consumer.effects("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
+        assert consumer.applied("A") == [AppliedEvent(event_id="A1", flow_id="A", seq=1, kind="reserved")]
 
 
 def test_six_processes_creating_the_same_new_files_all_open_them(engine: str, tmp_path: Path) -> None:
@@ -292,7 +292,7 @@ def test_beyond_the_lock_timeout_a_call_fails_cleanly_and_a_retry_succeeds_on_po
                 assert producer.flow("A") is None and producer.outbox("A") == []
             if name == "receive":
                 assert consumer.inbox("A") == []
-            assert consumer.effects("A") == [] and consumer.projection("A") is None, name
+            assert consumer.applied("A") == [] and consumer.projection("A") is None, name
             retried = call()
             assert retried.status in ("committed", "accepted", "applied"), (name, retried)
         assert [e.event_id for e in producer.outbox("A")] == ["A1"]

@@ -43,7 +43,7 @@ def applying(new_store: Any) -> Any:
 def _state(c: Consumer, flows: list[str]) -> dict[str, Any]:
     """Everything a flow's apply leaves behind, comparable across files."""
     return {
-        f: (c.projection(f), [asdict(e) for e in c.effects(f)], [(e.event_id, e.state, e.reason) for e in c.inbox(f)])
+        f: (c.projection(f), [asdict(e) for e in c.applied(f)], [(e.event_id, e.state, e.reason) for e in c.inbox(f)])
         for f in flows
     }
 
@@ -52,7 +52,7 @@ def test_the_next_step_is_applied_in_the_receive_commit(applying: Consumer) -> N
     r = applying.receive(A1)
     assert (r.status, r.applied) == ("accepted", True)
     assert applying.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert [e.event_id for e in applying.effects("A")] == ["A1"]
+    assert [e.event_id for e in applying.applied("A")] == ["A1"]
     assert [e.state for e in applying.inbox("A")] == ["applied"]
     assert applying.apply_next("A").status == "idle"
     assert applying.open_flows() == []
@@ -81,7 +81,7 @@ def test_a_duplicate_and_conflicts_are_answered_as_without_the_mode(applying: Co
     assert other.status == "id_conflict" and not other.applied
     slot = applying.receive(envelope("X1", "A", 1))
     assert slot.status == "sequence_conflict" and not slot.applied
-    assert [e.event_id for e in applying.effects("A")] == ["A1"]
+    assert [e.event_id for e in applying.applied("A")] == ["A1"]
 
 
 @pytest.mark.parametrize("event, reason", [
@@ -97,7 +97,7 @@ def test_an_event_that_would_block_is_stored_pending_and_blocks_in_apply_next(
         assert [(e.state, e.reason) for e in c.inbox("A")] == [("pending", None)]
         blocked = c.apply_next("A")
         assert (blocked.status, blocked.reason) == ("blocked", reason)
-        assert c.projection("A") is None and c.effects("A") == []
+        assert c.projection("A") is None and c.applied("A") == []
 
 
 def test_a_handler_payload_error_leaves_nothing_of_the_apply_and_blocks_later(new_store: Any) -> None:
@@ -134,7 +134,7 @@ def test_effects_scheduled_by_a_handler_on_arrival_are_in_the_same_commit(new_st
     with Consumer(new_store("c"), RESERVATION, handlers=[schedule], effects=effects,
                   apply_on_receive=True) as c:
         assert c.receive(A1).applied is True
-        listed = c.effect_outbox()
+        listed = c.scheduled_effects()
         assert [(e.name, e.state, e.event_id) for e in listed] == [("notify", "pending", "A1")]
 
 

@@ -309,7 +309,7 @@ def test_snapshot_matches_what_happened(producer: Producer, consumer: Consumer) 
     }
     for flow in ("A", "B"):
         assert c["inbox"][flow] == [dataclasses.asdict(r) for r in consumer.inbox(flow)]
-        assert c["effects"][flow] == [dataclasses.asdict(e) for e in consumer.effects(flow)]
+        assert c["effects"][flow] == [dataclasses.asdict(e) for e in consumer.applied(flow)]
         assert c["projections"][flow] == consumer.projection(flow)
 
     # the same picture with both objects closed

@@ -1,16 +1,17 @@
 """A relay next to a pruner and other relays of the same consumer (issue 18e).
 
-A relay picks its events' positions in one read and fetches their bodies in
-another.  An event that another relay delivered and a pruner removed in
-between has no body any more: it counts as delivered by someone else, so
-the relay neither sends it nor raises, and records no failure or backoff
-for it (nor for the events it did not get to send).
+A relay picks its events with their bodies in one read (``next_due``), so
+an event that another relay delivered and a pruner removed is either not
+picked at all, or picked with its body and sent once more (the inbox
+answers ``duplicate``); the relay never raises for it, and records no
+failure or backoff for it (nor for the events it did not get to send).
+(Before, positions and bodies were two reads, and an event pruned in
+between had to be skipped.)
 
-First the interleaving itself, made deterministic: the body read of the
-relay under test first lets another relay (its own Producer and Consumer
-objects on the same stores) deliver and a pruner prune.  Then the real
-thing: relay threads and a pruner thread on one producer, bounded.  Both on
-both engines.
+First the interleaving made deterministic: the pick of the relay under
+test first lets another relay (its own Producer and Consumer objects on the
+same stores) deliver and a pruner prune.  Then the real thing: relay
+threads and a pruner thread on one producer, bounded.  Both on both engines.
 """
 
 from __future__ import annotations
@@ -41,26 +42,23 @@ def stores(engine: str, tmp_path: Path) -> Iterator[Stores]:
         yield producer, other, consumer, other_consumer
 
 
-def before_the_body_read(monkeypatch: pytest.MonkeyPatch, producer: Producer,
-                         meanwhile: Callable[[], None]) -> list[list[int]]:
-    """Run ``meanwhile`` once, just before the next body read of a relay
-    (``bodies``): after its positions were picked.  Returns
-    the positions that read asked for (filled in when it happens)."""
+def before_the_pick(monkeypatch: pytest.MonkeyPatch, producer: Producer,
+                    meanwhile: Callable[[], None]) -> list[int]:
+    """Run ``meanwhile`` once, just before the next pick of a relay
+    (``next_due``; with a lease, its check that anything is due, before
+    the claim).  Returns the limits that pick asked for (filled in when it
+    happens)."""
     view = type(producer.store.latest)
-    asked: list[list[int]] = []
+    asked: list[int] = []
+    original = view.next_due
 
-    def hooked(name: str) -> Callable[..., Any]:
-        original = getattr(view, name)
+    def read(self: Any, consumer: str, horizon: float, limit: int) -> Any:
+        if not asked:
+            asked.append(limit)
+            meanwhile()
+        return original(self, consumer, horizon, limit)
 
-        def read(self: Any, positions: Any) -> Any:
-            if not asked:
-                asked.append(list(positions) if name == "bodies" else [positions])
-                meanwhile()
-            return original(self, positions)
-        return read
-
-    for name in ("bodies",):
-        monkeypatch.setattr(view, name, hooked(name))
+    monkeypatch.setattr(view, "next_due", read)
     return asked
 
 
@@ -71,7 +69,7 @@ def failures(producer: Producer) -> list[tuple[str, int, str | None]]:
 
 
 @pytest.mark.parametrize("policy", [None, LEASED], ids=["plain", "leased"])
-def test_relay_batch_skips_events_delivered_and_pruned_after_it_picked_them(
+def test_relay_batch_skips_events_delivered_and_pruned_before_it_picks(
     stores: Stores, monkeypatch: pytest.MonkeyPatch, policy: DeliveryPolicy | None,
 ) -> None:
     producer, other, consumer, other_consumer = stores
@@ -81,9 +79,9 @@ def test_relay_batch_skips_events_delivered_and_pruned_after_it_picked_them(
         assert relay_batch(other, other_consumer, 2).counts == {"accepted": 2}  # A1, A2
         assert other.admin.prune(0).events == 2
 
-    asked = before_the_body_read(monkeypatch, producer, meanwhile)
+    asked = before_the_pick(monkeypatch, producer, meanwhile)
     result = relay_batch(producer, consumer, 10, policy=policy)
-    assert len(asked[0]) == 3  # it had picked all three
+    assert asked == [10 if policy is None else 1]
     assert [(r.status, r.event_id) for r in result.results] == [("accepted", "A3")]
     assert result.counts == {"accepted": 1} and result.refused == 0
     assert [(e.event_id, e.state) for e in producer.outbox()] == [("A3", "accepted")]
@@ -92,7 +90,7 @@ def test_relay_batch_skips_events_delivered_and_pruned_after_it_picked_them(
         ("A1", "pending"), ("A2", "pending"), ("A3", "pending")]
 
 
-def test_relay_batch_picks_again_when_every_picked_event_was_pruned(
+def test_relay_batch_picks_a_new_event_when_every_older_one_was_pruned(
     stores: Stores, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     producer, other, consumer, other_consumer = stores
@@ -103,14 +101,14 @@ def test_relay_batch_picks_again_when_every_picked_event_was_pruned(
         assert other.admin.prune(0).events == 2
         commit(other, "B", 1)
 
-    before_the_body_read(monkeypatch, producer, meanwhile)
+    before_the_pick(monkeypatch, producer, meanwhile)
     result = relay_batch(producer, consumer, 10, policy=LEASED)
     assert [(r.status, r.event_id) for r in result.results] == [("accepted", "B1")]
     assert relay_batch(producer, consumer, 10, policy=LEASED).idle
     assert failures(producer) == []
 
 
-def test_relay_batch_is_idle_when_every_picked_event_was_pruned(
+def test_relay_batch_is_idle_when_every_event_was_pruned(
     stores: Stores, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     producer, other, consumer, other_consumer = stores
@@ -120,7 +118,7 @@ def test_relay_batch_is_idle_when_every_picked_event_was_pruned(
         relay_batch(other, other_consumer)
         other.admin.prune(0)
 
-    asked = before_the_body_read(monkeypatch, producer, meanwhile)
+    asked = before_the_pick(monkeypatch, producer, meanwhile)
     assert relay_batch(producer, consumer).idle
     assert asked and producer.outbox() == [] and failures(producer) == []
 
@@ -136,9 +134,9 @@ def test_a_leased_relay_takes_the_next_event_when_its_claimed_one_was_pruned(
         assert relay(other, other_consumer).event_id == "A1"
         assert other.admin.prune(0).events == 1
 
-    asked = before_the_body_read(monkeypatch, producer, meanwhile)
+    asked = before_the_pick(monkeypatch, producer, meanwhile)
     r = relay(producer, consumer, policy=LEASED)
-    assert len(asked[0]) == 1
+    assert asked == [1]
     assert (r.status, r.event_id) == ("accepted", "A2")
     assert relay(producer, consumer, policy=LEASED).status == "idle"
     assert failures(producer) == []
@@ -148,24 +146,25 @@ def test_a_leased_relay_takes_the_next_event_when_its_claimed_one_was_pruned(
 
 FLOWS = 40  # 3 events each
 ROUNDS = 400  # a relay's calls at most: the race is bounded
-WINDOW = 0.02  # seconds between a relay's position read and its body read
+WINDOW = 0.02  # seconds between a relay's pick and its send
 
 
 @pytest.fixture
 def slow_body_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[Producer], None]:
-    """Widen the window between a relay's two reads: every body read of the
-    given producer's engine first sleeps a few milliseconds (the thread lets
-    the others run, as the scheduler may at any time).  Nothing else is
-    changed: the reads, the race and the stores are real."""
+    """Widen the window between a relay's pick and its send: every pick
+    (``next_due``) of the given producer's engine sleeps a few milliseconds
+    after its read (the thread lets the others run, as the scheduler may at
+    any time).  Nothing else is changed: the reads, the race and the stores
+    are real."""
     def widen(producer: Producer) -> None:
         view = type(producer.store.latest)
-        for name in ("bodies",):
-            original = getattr(view, name)
+        original = view.next_due
 
-            def read(self: Any, positions: Any, _original: Any = original) -> Any:
-                time.sleep(WINDOW)
-                return _original(self, positions)
-            monkeypatch.setattr(view, name, read)
+        def read(self: Any, consumer: str, horizon: float, limit: int) -> Any:
+            picked = original(self, consumer, horizon, limit)
+            time.sleep(WINDOW)
+            return picked
+        monkeypatch.setattr(view, "next_due", read)
     return widen
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from engine_reads import count, new_location, rows
-from reliable_flow import Consumer, Producer, envelope, relay
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow import _envelope as envelope
 from reliable_flow.records import PruneResult
 from reliable_flow.reservation import RESERVATION
 from support import KINDS, Clock, commit, relay_log
@@ -61,7 +62,7 @@ def test_consumer_answers_duplicate_id_conflict_and_sequence_conflict_after_prun
     run_through(p, c, "A")
     result = c.admin.prune(10, now=clock.t + 100)
     assert (result.events, result.effect_records, result.complete) == (3, 3, True)
-    assert c.inbox("A") == [] and c.effects("A") == []
+    assert c.inbox("A") == [] and c.applied("A") == []
     assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
     assert count(c.location, "inbox_tombstone") == 3
 
@@ -203,11 +204,11 @@ def test_pruned_effect_outbox_rows_are_only_finished_ones(at: At) -> None:
         c.receive(env("A1", "A", 1))
         c.drain("A")
         EffectExecutor(c).run_once()
-        states = sorted(e.state for e in c.effect_outbox())
+        states = sorted(e.state for e in c.scheduled_effects())
         assert states == ["dead", "succeeded"]
         result = c.admin.prune(0, now=later())  # the executor stamps effects with its own clock (time.time)
         assert (result.events, result.effect_records, result.effect_rows) == (1, 1, 1)
-        assert [e.state for e in c.effect_outbox()] == ["dead"]  # waits for an operator
+        assert [e.state for e in c.scheduled_effects()] == ["dead"]  # waits for an operator
 
 
 # -- bounded steps ---------------------------------------------------------------------------------

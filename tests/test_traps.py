@@ -387,7 +387,7 @@ def test_run_until_idle_waits_for_an_effect_backing_off(at: At) -> None:
         executor = reliable_flow.EffectExecutor(
             c, policy=DeliveryPolicy(lease_seconds=30, backoff_base=0.3, backoff_cap=0.3, random=lambda: 1.0))
         Worker(p, [c], executors=[executor], idle_sleep=30).run(until_idle=True, handle_signals=False)
-        [effect] = c.effect_outbox()
+        [effect] = c.scheduled_effects()
         assert (effect.state, len(calls)) == ("succeeded", 2)
 
 

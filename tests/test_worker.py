@@ -110,7 +110,7 @@ def test_a_worker_relays_and_applies_everything_for_several_consumers(
     for c in (a, b):
         for flow in "ABCD":
             assert c.projection(flow) == RELEASED
-            assert [e.seq for e in c.effects(flow)] == [1, 2, 3]
+            assert [e.seq for e in c.applied(flow)] == [1, 2, 3]
     assert all(e.accepted for e in producer.outbox())
     assert worker.stopping is False
 

@@ -38,6 +38,7 @@ from .statuses import (
     ApplyStatus,
     DrainResult,
     EffectState,
+    EffectTransition,
     InboxEntry,
     ReceiveResult,
     ScheduledEffect,
@@ -332,8 +333,9 @@ class Consumer:
         protocol's own view fields."""
         return self._store.latest.projection(flow_id)
 
-    def effects(self, flow_id: str) -> list[AppliedEvent]:
-        """The flow's effect records in the order they were applied."""
+    def applied(self, flow_id: str) -> list[AppliedEvent]:
+        """The flow's applied-event records (one per applied event) in the
+        order they were applied."""
         return self._store.latest.effects(flow_id)
 
     def inbox(self, flow_id: str) -> list[InboxEntry]:
@@ -365,25 +367,46 @@ class Consumer:
         row = self._store.latest.inbox_row(check_text("event_id", event_id))
         return None if row is None else dict(json.loads(row.body))
 
-    def effect(self, key: str) -> ScheduledEffect | None:
-        """The effect with this idempotency key, or None (``waiting_behind``
-        says which earlier ordered effect of its flow it waits for, if any)."""
+    def scheduled_effect(self, key: str) -> ScheduledEffect | None:
+        """The scheduled effect (a row of the effect outbox) with this
+        idempotency key, or None (``waiting_behind`` says which earlier
+        ordered effect of its flow it waits for, if any)."""
         reads = self._store.latest
         found = reads.effect(key)
         return None if found is None else with_waits(reads, [found])[0]
 
-    def effect_outbox(
+    def scheduled_effects(
         self, *, state: EffectState | str | None = None, flow_id: str | None = None, limit: int | None = None
     ) -> list[ScheduledEffect]:
-        """Effects in the order they were scheduled, optionally only one state / flow."""
+        """Scheduled effects (rows of the effect outbox) in the order they were
+        scheduled, optionally only one state / flow."""
         chosen = None if state is None else EffectState(state)
         reads = self._store.latest
         return with_waits(reads, reads.effect_list(chosen, flow_id, limit))
+
+    def effect_history(self, key: str) -> list[EffectTransition]:
+        """Every transition of the effect with idempotency key ``key``, in the
+        order it happened: scheduled, claimed, called (how it ended),
+        reconciled (the answer), retry planned (the due time), lease expired,
+        timed out, rate limited, succeeded, dead, parked, expired,
+        superseded, cancelled, an operator's action, fed back
+        (:class:`~reliable_flow.statuses.Transition`), each with its time,
+        attempt and executor.  Each row was written in the same transaction
+        as the change it records, so the history and the effect's state
+        never disagree.  Empty for an unknown key, or once the effect was
+        pruned (its history goes with it)."""
+        check_text("key", key)
+        return self._store.latest.effect_history(key)
 
     def effect_counts(self) -> dict[str, int]:
         """How many effects are in each state; every state is listed (0 if none)."""
         counts = self._store.latest.effect_counts()
         return {s.value: counts.get(s.value, 0) for s in EffectState}
+
+    # renamed (deprecated, for one release): each warns and returns the new method
+    effects = renamed_to("applied")
+    effect = renamed_to("scheduled_effect")
+    effect_outbox = renamed_to("scheduled_effects")
 
     def metrics(self) -> ConsumerMetrics:
         """Inbox rows per state, blocked per reason, flows at a gap, effects per

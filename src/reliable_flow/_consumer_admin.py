@@ -17,10 +17,10 @@ from ._core.admin import effect_action_in
 from ._core.operate import replace_in, skip_in
 from ._effects import check_json_value
 from ._observe import CONSUMER, operator_action
-from ._operations import InboxAction, PruneResult
+from ._operations import PruneResult
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import InboxStore
-from .statuses import EffectAction
+from .statuses import OperatorAction
 
 if TYPE_CHECKING:
     from ._consumer import Consumer
@@ -36,7 +36,7 @@ class ConsumerAdmin:
     (:meth:`prune`).  Every action is recorded (:meth:`operator_actions`,
     :meth:`effect_actions`), stamped with the consumer's ``clock``; none is
     ever taken automatically.  What to look at first: ``consumer.stuck``,
-    ``consumer.event``, ``consumer.effect_outbox``."""
+    ``consumer.event``, ``consumer.scheduled_effects``."""
 
     def __init__(self, consumer: Consumer) -> None:
         self._consumer = consumer
@@ -47,7 +47,7 @@ class ConsumerAdmin:
 
     # -- accepted events --------------------------------------------------------------
 
-    def skip_event(self, event_id: str, *, actor: str, reason: str) -> InboxAction:
+    def skip_event(self, event_id: str, *, actor: str, reason: str) -> OperatorAction:
         """Move the flow past an accepted event that cannot be applied; recorded.
 
         Only the flow's next step (seq ``last_seq + 1``), pending or blocked:
@@ -65,7 +65,7 @@ class ConsumerAdmin:
 
     def replace_event(
         self, event_id: str, corrected_envelope: dict[str, Any] | str | bytes, *, actor: str, reason: str
-    ) -> InboxAction:
+    ) -> OperatorAction:
         """Put a corrected event, re-issued by the producer's team, in place of
         a pending or blocked accepted one; recorded.
 
@@ -81,14 +81,15 @@ class ConsumerAdmin:
         with self._store.write() as unit:
             return replace_in(unit, event_id, corrected, actor, reason, self._consumer.clock(), self._store.location)
 
-    def operator_actions(self, event_id: str | None = None) -> list[InboxAction]:
-        """Every recorded skip and replacement, oldest first; with ``event_id``,
-        those of that event or naming it as the replacement."""
+    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        """Every recorded skip and replacement (target ``inbox``), oldest
+        first; with ``event_id``, those of that event or naming it as the
+        replacement."""
         return self._store.latest.inbox_actions(event_id)
 
     # -- effects ----------------------------------------------------------------------
 
-    def retry_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:
+    def retry_effect(self, key: str, *, actor: str, reason: str) -> OperatorAction:
         """Run a dead or unknown effect again, with the same key, now, with a
         fresh ``max_attempts`` budget (``attempts`` starts again from 0; the
         retry itself is recorded in ``effect_actions``).
@@ -98,15 +99,17 @@ class ConsumerAdmin:
         """
         return self._effect_action("retry", key, actor, reason)
 
-    def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> EffectAction:
+    def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> OperatorAction:
         """Record that the effect did take place (checked by hand), with its result."""
         return self._effect_action("resolve", key, actor, reason, check_json_value("result", result))
 
-    def cancel_effect(self, key: str, *, actor: str, reason: str) -> EffectAction:
+    def cancel_effect(self, key: str, *, actor: str, reason: str) -> OperatorAction:
         """Decide that the effect will never run; recorded, never automatic."""
         return self._effect_action("cancel", key, actor, reason)
 
-    def _effect_action(self, action: str, key: str, actor: str, reason: str, result: str | None = None) -> EffectAction:
+    def _effect_action(
+        self, action: str, key: str, actor: str, reason: str, result: str | None = None
+    ) -> OperatorAction:
         check_text("key", key)
         check_text("actor", actor)
         check_text("reason", reason)
@@ -117,8 +120,9 @@ class ConsumerAdmin:
                         flow_id=effect.flow_id, previous_state=str(effect.state))
         return record
 
-    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
-        """Recorded operator actions on effects (for one key if given), oldest first."""
+    def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
+        """Recorded operator actions on effects (target ``effect``; for one key
+        if given), oldest first."""
         return self._store.latest.effect_actions(key)
 
     # -- retention ------------------------------------------------------------------

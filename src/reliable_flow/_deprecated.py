@@ -158,10 +158,13 @@ _RENAMED = {  # old name -> new name, same meaning (issue 19, item 5)
 }
 _TO_RECORDS = (  # result and record dataclasses, now in reliable_flow.records
     "AdvanceResult", "ApplyResult", "ConsumerEntry", "DeliveryRecord", "DrainResult",
-    "EffectAction", "ExecutorStats", "InboxAction", "InboxEntry", "InboxRow", "OperatorAction",
-    "OutboxEntry", "PruneResult", "ReceiveResult", "RegistryAction", "RelayBatchResult",
+    "ExecutorStats", "InboxEntry", "InboxRow", "OperatorAction",
+    "OutboxEntry", "PruneResult", "ReceiveResult", "RelayBatchResult",
     "RelayResult", "StuckFlow", "WorkerStats",
 )
+#: One record type for every operator action (issue 19, item 5): the three
+#: others are ``OperatorAction`` with their ``target``.
+_TO_OPERATOR_ACTION = ("EffectAction", "InboxAction", "RegistryAction")
 _TO_ERRORS = (  # every error but ReliableFlowError, now only in reliable_flow.errors
     "CommitOutcomeUnknown", "ConsumerMismatch", "DatabaseBusy", "EffectKeyConflict",
     "InvalidEnvelope", "NotResolvable", "ReadOnlyStorage", "SQLiteTooOld", "SchemaTooNew",
@@ -173,11 +176,17 @@ _TO_STATUSES = ("DrainStop", "FlowWait")  # enums used less often, now only in r
 MOVED: dict[str, dict[str, str]] = {
     "reliable_flow": {
         **{name: f"reliable_flow.records.{name}" for name in _TO_RECORDS},
+        **{name: "reliable_flow.records.OperatorAction" for name in _TO_OPERATOR_ACTION},
         **{name: f"reliable_flow.errors.{name}" for name in _TO_ERRORS},
         **{name: f"reliable_flow.statuses.{name}" for name in _TO_STATUSES},
         **_RENAMED,
     },
-    "reliable_flow.statuses": {name: _RENAMED[name] for name in ("Effect", "EffectRecord")},
+    "reliable_flow.statuses": {
+        **{name: _RENAMED[name] for name in ("Effect", "EffectRecord")},
+        "EffectAction": "reliable_flow.records.OperatorAction",
+    },
+    "reliable_flow.operations": {name: "reliable_flow.records.OperatorAction" for name in ("InboxAction", "RegistryAction")},
+    "reliable_flow.records": {name: "reliable_flow.records.OperatorAction" for name in _TO_OPERATOR_ACTION},
     "reliable_flow.effects": {"Effects": _RENAMED["Effects"]},
 }
 

@@ -23,14 +23,16 @@ the result.  It says how it failed by what it raises:
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _envelope as envelope
-from ._checks import check_count
-from .errors import InvalidEnvelope
+from ._checks import check_count, check_optional_count, check_seconds
+from .errors import InvalidEnvelope, LeaseLost
 
 __all__ = [
     "EffectCall",
@@ -46,7 +48,19 @@ __all__ = [
 
 
 class RetryLater(Exception):
-    """Raised by an effect function: nothing happened; try again after a backoff."""
+    """Raised by an effect function: nothing happened; try again after a backoff.
+
+    ``after``: seconds until the next attempt instead of the backoff (a
+    provider's ``Retry-After``): a finite number >= 0, never a bool, else
+    ``ValueError`` naming ``after`` is raised where the ``RetryLater`` is
+    made.  The attempt is counted either way, bounded by ``max_attempts``.
+    """
+
+    def __init__(self, *args: object, after: float | None = None) -> None:
+        super().__init__(*args)
+        if after is not None:
+            check_seconds("after", after, allow_zero=True)
+        self.after: float | None = None if after is None else float(after)
 
 
 class PermanentFailure(Exception):
@@ -69,9 +83,30 @@ class NotHappened:
     """A reconcile answer: the effect certainly did not take place; it may run."""
 
 
+class Lease:
+    """The executor's side of one call's claim, shared with the call's thread:
+    whether the claim was lost, and a way to ask for its renewal.  Plain
+    attribute reads and writes, and a callback that only queues."""
+
+    __slots__ = ("lost", "renew")
+
+    def __init__(self, renew: Callable[[], None]) -> None:
+        self.lost = False
+        self.renew = renew
+
+
 @dataclass(frozen=True, slots=True)
 class EffectCall:
-    """What an effect function (or its reconcile) is called with."""
+    """What an effect function (or its reconcile) is called with.
+
+    ``heartbeat()`` says "still working": the executor extends the claim's
+    lease at once (it also renews the leases of its calls in flight by
+    itself while its process lives, when they run off its thread).  Safe
+    from any thread.  Once the claim was lost, ``lease_lost`` is True and
+    ``heartbeat()`` raises :class:`~reliable_flow.errors.LeaseLost`: stop,
+    whatever the call returns now is discarded.  Outside an executor (a
+    test calling the function itself) ``heartbeat()`` does nothing.
+    """
 
     key: str
     name: str
@@ -80,6 +115,29 @@ class EffectCall:
     attempt: int
     flow_id: str
     event_id: str
+    lease: Lease | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once the executor knows the claim is no longer this call's."""
+        return self.lease is not None and self.lease.lost
+
+    def heartbeat(self) -> None:
+        """Extend the claim's lease; ``LeaseLost`` once it was lost."""
+        if self.lease is None:
+            return
+        if not self.lease.lost:
+            self.lease.renew()
+        if self.lease.lost:
+            raise LeaseLost(f"effect {self.key!r}: the claim was lost; stop, the outcome will be discarded")
+
+    async def aheartbeat(self) -> None:
+        """:meth:`heartbeat` for an ``async def`` function: the wait for the
+        renewal to be written happens on a worker thread, so the executor's
+        event loop (and the other calls on it) go on meanwhile."""
+        if self.lease is None:
+            return
+        await asyncio.to_thread(self.heartbeat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +175,8 @@ Reconcile = Callable[[EffectCall], "Happened | NotHappened"]
 
 @dataclass(frozen=True)
 class EffectSpec:
-    """A registered effect: its function and how doubt about it is settled."""
+    """A registered effect: its function, how doubt about it is settled, and
+    how fast it may be called (see :meth:`EffectRegistry.register`)."""
 
     name: str
     run: Run
@@ -125,6 +184,18 @@ class EffectSpec:
     idempotent: bool = False
     max_attempts: int = 5
     feedback: Feedback | None = None
+    concurrency: int | None = None
+    timeout: float | None = None
+    rate_limit: tuple[int, float] | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether ``run`` is an ``async def`` function (run on the executor's event loop)."""
+        return inspect.iscoroutinefunction(self.run)
+
+    @property
+    def reconcile_is_async(self) -> bool:
+        return self.reconcile is not None and inspect.iscoroutinefunction(self.reconcile)
 
 
 @dataclass
@@ -135,9 +206,35 @@ class EffectRegistry:
 
     def register(
         self, name: str, run: Run, *, reconcile: Reconcile | None = None, idempotent: bool = False,
-        max_attempts: int = 5, feedback: Feedback | None = None,
+        max_attempts: int = 5, feedback: Feedback | None = None, concurrency: int | None = None,
+        timeout: float | None = None, rate_limit: tuple[int, float] | None = None,
     ) -> EffectSpec:
-        """Register ``run`` under ``name``; returns its spec.  A name registers once."""
+        """Register ``run`` under ``name``; returns its spec.  A name registers once.
+
+        ``run`` and ``reconcile`` may be plain functions (called on the
+        executor's threads) or ``async def`` functions (awaited on an event
+        loop the executor owns).
+
+        ``concurrency``: at most this many calls of this name in flight at
+        once across every executor of the consumer, counted from the store
+        (claims whose lease has not run out), not per process.
+
+        ``timeout``: seconds after which the executor stops waiting for a
+        call and records the attempt as in doubt (then reconcile, re-run by
+        key or park, as for any doubt).  The claim stays held (its lease
+        renewed) until the call really returns or the process dies, so
+        nothing runs the effect again meanwhile; the late outcome is
+        discarded.  Python cannot stop a thread: the function keeps running
+        until it returns, so make it return (its own timeouts).
+
+        ``rate_limit``: ``(count, period_seconds)``: at most ``count`` calls
+        of this name start per ``period_seconds`` across every executor of
+        the consumer, counted from the durable effect history; an effect
+        over the limit waits (pending) until a start leaves the window.
+
+        Each option refuses bad input with an error naming it (NaN,
+        infinities, zero or negative, bools), and nothing is registered.
+        """
         envelope.check_name("name", name)
         if name in self._specs:
             raise ValueError(f"effect {name!r} is already registered")
@@ -150,7 +247,12 @@ class EffectRegistry:
         check_count("max_attempts", max_attempts)
         if feedback is not None and not isinstance(feedback, Feedback):
             raise TypeError(f"feedback must be a Feedback or None, got {type(feedback).__name__}")
-        spec = EffectSpec(name, run, reconcile, idempotent, max_attempts, feedback)
+        check_optional_count("concurrency", concurrency)
+        if timeout is not None:
+            check_seconds("timeout", timeout, allow_zero=False)
+        limit = _rate_limit(rate_limit)
+        spec = EffectSpec(name, run, reconcile, idempotent, max_attempts, feedback, concurrency,
+                          None if timeout is None else float(timeout), limit)
         self._specs[name] = spec
         return spec
 
@@ -165,6 +267,18 @@ class EffectRegistry:
 
     def get(self, name: str) -> EffectSpec | None:
         return self._specs.get(name)
+
+
+def _rate_limit(value: object) -> tuple[int, float] | None:
+    """``(count, period_seconds)``: a positive int and a positive finite number."""
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"rate_limit must be a pair (count, period_seconds), got {value!r}")
+    count, period = value
+    check_count("rate_limit count", count)
+    check_seconds("rate_limit period_seconds", period, allow_zero=False)
+    return count, float(period)
 
 
 def check_json_object(field_name: str, value: object) -> str:

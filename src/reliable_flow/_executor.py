@@ -19,6 +19,8 @@ does not respect its own timeout.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,30 +28,37 @@ from typing import Any
 from ._checks import check_count, check_flag, check_optional_count
 from ._consumer import Consumer
 from ._core.effects import (
-    FEEDBACK_REFUSED,
-    Outcome,
     Plan,
     after_reconcile,
     after_run,
-    claim_changes,
-    feedback_event_id,
-    feedback_refusal,
-    plan,
+    claim_in,
+    ended_words,
     record_outcome_in,
+    release_in,
+    renew_in,
+    time_out_in,
 )
 from ._effects import (
     EffectCall,
     EffectRegistry,
     EffectSpec,
-    OutcomeUnknown,
-    PermanentFailure,
-    RetryLater,
+    Lease,
 )
+from ._feedback import Feeder
+from ._inflight import Flight, Flights, acall, areconciled, reconciled
+from ._inflight import call as call_
 from ._loop import CANNOT_HEAL, Loop, until_due
 from ._observe import EXECUTOR, INFO, WARNING, fields, log
 from ._producer import Producer
 from .crash import crash_point
-from .delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, error_text, own_claims
+from .delivery import (
+    DEFAULT_LEASE_SECONDS,
+    DeliveryPolicy,
+    check_seconds,
+    claim_until,
+    own_claims,
+)
+from .metrics import ExecutorMetrics
 from .statuses import EffectState, ScheduledEffect
 from .tracing import traced
 
@@ -57,6 +66,9 @@ __all__ = ["EffectExecutor", "ExecutorStats"]
 
 _FINAL = {Plan.EXPIRE: EffectState.EXPIRED, Plan.SUPERSEDE: EffectState.SUPERSEDED, Plan.PARK: EffectState.UNKNOWN}
 _ALARMING = (EffectState.DEAD, EffectState.UNKNOWN)
+_MAX_WAKE = 0.1  # seconds: how long the executor's thread waits for a call before looking again
+# A call that ended: the effect as claimed, the plan, its spec and call, the answer, when it started.
+_Ended = tuple[ScheduledEffect, Plan, EffectSpec, EffectCall, Any, float]
 
 
 @dataclass
@@ -64,6 +76,11 @@ class ExecutorStats:
     """Running totals of one executor object (this process only)."""
 
     passes: int = 0
+    started: int = 0  # calls started off the executor's thread
+    started_by_name: Counter[str] = field(default_factory=Counter)  # calls of each effect's function started
+    renewals: int = 0  # leases renewed (by the executor, or a heartbeat)
+    heartbeats: int = 0  # heartbeat() calls that renewed a lease
+    rate_limited: int = 0  # effects put off by their rate_limit
     outcomes: Counter[str] = field(default_factory=Counter)
     fed: int = 0
     feedback_errors: int = 0
@@ -71,7 +88,10 @@ class ExecutorStats:
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"passes": self.passes, "outcomes": dict(sorted(self.outcomes.items())), "fed": self.fed,
+        return {"passes": self.passes, "started": self.started,
+                "started_by_name": dict(sorted(self.started_by_name.items())), "renewals": self.renewals,
+                "heartbeats": self.heartbeats, "rate_limited": self.rate_limited,
+                "outcomes": dict(sorted(self.outcomes.items())), "fed": self.fed,
                 "feedback_errors": self.feedback_errors, "errors": self.errors, "last_error": self.last_error}
 
 
@@ -93,7 +113,7 @@ class EffectExecutor:
 
     def __init__(
         self, consumer: Consumer, effects: EffectRegistry | None = None, *, policy: DeliveryPolicy | None = None,
-        producer: Producer | None = None,
+        producer: Producer | None = None, concurrency: int = 1,
     ) -> None:
         if not isinstance(consumer, Consumer):
             raise TypeError(f"consumer must be a Consumer, got {type(consumer).__name__}")
@@ -106,11 +126,15 @@ class EffectExecutor:
             raise ValueError("policy must be a DeliveryPolicy with lease_seconds: an effect is always claimed")
         if producer is not None and not isinstance(producer, Producer):
             raise TypeError(f"producer must be a Producer or None, got {type(producer).__name__}")
+        check_count("concurrency", concurrency)
+        self.concurrency = concurrency
+        self._flights = Flights(concurrency)
         self.consumer = consumer
         self.effects = registry
         self.policy = own_claims(policy)
         self.producer = producer
         self.stats = ExecutorStats()
+        self._feeder = Feeder(consumer, registry, producer, self.policy, self.stats, self._observe)
         self._loop = Loop()
         self._running = False  # inside run(): a stop or signal ends run_once after the call in progress
 
@@ -120,21 +144,97 @@ class EffectExecutor:
         return self.policy.owner
 
     def run_once(self, limit: int = 100) -> int:
-        """Feed back results still owed, then take up to ``limit`` due effects
-        one by one; returns how many were taken up (0: nothing due)."""
+        """Feed back results still owed, then take up to ``limit`` due effects,
+        at most ``concurrency`` calls in flight at once, and return once each
+        call taken up has ended and its outcome is recorded (a call past its
+        ``timeout`` is recorded in doubt and not waited for); returns how many
+        were taken up (0: nothing due)."""
         check_count("limit", limit)
-        self._feed_owed(limit)
-        done = 0
-        while done < limit and not (self._running and self._loop.stopping):
-            claimed = self._claim()
-            if claimed is None:
-                break
-            done += 1
-            effect, chosen = claimed
-            if chosen in (Plan.RUN, Plan.RECONCILE):
-                self._execute(effect, chosen)
+        self._feeder.owed(limit)
+        taken = 0
+        while True:
+            self._tend()
+            more = True
+            while taken < limit and self._flights.free > 0 and not self._stopping:
+                most, claimed = self._claim(min(limit - taken, self._flights.free))
+                if most == 0:
+                    more = False
+                    break
+                taken += most
+                for effect, chosen in claimed:
+                    self._begin(effect, chosen, inline=self._inline(effect, chosen))
+            if not any(not f.timed_out for f in self._flights.by_key.values()):
+                if not more or taken >= limit or self._stopping or self._flights.free <= 0:
+                    break  # nothing to wait for (a call past its timeout is not waited for)
+                continue
+            self._flights.wait(self._next_wake())
         self.stats.passes += 1
-        return done
+        return taken
+
+    def pump(self, limit: int = 100) -> int:
+        """One step that never waits for a call: record the calls that ended,
+        renew leases, time out calls past their ``timeout``, then start up
+        to ``limit`` due effects off this thread (at most ``concurrency`` in
+        flight).  What a ``Worker`` calls on each pass, so its relays and
+        applies go on while effects are in flight; returns the calls started
+        or recorded.  Call :meth:`finish` (or keep pumping) before letting go."""
+        check_count("limit", limit)
+        self._feeder.owed(limit)
+        work = self._tend()
+        started = 0
+        while started < limit and self._flights.free > 0 and not self._stopping:
+            most, claimed = self._claim(min(limit - started, self._flights.free))
+            if most == 0:
+                break
+            started += most
+            for effect, chosen in claimed:
+                self._begin(effect, chosen, inline=False)
+        self.stats.passes += 1
+        return work + started
+
+    def finish(self) -> int:
+        """Wait for the calls in flight (but not those past their timeout,
+        already recorded in doubt) and record them; start nothing new.
+        Returns how many were recorded."""
+        recorded = 0
+        while True:
+            recorded += self._tend()
+            if not any(not f.timed_out for f in self._flights.by_key.values()):
+                return recorded
+            self._flights.wait(self._next_wake())
+
+    def close(self) -> None:
+        """Wait for the calls in flight and record them (:meth:`finish`), then
+        stop the executor's event loop thread.  The consumer and producer
+        stay open (they are the caller's); the executor may be used again."""
+        try:
+            self.finish()
+        finally:
+            self._flights.close()
+
+    def metrics(self) -> ExecutorMetrics:
+        """This executor's calls, counted in this process (nothing of it is
+        stored; the effects' states are in ``consumer.metrics()``)."""
+        in_flight = Counter(f.effect.name for f in self._flights.by_key.values())
+        return ExecutorMetrics(
+            at=time.time(), consumer=self.consumer.name, owner=self.owner, concurrency=self.concurrency,
+            in_flight=dict(sorted(in_flight.items())), started=dict(sorted(self.stats.started_by_name.items())),
+            rate_limited=self.stats.rate_limited, heartbeats=self.stats.heartbeats, renewals=self.stats.renewals,
+            timeouts=self.stats.outcomes["timed_out"], lease_lost=self.stats.outcomes["lease_lost"],
+            outcomes=dict(sorted(self.stats.outcomes.items())),
+        )
+
+    @property
+    def calls_ended(self) -> threading.Event:
+        """Set when a call in flight ends, until the next :meth:`pump`,
+        :meth:`run_once` or :meth:`finish` records it: what a loop that
+        pumps this executor waits on (``Worker.run`` does)."""
+        return self._flights.ended
+
+    @property
+    def in_flight(self) -> int:
+        """How many calls of this executor have not returned yet (timed-out ones included)."""
+        return len(self._flights)
 
     def run_until_idle(self, max_passes: int = 1000) -> int:
         """``run_once`` until nothing is due now (at most ``max_passes``, an
@@ -219,54 +319,182 @@ class EffectExecutor:
 
     # -- one effect ---------------------------------------------------------------------
 
-    def _claim(self) -> tuple[ScheduledEffect, Plan] | None:
+    def _claim(self, most: int) -> tuple[int, list[tuple[ScheduledEffect, Plan]]]:
+        """Claim up to ``most`` due effects in one transaction (caps and rate
+        limits decided by the core): how many were taken up, and those to
+        call or reconcile, as claimed."""
         now = self.policy.clock()
+        specs = {name: self._spec_of(name) for name in self.effects}
         with self.consumer.store.write() as unit:
-            due = unit.due_effects(now, list(self.effects), 1)
-            if not due:
-                return None
-            effect = due[0]
-            spec = self._spec(effect)
-            chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
-            claimed = claim_changes(effect, chosen, reason, self.policy, now)
-            unit.update_effect(effect.key, claimed, now)
-        if chosen not in (Plan.RUN, Plan.RECONCILE):
-            self.stats.outcomes[_FINAL[chosen].value] += 1
-            self._observe(effect, _FINAL[chosen], str(chosen), reason=reason)
-            return effect, chosen
-        crash_point("executor.after_claim")
-        return _with(effect, **claimed), chosen
+            claims, put_off = claim_in(unit, specs, self.policy, now, most)
+        self.stats.rate_limited += put_off
+        taken: list[tuple[ScheduledEffect, Plan]] = []
+        for claim in claims:
+            if claim.chosen in (Plan.RUN, Plan.RECONCILE):
+                taken.append((claim.effect, claim.chosen))
+                if claim.chosen is Plan.RUN:
+                    self.stats.started_by_name[claim.effect.name] += 1
+                continue
+            self.stats.outcomes[_FINAL[claim.chosen].value] += 1
+            self._observe(claim.effect, _FINAL[claim.chosen], str(claim.chosen), reason=claim.reason)
+        if taken:
+            crash_point("executor.after_claim")
+        return len(claims), taken
 
-    @traced("reliable_flow.effect", lambda self, effect, chosen: {
-        "reliable_flow.effect_key": effect.key, "reliable_flow.event_id": effect.event_id,
-        "reliable_flow.flow_id": effect.flow_id, "reliable_flow.seq": effect.seq, "reliable_flow.plan": str(chosen)})
-    def _execute(self, effect: ScheduledEffect, chosen: Plan) -> EffectState | None:
-        """Call (or reconcile) one claimed effect and record the outcome; the new state."""
+    @property
+    def _stopping(self) -> bool:
+        return self._running and self._loop.stopping
+
+    def _inline(self, effect: ScheduledEffect, chosen: Plan) -> bool:
+        """Today's way at concurrency 1: the call in this thread (an effect
+        with a timeout or an ``async def`` function runs off it, always)."""
         spec = self._spec(effect)
+        is_async = spec.is_async if chosen is Plan.RUN else spec.reconcile_is_async
+        return self.concurrency == 1 and spec.timeout is None and not is_async
+
+    def _begin(self, effect: ScheduledEffect, chosen: Plan, *, inline: bool) -> None:
+        """Call (or reconcile) one claimed effect: here and now, recording the
+        outcome, or off this thread as a flight recorded when it ends."""
+        spec = self._spec(effect)
+        lease = self._inline_lease(effect.key) if inline else self._flights.lease_for(effect.key)
         call = EffectCall(effect.key, effect.name, effect.payload, effect.meta, effect.attempts,
-                          effect.flow_id, effect.event_id)
-        now_before = self.policy.clock()
+                          effect.flow_id, effect.event_id, lease)
+        now = self.policy.clock()
+        if inline:
+            answer = reconciled(spec, call) if chosen is Plan.RECONCILE else call_(spec, call)
+            self._record([(effect, chosen, spec, call, answer, now)])
+            return
         if chosen is Plan.RECONCILE:
             assert spec.reconcile is not None
-            try:
-                answer: object = spec.reconcile(call)
-            except Exception as exc:  # noqa: BLE001 - "could not tell", recorded
-                answer = exc
-            crash_point("executor.after_call")
-            now = max(now_before, self.policy.clock())
-            changes = after_reconcile(effect, spec, self.policy, now, answer)
+            fn, is_async = (areconciled if spec.reconcile_is_async else reconciled), spec.reconcile_is_async
         else:
-            outcome, value = _call(spec, call)
-            crash_point("executor.after_call")
-            now = max(now_before, self.policy.clock())
-            changes = after_run(effect, spec, self.policy, now, outcome, value)
+            fn, is_async = (acall if spec.is_async else call_), spec.is_async
+        self._flights.start(lambda future: Flight(effect, chosen, spec, call, future, now, now),
+                            lambda c: fn(spec, c), call, is_async)
+        self.stats.started += 1
+
+    def _tend(self) -> int:
+        """Record the calls that ended, renew the leases that need it, time
+        out the calls past their timeout; how many calls were recorded."""
+        ended: list[_Ended] = []
+        for flight in self._flights.finished():
+            self._flights.forget(flight.call.key)
+            if flight.timed_out:
+                self._release(flight)
+                continue
+            answer = flight.future.result()  # a BaseException here ends the executor, as a death would
+            ended.append((flight.effect, flight.chosen, flight.spec, flight.call, answer, flight.started))
+        if ended:  # every call that ended meanwhile, recorded in one transaction
+            self._record(ended)
+        if self._flights.by_key:
+            self._renew_due()
+            self._time_out_due()
+        return len(ended)
+
+    def _renew_due(self) -> None:
+        now = self.policy.clock()
+        lease = float(self.policy.lease_seconds or DEFAULT_LEASE_SECONDS)
+        due = [f for f in self._flights.by_key.values()
+               if not f.lease.lost and (f.beat or now - f.renewed >= lease / 3)]
+        if not due:
+            return
+        until = claim_until(self.policy, now)
         with self.consumer.store.write() as unit:
-            recorded = record_outcome_in(unit, effect.key, self.policy.owner, changes, now)
+            held = [renew_in(unit, f.call.key, self.owner, until, now) for f in due]
+        for flight, ok in zip(due, held):
+            if ok and flight.beat:
+                self.stats.heartbeats += 1
+            flight.renewed, flight.beat = now, False
+            if ok:
+                self.stats.renewals += 1
+            else:
+                flight.lease.lost = True
+            flight.beaten.set()
+
+    def _inline_lease(self, key: str) -> Lease:
+        """The lease of a call running in this thread: a heartbeat renews at once."""
+        def renew() -> None:
+            now = self.policy.clock()
+            with self.consumer.store.write() as unit:
+                ok = renew_in(unit, key, self.owner, claim_until(self.policy, now), now)
+            if ok:
+                self.stats.renewals += 1
+                self.stats.heartbeats += 1
+            else:
+                lease.lost = True
+
+        lease = Lease(renew)
+        return lease
+
+    def _time_out_due(self) -> None:
+        now = self.policy.clock()
+        late = [f for f in self._flights.by_key.values() if not f.timed_out and not f.lease.lost
+                and f.spec.timeout is not None and now - f.started >= f.spec.timeout]
+        for flight in late:
+            with self.consumer.store.write() as unit:
+                recorded = time_out_in(unit, flight.effect, flight.spec, self.policy, now)
+            flight.timed_out = True
+            if not recorded:
+                flight.lease.lost = True
+                continue
+            self.stats.outcomes["timed_out"] += 1
+            self._observe(flight.effect, EffectState.IN_DOUBT, "timed_out", error=f"timed out after "
+                          f"{flight.spec.timeout:g} s")
+
+    def _release(self, flight: Flight) -> None:
+        """A timed-out call returned: its outcome is discarded; the doubt is
+        now due for its reconcile or re-run."""
+        now = self.policy.clock()
+        with self.consumer.store.write() as unit:
+            release_in(unit, flight.effect, self.owner, now)
+        self.stats.outcomes["late_outcome_discarded"] += 1
+
+    def _next_wake(self) -> float:
+        """Seconds to wait for a call to end before tending the flights again:
+        until the next lease renewal or timeout, looked at every 0.1 s at
+        least (the policy clock may be a test's)."""
+        now = self.policy.clock()
+        lease = float(self.policy.lease_seconds or DEFAULT_LEASE_SECONDS)
+        times = [f.renewed + lease / 3 - now for f in self._flights.by_key.values()]
+        times += [f.started + f.spec.timeout - now for f in self._flights.by_key.values()
+                  if f.spec.timeout is not None and not f.timed_out]
+        return max(0.0, min([_MAX_WAKE, *times]))
+
+    def _record(self, ended: list[_Ended]) -> None:
+        """Record how calls (or reconciles) ended, all in one transaction:
+        each only while its claim is still this executor's."""
+        crash_point("executor.after_call")
+        clock = self.policy.clock()
+        outcomes = []
+        for effect, chosen, spec, call, answer, before in ended:
+            now = max(before, clock)
+            if chosen is Plan.RECONCILE:
+                changes, words = after_reconcile(effect, spec, self.policy, now, answer), ended_words(None, answer)
+            else:
+                outcome, value = answer
+                changes = after_run(effect, spec, self.policy, now, outcome, value)
+                words = ended_words(outcome, value)
+            outcomes.append((effect, chosen, call, changes, words, now))
+        with self.consumer.store.write() as unit:
+            recorded = [record_outcome_in(unit, effect, chosen, self.owner, changes, now, words)
+                        for effect, chosen, _, changes, words, now in outcomes]
+        if any(recorded):
+            crash_point("executor.after_commit")
+        for (effect, chosen, call, changes, _, _), ok in zip(outcomes, recorded):
+            self._recorded(effect, chosen, call, changes, ok)
+
+    @traced("reliable_flow.effect", lambda self, effect, chosen, *a: {
+        "reliable_flow.effect_key": effect.key, "reliable_flow.event_id": effect.event_id,
+        "reliable_flow.flow_id": effect.flow_id, "reliable_flow.seq": effect.seq, "reliable_flow.plan": str(chosen)})
+    def _recorded(self, effect: ScheduledEffect, chosen: Plan, call: EffectCall, changes: dict[str, Any],
+                  recorded: bool) -> EffectState | None:
+        """Count and log one recorded outcome, and feed its result back; the new state."""
         if not recorded:  # another executor took the effect up: its record is kept
+            if call.lease is not None:
+                call.lease.lost = True
             self.stats.outcomes["lease_lost"] += 1
             self._observe(effect, None, "lease_lost", level=WARNING)
             return None
-        crash_point("executor.after_commit")
         state = EffectState(changes["state"])
         self.stats.outcomes[state.value if chosen is Plan.RUN else f"reconciled_{state.value}"] += 1
         if changes.get("last_error"):
@@ -275,7 +503,7 @@ class EffectExecutor:
         if state is EffectState.SUCCEEDED and changes.get("fed") is False:
             stored = self.consumer.store.latest.effect(effect.key)
             if stored is not None:
-                self._feed(stored)
+                self._feeder.feed(stored)
         return state
 
     def _observe(self, effect: ScheduledEffect, state: EffectState | None, plan_name: str, level: int | None = None,
@@ -288,82 +516,10 @@ class EffectExecutor:
                 fields(effect.event_id, effect.flow_id, effect.seq, state or plan_name, self.consumer.name,
                        effect.meta, key=effect.key, effect=effect.name, plan=plan_name, **more))
 
-    def _advance_result(self, event_id: str, flow_id: str, kind: str, payload: Any,
-                        meta: dict[str, str]) -> str | None:
-        """Advance in one producer transaction at the flow's current seq; None
-        when the step is in the flow (now or before), else why not."""
-        assert self.producer is not None
-        return feedback_refusal(self.producer._advance_at_current(
-            event_id, flow_id, kind=kind, payload=payload, meta=meta or None))
-
     def _spec(self, effect: ScheduledEffect) -> EffectSpec:
-        spec = self.effects.get(effect.name)
-        assert spec is not None, effect.name  # only registered names are claimed
+        return self._spec_of(effect.name)
+
+    def _spec_of(self, name: str) -> EffectSpec:
+        spec = self.effects.get(name)
+        assert spec is not None, name  # only registered names are claimed
         return spec
-
-    # -- feedback -----------------------------------------------------------------------
-
-    def _feed_owed(self, limit: int) -> None:
-        if self.producer is None:
-            return
-        for effect in self.consumer.store.latest.unfed_effects(limit):
-            if self.effects.get(effect.name) is not None:
-                self._feed(effect)
-
-    def _feed(self, effect: ScheduledEffect) -> None:
-        """Advance the result into the producer, then mark it fed.  A crash in
-        between re-advances the same event id, which answers ``existing``."""
-        spec = self._spec(effect)
-        if spec.feedback is None:
-            with self.consumer.store.write() as unit:
-                unit.update_effect(effect.key, {"fed": None}, self.policy.clock())  # nothing is owed
-            return
-        if self.producer is None:
-            return
-        feedback = spec.feedback
-        refused: str | None
-        where = "flow"
-        try:
-            flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
-            where = "payload"
-            payload = feedback.payload(effect.result) if feedback.payload else effect.result
-        except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback, not a stop
-            refused = f"{FEEDBACK_REFUSED}refused: Feedback.{where} raised {error_text(exc)}"
-        else:
-            try:
-                refused = self._advance_result(feedback_event_id(effect.key), flow_id, feedback.kind, payload,
-                                               effect.meta)
-            except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
-                refused = f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
-        now = self.policy.clock()
-        with self.consumer.store.write() as unit:
-            if refused is None:
-                unit.update_effect(effect.key, {"fed": True}, now)
-                self.stats.fed += 1
-            else:
-                unit.update_effect(effect.key, {"last_error": refused[:1000]}, now)
-                self.stats.feedback_errors += 1
-                self.stats.last_error = f"{effect.key}: {refused}"
-        if refused is not None:
-            self._observe(effect, None, "feedback_refused", level=WARNING, error=refused)
-
-
-def _call(spec: EffectSpec, call: EffectCall) -> tuple[Outcome, Any]:
-    """Call the function and classify how it ended.  Anything not known to
-    have left nothing behind counts as "may have happened"."""
-    try:
-        return Outcome.SUCCEEDED, spec.run(call)
-    except RetryLater as exc:
-        return Outcome.RETRY, exc
-    except PermanentFailure as exc:
-        return Outcome.PERMANENT, exc
-    except (OutcomeUnknown, TimeoutError) as exc:
-        return Outcome.UNKNOWN, exc
-    except Exception as exc:  # noqa: BLE001 - unclassified: it may have happened
-        return Outcome.UNKNOWN, RuntimeError(f"unclassified failure, treated as unknown: {error_text(exc)}")
-
-
-def _with(effect: ScheduledEffect, **changes: Any) -> ScheduledEffect:
-    from dataclasses import replace
-
-    return replace(effect, **changes)

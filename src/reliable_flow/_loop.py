@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -59,13 +59,14 @@ class Loop:
 
     def run(
         self, one_pass: Callable[[], int], waiting: Callable[[], float | None], *, idle_sleep: float,
-        max_passes: int | None, handle_signals: bool, until_idle: bool,
+        max_passes: int | None, handle_signals: bool, until_idle: bool, woken: Sequence[threading.Event] = (),
     ) -> None:
         """Call ``one_pass`` (the work it did) until :meth:`stop`, SIGTERM /
         SIGINT (handled only when ``handle_signals`` and in the main thread;
         the previous handlers are put back on return), or ``max_passes``.
         After a pass that did no work: sleep ``idle_sleep``, or with
-        ``until_idle`` sleep ``waiting()`` seconds, returning when it is None."""
+        ``until_idle`` sleep ``waiting()`` seconds, returning when it is None;
+        a sleep ends early once one of ``woken`` is set (an effect call ended)."""
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -81,20 +82,23 @@ class Loop:
                     wait = waiting() if until_idle else idle_sleep
                     if wait is None:
                         break
-                    self._idle(wait)
+                    self._idle(wait, woken)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _idle(self, seconds: float) -> None:
+    def _idle(self, seconds: float, woken: Sequence[threading.Event] = ()) -> None:
         # Short slices rather than one Event.wait(): the signal handler must
         # not touch the Event's lock (it may be held by this very thread).
+        # With one event to wake on, the slices wait on it (an ended call
+        # wakes the loop at once); with several, each slice looks at them.
         deadline = time.monotonic() + seconds
-        while not self.stopping:
+        sleeper = woken[0] if len(woken) == 1 else self._stop
+        while not self.stopping and not any(event.is_set() for event in woken):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            self._stop.wait(min(left, 0.05))
+            sleeper.wait(min(left, 0.05))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only a plain attribute write: safe whatever the main thread holds.

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .statuses import ApplyResult, ApplyStatus
+from .statuses import ApplyResult, ApplyStatus, OperatorAction
 
 __all__ = [
     "CONSUMER", "DEBUG", "EXECUTOR", "INFO", "PRODUCER", "RELAY", "WARNING", "WORKER",
@@ -106,12 +106,12 @@ def advanced(result: Any, meta: Mapping[str, Any] | None) -> None:
             fields(result.event_id, result.flow_id, result.seq, result.status, None, meta, reason=result.reason))
 
 
-def operator_action(logger: logging.Logger, action: Any, consumer: str | None = None, **more: Any) -> None:
+def operator_action(logger: logging.Logger, action: OperatorAction, consumer: str | None = None,
+                    **more: Any) -> None:
     """Log an operator's recorded decision (INFO), with who and why."""
     if logger.isEnabledFor(INFO):
-        extra = fields(getattr(action, "event_id", None), status=action.action,
-                       consumer=consumer or getattr(action, "consumer", None), actor=action.actor,
-                       reason=action.reason)
+        extra = fields(action.event_id, status=action.action, consumer=consumer or action.consumer,
+                       actor=action.actor, reason=action.reason)
         extra.update(more)
         log(logger, INFO, f"operator action: {action.action}", extra)
 

@@ -1,7 +1,8 @@
-"""What an operator reads and records when something is stuck: why a flow
-waits, the inbox rows in full, the producer's consumer registry, and the
-recorded ways out (skipping or replacing an accepted event, registering or
-removing a consumer).
+"""What an operator reads when something is stuck: why a flow waits, the
+inbox rows in full, the producer's consumer registry, and what a prune
+removed.  The recorded ways out (skipping or replacing an accepted event,
+registering or removing a consumer) are
+:class:`~reliable_flow.records.OperatorAction` records.
 
 Like :mod:`reliable_flow.statuses`, plain values: frozen dataclasses and a
 string enum.  Times are seconds since the epoch on the clock of the side
@@ -13,10 +14,11 @@ added the column).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .statuses import BlockReason, InboxState, _StrEnum
 
-__all__ = ["ConsumerEntry", "FlowWait", "InboxAction", "InboxRow", "PruneResult", "RegistryAction", "StuckFlow"]
+__all__ = ["ConsumerEntry", "FlowWait", "InboxRow", "PruneResult", "StuckFlow"]
 
 
 class FlowWait(_StrEnum):
@@ -82,26 +84,6 @@ class StuckFlow:
 
 
 @dataclass(frozen=True, slots=True)
-class InboxAction:
-    """A recorded operator decision on an accepted event (``skip`` or
-    ``replace``): who, when, why, and what the row was before.
-
-    ``replacement_event_id``: the corrected event that took its place
-    (``replace`` only).
-    """
-
-    at: float
-    event_id: str
-    flow_id: str
-    seq: int
-    action: str
-    previous_state: InboxState
-    actor: str
-    reason: str
-    replacement_event_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ConsumerEntry:
     """One consumer in a producer's registry (``producer.admin.consumers``).
 
@@ -119,19 +101,6 @@ class ConsumerEntry:
     from_now: bool
     backlog: int
     set_aside: int
-
-
-@dataclass(frozen=True, slots=True)
-class RegistryAction:
-    """A recorded change to the consumer registry (``register`` or
-    ``remove``): who, when, why.  A consumer registered by a relay is
-    recorded too, with actor ``relay``."""
-
-    at: float
-    consumer: str
-    action: str
-    actor: str
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +123,11 @@ class PruneResult:
     transactions: int
     complete: bool
     tombstones_forgotten: int = 0
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("InboxAction", "RegistryAction"):  # deprecated, for one release: one OperatorAction
+        from ._deprecated import old_name
+
+        return old_name("reliable_flow.operations", name)  # its public name until 0.2
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

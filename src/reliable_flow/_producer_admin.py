@@ -15,11 +15,11 @@ from ._checks import check_flag, check_text
 from ._core.admin import delivery_action_in
 from ._core.operate import register_in, remove_in
 from ._observe import PRODUCER, operator_action
-from ._operations import ConsumerEntry, PruneResult, RegistryAction
+from ._operations import ConsumerEntry, PruneResult
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import OutboxStore
 from .errors import InvalidEnvelope
-from .statuses import OperatorAction
+from .statuses import ActionTarget, OperatorAction
 
 if TYPE_CHECKING:
     from ._producer import Producer
@@ -33,6 +33,11 @@ def _name(value: object) -> str:
         return envelope.check_name("name", value)
     except InvalidEnvelope as exc:
         raise ValueError(f"name {exc.problem}") from None
+
+
+def _registry_action(name: str, action: str, actor: str, reason: str) -> OperatorAction:
+    return OperatorAction(at=time.time(), target=ActionTarget.REGISTRY, consumer=name, action=action,
+                          actor=check_text("actor", actor), reason=check_text("reason", reason))
 
 
 class ProducerAdmin:
@@ -79,7 +84,8 @@ class ProducerAdmin:
         return record
 
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        """Every recorded redeliver and skip (for one event if given), oldest first."""
+        """Every recorded redeliver and skip (for one event if given), oldest
+        first: target ``delivery``, ``previous_state`` None (not stored)."""
         return self._store.latest.operator_actions(event_id)
 
     # -- the consumer registry --------------------------------------------------------
@@ -93,7 +99,7 @@ class ProducerAdmin:
 
     def register_consumer(
         self, name: str, from_now: bool = False, *, actor: str, reason: str
-    ) -> RegistryAction:
+    ) -> OperatorAction:
         """Register a consumer name, so ``relay`` delivers to it; recorded.
 
         Without ``from_now`` every event already committed becomes pending for
@@ -103,12 +109,12 @@ class ProducerAdmin:
         registered raises :class:`NotResolvable`.
         """
         name = _name(name)
-        record = RegistryAction(time.time(), name, "register", check_text("actor", actor), check_text("reason", reason))
+        record = _registry_action(name, "register", actor, reason)
         with self._store.write() as unit:
             register_in(unit, name, check_flag("from_now", from_now), record, self._store.location)
         return record
 
-    def remove_consumer(self, name: str, *, actor: str, reason: str) -> RegistryAction:
+    def remove_consumer(self, name: str, *, actor: str, reason: str) -> OperatorAction:
         """Remove a consumer name and every delivery to it; recorded.
 
         New events are no longer kept for it and ``relay`` to it raises
@@ -118,14 +124,15 @@ class ProducerAdmin:
         binding until reopened: stop the relays to the name first.
         """
         name = _name(name)
-        record = RegistryAction(time.time(), name, "remove", check_text("actor", actor), check_text("reason", reason))
+        record = _registry_action(name, "remove", actor, reason)
         with self._store.write() as unit:
             remove_in(unit, name, record, self._store.location)
         self._store.forget_binding(name)
         return record
 
-    def registry_actions(self, name: str | None = None) -> list[RegistryAction]:
-        """Every recorded registration and removal (of one name if given), oldest first."""
+    def registry_actions(self, name: str | None = None) -> list[OperatorAction]:
+        """Every recorded registration and removal (of one name if given),
+        oldest first: target ``registry``."""
         return self._store.latest.registry_actions(name)
 
     # -- retention ------------------------------------------------------------------

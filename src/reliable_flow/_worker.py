@@ -62,7 +62,11 @@ class Worker:
     (stopping early at ``idle``), then drain each open flow on its own (up
     to ``apply_limit`` applies; a flow whose apply raises is recorded and
     skipped, the others go on);
-    then each of ``executors`` runs up to ``apply_limit`` due effects.
+    then each of ``executors`` records the effect calls that ended and
+    starts up to ``apply_limit`` due ones off the worker's thread (at most
+    its ``concurrency`` in flight, :meth:`EffectExecutor.pump`), so a slow
+    call never delays a delivery or an apply; :meth:`run` waits for the
+    calls in flight and records them before it returns.
     When a pass did nothing, the worker sleeps ``idle_sleep`` seconds (woken
     early by :meth:`stop`).  A full inbox (``max_inbox``) answers
     ``refused``: counted in ``stats.relayed["refused"]``, the event waits
@@ -180,7 +184,9 @@ class Worker:
                 return work
             before = Counter(executor.stats.outcomes)
             try:
-                work += executor.run_once(limit=self.apply_limit)
+                # Starts calls off this thread and records those that ended:
+                # a slow call never holds up the relays and applies.
+                work += executor.pump(limit=self.apply_limit)
             except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
                 self._failed(f"effects of {executor.consumer.name}", exc)
             self.stats.effects.update(executor.stats.outcomes - before)
@@ -240,9 +246,24 @@ class Worker:
         Raises, after recording it, an error retrying cannot heal
         (:data:`~reliable_flow._loop.CANNOT_HEAL`).
         """
-        self._loop.run(self.run_once, self._waiting, idle_sleep=self.idle_sleep, max_passes=max_passes,
-                       handle_signals=handle_signals, until_idle=until_idle)
+        try:
+            self._loop.run(self.run_once, self._waiting, idle_sleep=self.idle_sleep, max_passes=max_passes,
+                           handle_signals=handle_signals, until_idle=until_idle,
+                           woken=[e.calls_ended for e in self.executors])
+        finally:
+            self._finish_calls()
         return self.stats
+
+    def _finish_calls(self) -> None:
+        """Wait for the effect calls in flight and record them (on the way out of :meth:`run`)."""
+        for executor in self.executors:
+            before = Counter(executor.stats.outcomes)
+            try:
+                executor.finish()
+            except Exception as exc:  # noqa: BLE001 - recorded; the lease runs out and another run takes over
+                self.stats.errors += 1
+                self.stats.last_error = f"effects of {executor.consumer.name}: {type(exc).__name__}: {exc}"
+            self.stats.effects.update(executor.stats.outcomes - before)
 
     def _waiting(self) -> float | None:
         """Seconds to sleep until the earliest pending delivery or open effect

@@ -18,6 +18,7 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      +-- NotResolvable (also ValueError)       operator action on something in the wrong state
      +-- EffectKeyConflict (also ValueError)   an effect key reused for another effect
      +-- UnknownEffect (also LookupError)      no such effect (name not registered, key not stored)
+     +-- LeaseLost                             call.heartbeat() after the executor lost the claim
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
      +-- WrongThread                           object used in a thread other than its opener's
@@ -39,6 +40,7 @@ __all__ = [
     "DatabaseBusy",
     "EffectKeyConflict",
     "InvalidEnvelope",
+    "LeaseLost",
     "NotResolvable",
     "ReadOnlyStorage",
     "ReliableFlowError",
@@ -119,6 +121,13 @@ class EffectKeyConflict(ReliableFlowError, ValueError):
 
 class UnknownEffect(ReliableFlowError, LookupError):
     """An effect name that is not registered, or a key that is not stored."""
+
+
+class LeaseLost(ReliableFlowError):
+    """Raised by ``EffectCall.heartbeat()`` once the executor knows the claim
+    on the effect is no longer its own (its lease ran out and another
+    executor took the effect up, or an operator acted on it): stop the work.
+    Whatever the call returns afterwards is discarded, not recorded."""
 
 
 class SQLiteTooOld(ReliableFlowError):

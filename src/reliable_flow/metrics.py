@@ -22,7 +22,7 @@ from ._store.outbox import OutboxReads
 from .statuses import DeliveryState, EffectState, InboxState
 
 __all__ = [
-    "ConsumerMetrics", "DeliveryMetrics", "ProducerMetrics", "consumer_metrics", "producer_metrics",
+    "ConsumerMetrics", "DeliveryMetrics", "ExecutorMetrics", "ProducerMetrics", "consumer_metrics", "producer_metrics",
     "prometheus_text",
 ]
 
@@ -101,6 +101,41 @@ class ConsumerMetrics:
     applied: int | None = None
     seconds_open: float | None = None
     applied_per_second: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as plain dicts (JSON-able)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExecutorMetrics:
+    """An effect executor's calls at ``at`` (seconds since the epoch), counted
+    in this process since the :class:`~reliable_flow.EffectExecutor` was
+    made (nothing of it is stored; the effects' states are in
+    :class:`ConsumerMetrics`).
+
+    ``in_flight``: calls not returned yet, per effect name (a call past its
+    timeout included: it still holds its slot); ``started``: calls of each
+    effect's function started; ``rate_limited``: effects put off by their
+    ``rate_limit``; ``heartbeats``: ``call.heartbeat()`` calls that renewed
+    a lease; ``renewals``: leases renewed (by heartbeats and by the
+    executor itself); ``timeouts``: calls recorded in doubt for outliving
+    their ``timeout``; ``lease_lost``: outcomes discarded because another
+    executor held the effect; ``outcomes``: every outcome counted.
+    """
+
+    at: float
+    consumer: str
+    owner: str
+    concurrency: int
+    in_flight: dict[str, int]
+    started: dict[str, int]
+    rate_limited: int
+    heartbeats: int
+    renewals: int
+    timeouts: int
+    lease_lost: int
+    outcomes: dict[str, int]
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as plain dicts (JSON-able)."""
@@ -207,13 +242,36 @@ def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
                "Events applied per second since this process opened the consumer.", who, m.applied_per_second)
 
 
-def prometheus_text(snapshots: Iterable[ProducerMetrics | ConsumerMetrics]) -> str:
+def _executor_samples(m: ExecutorMetrics) -> Iterator[_Sample]:
+    who = {"consumer": m.consumer, "owner": m.owner}
+    yield "reliable_flow_effect_concurrency", "gauge", "Calls an executor keeps in flight at most.", who, m.concurrency
+    yield ("reliable_flow_effect_calls_in_flight", "gauge", "Effect calls not returned yet, all names.", who,
+           sum(m.in_flight.values()))
+    for name, n in m.in_flight.items():
+        yield ("reliable_flow_effect_calls_in_flight_by_name", "gauge", "Effect calls not returned yet, per name.",
+               {**who, "effect": name}, n)
+    for name, n in m.started.items():
+        yield ("reliable_flow_effect_starts_total", "counter", "Calls of an effect's function started.",
+               {**who, "effect": name}, n)
+    for metric, text, value in (
+        ("rate_limited", "Effects put off by their rate_limit.", m.rate_limited),
+        ("heartbeats", "heartbeat() calls that renewed a lease.", m.heartbeats),
+        ("lease_renewals", "Leases of calls in flight renewed.", m.renewals),
+        ("timeouts", "Calls recorded in doubt for outliving their timeout.", m.timeouts),
+        ("leases_lost", "Outcomes discarded because another executor held the effect.", m.lease_lost),
+    ):
+        yield f"reliable_flow_effect_{metric}_total", "counter", text, who, value
+
+
+def prometheus_text(snapshots: Iterable[ProducerMetrics | ConsumerMetrics | ExecutorMetrics]) -> str:
     """The snapshots in the Prometheus text exposition format (version
     0.0.4): ``# HELP`` and ``# TYPE`` once per metric, samples grouped
-    under it, labels ``consumer`` / ``state`` / ``reason``."""
+    under it, labels ``consumer`` / ``state`` / ``reason`` (and ``owner`` /
+    ``effect`` for an executor's)."""
     families: dict[str, tuple[str, str, list[str]]] = {}
     for snap in snapshots:
-        samples = _producer_samples(snap) if isinstance(snap, ProducerMetrics) else _consumer_samples(snap)
+        samples = (_producer_samples(snap) if isinstance(snap, ProducerMetrics)
+                   else _executor_samples(snap) if isinstance(snap, ExecutorMetrics) else _consumer_samples(snap))
         for name, kind, text, labels, value in samples:
             family = families.setdefault(name, (kind, text, []))
             shown = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())

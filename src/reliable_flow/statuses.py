@@ -16,6 +16,7 @@ from typing import Any
 # ``reliable_flow.records`` (the names stay importable from here, for the
 # library's own modules).
 __all__ = [
+    "ActionTarget",
     "AdvanceStatus",
     "ApplyStatus",
     "BlockReason",
@@ -26,6 +27,7 @@ __all__ = [
     "InboxState",
     "ReceiveStatus",
     "RelayStatus",
+    "Transition",
 ]
 
 
@@ -131,6 +133,24 @@ class DeliveryState(_StrEnum):
     SKIPPED = "skipped"
 
 
+class ActionTarget(_StrEnum):
+    """What an :class:`~reliable_flow.records.OperatorAction` acted on.
+
+    ``delivery``: an outbox event towards one consumer (``producer.admin``
+    ``redeliver`` / ``skip``).  ``inbox``: an accepted event in a consumer's
+    inbox (``consumer.admin`` ``skip_event`` / ``replace_event``).
+    ``effect``: a scheduled effect (``consumer.admin`` ``retry_effect`` /
+    ``resolve_effect`` / ``cancel_effect``).  ``registry``: a consumer name
+    in the producer's registry (``producer.admin`` ``register_consumer`` /
+    ``remove_consumer``, or a relay registering one).
+    """
+
+    DELIVERY = "delivery"
+    INBOX = "inbox"
+    EFFECT = "effect"
+    REGISTRY = "registry"
+
+
 class EffectState(_StrEnum):
     """State of a side effect in the effect outbox (see docs/effects.md).
 
@@ -153,6 +173,49 @@ class EffectState(_StrEnum):
     EXPIRED = "expired"
     SUPERSEDED = "superseded"
     CANCELLED = "cancelled"
+
+
+class Transition(_StrEnum):
+    """One step in an effect's durable history (``consumer.effect_history``).
+
+    ``scheduled`` by an apply; ``claimed`` by an executor to call its
+    function (a start: what ``rate_limit`` counts) or ``reconciling`` to ask
+    its reconcile; ``called`` (how the call ended) or ``reconciled`` (the
+    answer); then what that left: ``succeeded``, ``retry_planned`` (with the
+    due time), ``in_doubt``, ``dead`` or ``parked`` (unknown, for an
+    operator).  ``lease_expired``: a claim's lease ran out (its executor died
+    or stopped renewing) and another executor took the effect up;
+    ``lease_lost``: an executor's outcome came after that and was discarded;
+    ``timed_out``: the call outlived its ``timeout``, recorded in doubt and
+    held; ``released``: that call returned, its outcome discarded.
+    ``rate_limited``: over its ``rate_limit``, due again when a start
+    leaves the window.  ``expired`` / ``superseded`` / ``cancelled``: it
+    never ran.  ``operator``: an operator's retry, resolve or cancel.
+    ``fed_back`` / ``feedback_refused``: its result advanced into the
+    producer, or refused there.
+    """
+
+    SCHEDULED = "scheduled"
+    CLAIMED = "claimed"
+    RECONCILING = "reconciling"
+    CALLED = "called"
+    RECONCILED = "reconciled"
+    IN_DOUBT = "in_doubt"
+    RETRY_PLANNED = "retry_planned"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_LOST = "lease_lost"
+    TIMED_OUT = "timed_out"
+    RELEASED = "released"
+    RATE_LIMITED = "rate_limited"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+    PARKED = "parked"
+    CANCELLED = "cancelled"
+    OPERATOR = "operator"
+    FED_BACK = "fed_back"
+    FEEDBACK_REFUSED = "feedback_refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,22 +347,62 @@ class OutboxEntry:
     deliveries: dict[str, DeliveryRecord]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OperatorAction:
-    """A recorded operator decision (``redeliver`` or ``skip``): who, when, why.
+    """A recorded operator decision: what it acted on (``target``), ``action``,
+    who (``actor``), when (``at``) and why (``reason``).  One record type for
+    every operator action; ``target`` says which optional fields it fills
+    (the others are None):
 
-    ``previous_state`` is the delivery state the action changed; it is given
-    in the value ``redeliver`` / ``skip`` return and is None in
-    ``operator_actions()`` listings (it is not stored).
+    - ``delivery`` (``redeliver`` / ``skip``): ``event_id``, ``consumer``
+      and ``previous_state``, the :class:`DeliveryState` it changed;
+    - ``inbox`` (``skip`` / ``replace``): ``event_id``, ``flow_id``,
+      ``seq``, ``previous_state`` (the :class:`InboxState` it changed) and,
+      for ``replace``, ``replacement_event_id``, the corrected event that
+      took its place;
+    - ``effect`` (``retry`` / ``resolve`` / ``cancel``): ``key``;
+    - ``registry`` (``register`` / ``remove``): ``consumer``, the name (a
+      name a relay registered has actor ``relay``).
+
+    ``previous_state`` of a delivery is given in the value ``redeliver`` /
+    ``skip`` return and is None in ``operator_actions()`` listings (it is
+    not stored); an inbox action stores it.  Times are seconds on the clock
+    of the side that acted (the consumer's ``clock``, the producer's
+    ``time.time``).  :meth:`as_dict` is its JSON shape.
     """
 
     at: float
-    consumer: str
-    event_id: str
+    target: ActionTarget
     action: str
     actor: str
     reason: str
-    previous_state: DeliveryState | None = None
+    event_id: str | None = None
+    consumer: str | None = None
+    flow_id: str | None = None
+    seq: int | None = None
+    key: str | None = None
+    previous_state: DeliveryState | InboxState | None = None
+    replacement_event_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields its ``target`` fills, by name, as every JSON output
+        shows it (``--json``, ``inspect``, ``snapshot``, ``compare``), values
+        as they are (enums are str).  A delivery's ``previous_state`` is left
+        out when None (a listed action: it is not stored)."""
+        shown = {name: getattr(self, name) for name in _ACTION_FIELDS[self.target]}
+        if self.target is ActionTarget.DELIVERY and self.previous_state is None:
+            del shown["previous_state"]
+        return shown
+
+
+#: The fields each target's record fills, in the order they are shown.
+_ACTION_FIELDS: dict[ActionTarget, tuple[str, ...]] = {
+    ActionTarget.DELIVERY: ("at", "consumer", "event_id", "action", "actor", "reason", "previous_state"),
+    ActionTarget.INBOX: ("at", "event_id", "flow_id", "seq", "action", "previous_state", "actor", "reason",
+                         "replacement_event_id"),
+    ActionTarget.EFFECT: ("at", "key", "action", "actor", "reason"),
+    ActionTarget.REGISTRY: ("at", "consumer", "action", "actor", "reason"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +420,7 @@ class InboxEntry:
 @dataclass(frozen=True, slots=True)
 class AppliedEvent:
     """An event the consumer applied: the one row its apply left in the
-    consumer file (see ``Consumer.effects``)."""
+    consumer file (see ``Consumer.applied``)."""
 
     event_id: str
     flow_id: str
@@ -327,7 +430,7 @@ class AppliedEvent:
 
 @dataclass(frozen=True, slots=True)
 class ScheduledEffect:
-    """One side effect in the effect outbox, scheduled by an apply (see ``Consumer.effect_outbox``).
+    """One side effect in the effect outbox, scheduled by an apply (see ``Consumer.scheduled_effects``).
 
     ``key`` is its idempotency key, the same on every attempt.  ``payload``,
     ``meta`` and ``result`` are the JSON objects stored with it; ``reason``
@@ -368,14 +471,23 @@ class ScheduledEffect:
 
 
 @dataclass(frozen=True, slots=True)
-class EffectAction:
-    """A recorded operator decision on an effect (retry, resolve, cancel): who, when, why."""
+class EffectTransition:
+    """One row of an effect's durable history (``consumer.effect_history(key)``),
+    written in the same transaction as the change it records.
 
-    at: float
+    ``attempt``: the effect's attempts so far (the call's number for
+    ``claimed``); ``owner``: the executor that made the change (its claim
+    owner), None for an apply or an operator; ``detail``: what happened, in
+    words (the error, the reconcile answer, the due time, the actor and
+    reason of an operator)."""
+
     key: str
-    action: str
-    actor: str
-    reason: str
+    name: str
+    at: float
+    transition: Transition
+    attempt: int
+    owner: str | None = None
+    detail: str | None = None
 
 
 def __getattr__(name: str) -> Any:
@@ -383,7 +495,7 @@ def __getattr__(name: str) -> Any:
         from ._operations import FlowWait
 
         return FlowWait
-    if name in ("Refused", "Effect", "EffectRecord"):  # deprecated, for one release
+    if name in ("Refused", "Effect", "EffectRecord", "EffectAction"):  # deprecated, for one release
         from ._deprecated import old_name
 
         return old_name(__name__, name)

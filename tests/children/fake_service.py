@@ -30,6 +30,17 @@ line (or none).
   With ``--dedup 1`` (an "idempotent target") a key already performed is
   never performed again: the stored result is answered at once (``dedup``).
 
+  Optional (the concurrent kill tests): ``"hold": S`` -- the service works
+  ``S`` seconds before it decides (a long call), and then decides only if
+  the caller is still connected: a caller gone meanwhile (killed, or it
+  gave up on a lost lease and closed the connection) is logged
+  ``abandoned`` and nothing is performed for it.  A caller that dies while
+  it holds its claim thus has nothing performed after its death, so
+  nothing is performed after its lease can have run out (the executor
+  renews a lease every third of it while its process lives).
+  ``"kind": K`` is only logged.  With either, a ``fail`` answer also
+  carries ``"after": S`` (a ``Retry-After``, 0.02-0.2 s).
+
 * ``{"op": "status", "key": K}``: answers ``{"ok": true, "performed": bool,
   "result": <the last result or null>}``, never fails, never delays.
 
@@ -37,10 +48,14 @@ Every request read is appended to the log before it is answered, one JSON
 line flushed and fsynced: ``{"n", "op", "key", "attempt", "outcome",
 "performed", "result"}``; ``outcome`` is one of ``fail``, ``performed``,
 ``late`` (performed, answer delayed), ``dedup``, ``expired`` (past its
-deadline), ``status``, ``garbled`` (an incomplete request: its sender died
-while sending).  ``performed`` is true exactly for ``performed`` and
-``late``.  Requests are decided one at a time (one lock), so a ``status``
-answer includes every perform decided before it.
+deadline), ``abandoned`` (a held call whose caller was gone when it was to be
+decided), ``status``, ``garbled`` (an incomplete request: its sender died
+while sending); a held call also logs its ``hold`` and ``kind``, ``read_at``
+and ``at`` (``time.monotonic()`` when it was read and decided), and its
+line is written when it is decided (after the hold).  ``performed`` is true
+exactly for ``performed`` and ``late``.  Requests are decided one at a time
+(one lock), so a ``status`` answer includes every perform decided before
+it (a held call is decided when its hold ends, not when it is read).
 
 Only the standard library is imported.
 """
@@ -51,7 +66,9 @@ import argparse
 import json
 import os
 import random
+import select
 import selectors
+import socket
 import socketserver
 import sys
 import threading
@@ -88,8 +105,18 @@ class Service:
         self.log.flush()
         os.fsync(self.log.fileno())
 
-    def handle(self, raw: bytes) -> tuple[dict[str, Any] | None, float | None]:
-        """Decide, log, and return (answer or None, monotonic time to hold the answer until)."""
+    def handle(self, raw: bytes, caller_gone: Any = None) -> tuple[dict[str, Any] | None, float | None]:
+        """Decide, log, and return (answer or None, monotonic time to hold the answer until).
+
+        ``caller_gone()``: whether the caller closed its connection (asked,
+        under the lock, only for a held call, when its hold is over)."""
+        read_at = time.monotonic()
+        try:
+            hold = float(json.loads(raw).get("hold") or 0.0)
+        except (ValueError, TypeError, AttributeError):
+            hold = 0.0
+        if hold > 0:  # the work takes this long; the decision comes at its end
+            time.sleep(hold)
         with self.lock:
             try:
                 request = json.loads(raw)
@@ -99,6 +126,10 @@ class Service:
                              "performed": False, "result": None})
                 return None, None
             call = {"op": op, "key": key, "attempt": request.get("attempt"), "owner": request.get("owner")}
+            held = "hold" in request or "kind" in request
+            if held:  # when it was read and when decided (CLOCK_MONOTONIC): which calls overlapped
+                call.update(hold=request.get("hold"), kind=request.get("kind"), read_at=read_at,
+                            at=time.monotonic())
 
             def log(outcome: str, result: Any = None, **extra: Any) -> None:
                 self._write({**call, "outcome": outcome, "performed": outcome in ("performed", "late"),
@@ -112,12 +143,17 @@ class Service:
             if time.monotonic() >= deadline:  # the caller has given up: do nothing for it
                 log("expired")
                 return {"error": "deadline"}, None
+            if hold > 0 and caller_gone is not None and caller_gone():  # it died (or gave up) meanwhile
+                log("abandoned")
+                return None, None
             if self.dedup and key in self.results:
                 log("dedup", self.results[key])
                 return {"ok": True, "result": self.results[key]}, None
             draw = self.rng.random()
             if draw < self.p_fail:
                 log("fail")
+                if held:  # a Retry-After
+                    return {"error": "retry", "after": round(0.02 + 0.18 * (draw / self.p_fail), 3)}, None
                 return {"error": "retry"}, None
             self.performances += 1
             result = {"receipt": f"{key}#{self.performances}"}
@@ -140,7 +176,7 @@ class Handler(socketserver.StreamRequestHandler):
             if raw:
                 service.handle(b"")  # logged as garbled, nothing performed
             return
-        answer, hold_until = service.handle(raw)
+        answer, hold_until = service.handle(raw, lambda: _closed(self.connection))
         if answer is None:
             return
         if hold_until is not None:
@@ -150,6 +186,18 @@ class Handler(socketserver.StreamRequestHandler):
             self.wfile.flush()
         except OSError:
             pass  # the caller is gone (killed, or gave up): nothing to tell
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer closed the connection (it sends nothing after its one line)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        # (a socket with a timeout waits for it even with MSG_DONTWAIT: peek only when readable)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False  # open, nothing to read
+    except OSError:
+        return True  # reset
 
 
 class Server(socketserver.ThreadingUnixStreamServer):

@@ -3,13 +3,18 @@ steps every file needs.  Only the store interface is used."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Collection
 from typing import Any
 
 from reliable_flow._envelope import Envelope, make
 from reliable_flow._store.records import as_flow_dict
 from reliable_flow.records import InboxEntry
 
-__all__ = ["add_consumer", "append", "bind", "body_of", "entries", "env", "event_body", "flow", "protocol_members"]
+__all__ = [
+    "add_consumer", "append", "bind", "body_of", "contract_members", "contract_problems", "entries", "env",
+    "event_body", "flow", "protocol_members",
+]
 
 
 def env(event_id: str, flow_id: str = "F", seq: int = 1, kind: str = "created", n: int | None = None) -> Envelope:
@@ -88,3 +93,59 @@ def offers(obj: object, name: str, properties: set[str]) -> bool:
     if name in properties:
         return value is not None
     return callable(value)
+
+
+_ATTRIBUTE = object()  # a contract member declared by annotation only (``lost: BaseException | None``)
+
+
+def contract_members(*protocols: type) -> dict[str, Any]:
+    """Every public member the store contract declares on these protocols
+    (methods, properties, annotated attributes), by name, the most derived
+    declaration winning."""
+    declared: dict[str, Any] = {}
+    for proto in protocols:
+        for cls in reversed(proto.__mro__):
+            if not cls.__module__.startswith("reliable_flow._store"):
+                continue
+            for name in vars(cls).get("__annotations__", {}):
+                if not name.startswith("_"):
+                    declared[name] = _ATTRIBUTE
+            for name, member in vars(cls).items():
+                if not name.startswith("_"):
+                    declared[name] = member
+    return declared
+
+
+def _parameters(function: Any) -> list[tuple[str, Any, bool]]:
+    """(name, kind, has a default) of each parameter after ``self``."""
+    params = list(inspect.signature(function).parameters.values())[1:]
+    return [(p.name, p.kind, p.default is not inspect.Parameter.empty) for p in params]
+
+
+def contract_problems(obj: object, protocols: tuple[type, ...], extras: Collection[str] = ()) -> list[str]:
+    """How ``obj`` (an engine's store or view object) departs from the
+    contract: a declared member missing; a method that is not a method, or
+    whose parameters differ in name, kind or default; a property or
+    attribute that is a method; a public member that is neither declared nor
+    listed in ``extras`` (the engine's documented additions).  [] when it
+    offers exactly the contract."""
+    cls = type(obj)
+    problems: list[str] = []
+    declared = contract_members(*protocols)
+    for name, member in sorted(declared.items()):
+        if not hasattr(obj, name):
+            problems.append(f"{cls.__name__} lacks {name}")
+            continue
+        found = inspect.getattr_static(obj, name)
+        if inspect.isfunction(member):
+            if not inspect.isfunction(found):
+                problems.append(f"{cls.__name__}.{name} is not a method")
+            elif _parameters(found) != _parameters(member):
+                problems.append(f"{cls.__name__}.{name}{inspect.signature(found)} differs from the contract's "
+                                f"{name}{inspect.signature(member)}")
+        elif inspect.isfunction(found):
+            problems.append(f"{cls.__name__}.{name} is a method; the contract declares a value")
+    for name in sorted(n for n in dir(obj) if not n.startswith("_")):
+        if name not in declared and name not in extras:
+            problems.append(f"{cls.__name__}.{name} is public but not in the contract")
+    return problems

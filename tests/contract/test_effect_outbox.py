@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from reliable_flow._store.effects import EFFECT_COLUMNS, NewEffect
-from reliable_flow.records import EffectAction
-from reliable_flow.statuses import EffectState
+from reliable_flow.records import OperatorAction
+from reliable_flow.statuses import ActionTarget, EffectState
 
 S = EffectState
 
@@ -135,12 +135,16 @@ def test_unfed_effects_are_succeeded_ones_owing_feedback(inbox) -> None:
     assert keys(inbox.latest.unfed_effects(10)) == ["a"]
 
 
+def effect_action(at: float, key: str, action: str, actor: str, reason: str) -> OperatorAction:
+    return OperatorAction(at=at, target=ActionTarget.EFFECT, key=key, action=action, actor=actor, reason=reason)
+
+
 def test_effect_actions_are_recorded_in_order(inbox) -> None:
     with inbox.write() as unit:
-        unit.record_effect_action(EffectAction(2.0, "k2", "cancel", "ops", "not needed"))
-        unit.record_effect_action(EffectAction(1.0, "k1", "retry", "ops", "provider fixed"))
+        unit.record_effect_action(effect_action(2.0, "k2", "cancel", "ops", "not needed"))
+        unit.record_effect_action(effect_action(1.0, "k1", "retry", "ops", "provider fixed"))
     assert [a.key for a in inbox.latest.effect_actions()] == ["k2", "k1"]
-    assert inbox.latest.effect_actions("k1") == [EffectAction(1.0, "k1", "retry", "ops", "provider fixed")]
+    assert inbox.latest.effect_actions("k1") == [effect_action(1.0, "k1", "retry", "ops", "provider fixed")]
 
 
 def test_app_tables_live_in_the_unit_and_roll_back_with_it(inbox, placeholder) -> None:

@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-from contract_support import body_of, entries, env, offers, protocol_members, protocol_properties
+from contract_support import body_of, contract_problems, entries, env, offers, protocol_members, protocol_properties
 
 from reliable_flow._envelope import Envelope
-from reliable_flow._store import FlowState, InboxReads, InboxUnit
+from reliable_flow._store import FlowState, InboxReads, InboxStore, InboxUnit
 from reliable_flow.records import AppliedEvent, InboxEntry
 from reliable_flow.statuses import BlockReason, InboxState
 
@@ -58,6 +58,26 @@ def test_units_and_snapshots_offer_every_protocol_method(inbox):
             assert offers(reads, name, protocol_properties(InboxUnit, InboxReads)), name
     for name in protocol_members(InboxReads):
         assert offers(inbox.latest, name, protocol_properties(InboxUnit, InboxReads)), name
+
+
+# Public members an engine's consumer side offers beyond the contract, each
+# documented.  Views: ``lost`` (set when the engine dropped the transaction
+# under a ``step``; the producer's contract declares it, the consumer's
+# does not need it).  Stores: ``in_transaction`` (what both sides' store
+# classes share; only the relay, on the producer side, asks) and ``schema``
+# (the PostgreSQL schema the store's tables live in).
+INBOX_VIEW_EXTRAS = {"lost"}
+INBOX_STORE_EXTRAS = {"in_transaction", "schema"}
+
+
+def test_the_engine_classes_offer_exactly_the_contract(inbox):
+    """Strict: every member of InboxUnit (views: a unit, a snapshot and
+    ``latest`` are one class) and of InboxStore, with the contract's
+    parameter names, kinds and defaults; and nothing public beyond it but
+    the documented extras."""
+    with inbox.write() as unit:
+        assert contract_problems(unit, (InboxUnit,), INBOX_VIEW_EXTRAS) == []
+    assert contract_problems(inbox, (InboxStore,), INBOX_STORE_EXTRAS) == []
 
 
 def test_meta_names_protocol_consumer_and_a_uid(inbox_store):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 from contract_support import append, body_of, entries, env
 
-from reliable_flow._operations import InboxAction, InboxRow, RegistryAction
-from reliable_flow.statuses import BlockReason, DeliveryState, InboxState
+from reliable_flow._operations import InboxRow
+from reliable_flow.records import OperatorAction
+from reliable_flow.statuses import ActionTarget, BlockReason, DeliveryState, InboxState
 
 PENDING, BLOCKED, APPLIED = InboxState.PENDING, InboxState.BLOCKED, InboxState.APPLIED
 SKIPPED, REPLACED = InboxState.SKIPPED, InboxState.REPLACED
@@ -123,16 +124,21 @@ def test_a_unit_that_fails_keeps_the_registry_as_it_was(outbox):
     with pytest.raises(Boom), outbox.write() as unit:
         unit.remove_consumer("a")
         unit.register_consumer("b", 1.0, False)
-        unit.record_registry_action(RegistryAction(1.0, "b", "register", "ops", "x"))
+        unit.record_registry_action(registry_action(1.0, "b", "register", "ops", "x"))
         raise Boom
     assert [c.name for c in outbox.latest.consumers()] == ["a"]
     assert outbox.latest.registry_actions() == []
 
 
+def registry_action(at: float, consumer: str, action: str, actor: str, reason: str) -> OperatorAction:
+    return OperatorAction(at=at, target=ActionTarget.REGISTRY, consumer=consumer, action=action, actor=actor,
+                          reason=reason)
+
+
 def test_registry_actions_are_recorded_in_order_and_filtered_by_name(outbox):
-    actions = [RegistryAction(1.0, "a", "register", "alice", "new service"),
-               RegistryAction(2.0, "b", "register", "relay", "first"),
-               RegistryAction(3.0, "a", "remove", "bob", "typo")]
+    actions = [registry_action(1.0, "a", "register", "alice", "new service"),
+               registry_action(2.0, "b", "register", "relay", "first"),
+               registry_action(3.0, "a", "remove", "bob", "typo")]
     with outbox.write() as unit:
         for a in actions:
             unit.record_registry_action(a)
@@ -233,7 +239,7 @@ def test_a_replacement_that_fails_leaves_the_old_row_as_it_was(inbox):
     with pytest.raises(Boom), inbox.write() as unit:
         unit.set_replaced("A1")
         unit.insert(env("A1-fix", n=9), 2.0)
-        unit.record_inbox_action(InboxAction(2.0, "A1", "F", 1, "replace", PENDING, "ops", "fix", "A1-fix"))
+        unit.record_inbox_action(inbox_action(2.0, "A1", "F", 1, "replace", PENDING, "ops", "fix", "A1-fix"))
         raise Boom
     assert [(e.event_id, e.state) for e in entries(inbox.latest, "F")] == [("A1", PENDING)]
     assert inbox.latest.inbox_actions() == []
@@ -241,9 +247,16 @@ def test_a_replacement_that_fails_leaves_the_old_row_as_it_was(inbox):
         assert unit.holder("F", 1) == "A1"
 
 
+def inbox_action(at: float, event_id: str, flow_id: str, seq: int, action: str, previous_state: InboxState,
+                 actor: str, reason: str, replacement_event_id: str | None = None) -> OperatorAction:
+    return OperatorAction(at=at, target=ActionTarget.INBOX, event_id=event_id, flow_id=flow_id, seq=seq,
+                          action=action, previous_state=previous_state, actor=actor, reason=reason,
+                          replacement_event_id=replacement_event_id)
+
+
 def test_inbox_actions_are_recorded_in_order_and_found_by_either_event_id(inbox):
-    actions = [InboxAction(1.0, "A2", "F", 2, "replace", BLOCKED, "alice", "bad amount", "A2-fix"),
-               InboxAction(2.0, "B1", "G", 1, "skip", PENDING, "bob", "cancelled by hand")]
+    actions = [inbox_action(1.0, "A2", "F", 2, "replace", BLOCKED, "alice", "bad amount", "A2-fix"),
+               inbox_action(2.0, "B1", "G", 1, "skip", PENDING, "bob", "cancelled by hand")]
     with inbox.write() as unit:
         for a in actions:
             unit.record_inbox_action(a)

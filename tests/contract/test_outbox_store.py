@@ -16,6 +16,7 @@ from contract_support import (
     add_consumer,
     append,
     bind,
+    contract_problems,
     env,
     event_body,
     flow,
@@ -25,10 +26,10 @@ from contract_support import (
 )
 
 from reliable_flow._envelope import make
-from reliable_flow._store import FlowState, OutboxReads, OutboxUnit, StoredEvent
+from reliable_flow._store import FlowState, OutboxReads, OutboxStore, OutboxUnit, StoredEvent
 from reliable_flow.delivery import Retry
 from reliable_flow.records import DeliveryRecord, OperatorAction, OutboxEntry
-from reliable_flow.statuses import DeliveryState
+from reliable_flow.statuses import ActionTarget, DeliveryState
 
 PENDING = DeliveryState.PENDING
 ACCEPTED = DeliveryState.ACCEPTED
@@ -76,6 +77,38 @@ def test_units_and_snapshots_offer_every_protocol_method(outbox):
         assert offers(outbox.latest, name, protocol_properties(OutboxUnit, OutboxReads)), name
 
 
+# Public members an engine's producer store offers beyond the contract, each
+# documented: the PostgreSQL schema the store's tables live in.
+OUTBOX_STORE_EXTRAS = {"schema"}
+
+
+def test_the_engine_classes_offer_exactly_the_contract(outbox):
+    """Strict: every member of OutboxUnit (views: a unit, a snapshot and
+    ``latest`` are one class) and of OutboxStore, with the contract's
+    parameter names, kinds and defaults; and nothing public beyond it but
+    the documented extras."""
+    with outbox.write() as unit:
+        assert contract_problems(unit, (OutboxUnit,)) == []
+    assert contract_problems(outbox, (OutboxStore,), OUTBOX_STORE_EXTRAS) == []
+
+
+def test_the_strict_contract_check_can_fail(outbox):
+    class Renamed(type(outbox.latest)):  # type: ignore[misc]
+        def next_due(self, consumer, until, limit):  # a parameter renamed
+            return []
+
+        def bodies(self, positions):  # a member outside the contract
+            return {}
+
+    view = Renamed.__new__(Renamed)
+    view.lost = None
+    assert contract_problems(view, (OutboxUnit,)) == [
+        "Renamed.next_due(self, consumer, until, limit) differs from the contract's "
+        "next_due(self, consumer: 'str', horizon: 'float', limit: 'int') -> 'list[tuple[int, str]]'",
+        "Renamed.bodies is public but not in the contract",
+    ]
+
+
 def test_protocol_name_is_the_one_the_store_was_created_for(outbox_store):
     store = outbox_store(protocol="orders-v1")
     assert store.latest.protocol_name() == "orders-v1"
@@ -95,14 +128,17 @@ def test_location_names_where_the_data_lives(outbox_store):
     assert event_body(second.latest, "E1") is None
 
 
+def due(reads, consumer: str, horizon: float, limit: int) -> list[int]:
+    """The positions ``next_due`` picks (without their bodies)."""
+    return [pos for pos, _ in reads.next_due(consumer, horizon, limit)]
+
+
 def test_a_fresh_store_is_empty(outbox):
     reads = outbox.latest
     assert reads.flows() == []
     assert reads.outbox() == []
     assert reads.operator_actions() == []
-    assert reads.next_due("c", 1e12, 10) == []
-    assert reads.next_due_body("c", 1e12) is None
-    assert reads.bodies([]) == {}
+    assert due(reads, "c", 1e12, 10) == []
     with outbox.write() as unit:
         assert unit.backlog(100) == 0
         assert unit.bound_uid("c") is None
@@ -134,19 +170,16 @@ def test_event_bodies_by_id_and_by_position(outbox):
     reads = outbox.latest
     assert event_body(reads, "E2") == e2.body
     assert event_body(reads, "E4") is None
-    assert reads.bodies([p3, p1]) == {p3: e3.body, p1: e1.body}
-    assert reads.bodies([p2]) == {p2: e2.body}
-    assert reads.bodies([]) == {}
-    # No event there (pruned after a relay picked it): None, and left out.
-    assert reads.bodies([p3 + 1, p1]) == {p1: e1.body}
+    bind(outbox, "c1")
+    assert reads.next_due("c1", 0, 10) == [(p1, e1.body), (p2, e2.body), (p3, e3.body)]
 
 
-def test_bodies_of_many_positions(outbox):
+def test_next_due_gives_the_bodies_of_many_events(outbox):
+    bind(outbox, "c1")
     envs = [env(f"E{i}", seq=i) for i in range(1, 1201)]
     positions = append(outbox, *envs)
-    found = outbox.latest.bodies(positions)
-    assert len(found) == 1200
-    assert found == {p: e.body for p, e in zip(positions, envs)}
+    found = outbox.latest.next_due("c1", 0, 2000)
+    assert found == [(p, e.body) for p, e in zip(positions, envs)]
 
 
 def test_a_taken_event_id_raises_and_stores_nothing(outbox, integrity_error):
@@ -229,7 +262,7 @@ def test_append_event_is_pending_for_every_bound_consumer(outbox):
     assert sorted(entry_of(outbox, "E1").deliveries) == ["c1", "c2"]
     fresh = record(outbox, "E1", "c1")
     assert fresh == DeliveryRecord(PENDING, None, 0, None, fresh.due_at, None)
-    assert outbox.latest.next_due("c1", 0, 10) == [pos]  # due at once
+    assert due(outbox.latest, "c1", 0, 10) == [pos]  # due at once
 
 
 def test_an_event_is_pending_for_no_consumer_bound_later_until_add_consumer(outbox):
@@ -240,15 +273,14 @@ def test_an_event_is_pending_for_no_consumer_bound_later_until_add_consumer(outb
         add_consumer(unit, "late", "uid-late")
         # Within the unit that binds it, every committed event is pending for it.
         assert unit.delivery_state("E1", "late") == (p1, PENDING)
-    assert outbox.latest.next_due("late", 0, 10) == [p1, p2]
+    assert due(outbox.latest, "late", 0, 10) == [p1, p2]
 
 
 def test_an_unbound_consumer_has_no_deliveries(outbox):
     bind(outbox, "c1")
     [p1] = append(outbox, env("E1"))
     assert state(outbox, "E1", "c2") is None
-    assert outbox.latest.next_due("c2", 1e12, 10) == []
-    assert outbox.latest.next_due_body("c2", 1e12) is None
+    assert due(outbox.latest, "c2", 1e12, 10) == []
     assert entry_of(outbox, "E1").deliveries.keys() == {"c1"}
     with outbox.write() as unit:
         assert unit.pending_failures("c2", p1) is None
@@ -266,7 +298,7 @@ def test_add_consumer_makes_every_committed_event_pending_for_it(outbox):
         # ... and leaves the other consumers' deliveries as they were.
         assert [unit.delivery_state(e, "old")[1] for e in ("E1", "E2", "E3")] == [
             ACCEPTED, SET_ASIDE, PENDING]
-    assert outbox.latest.next_due("new", 0, 10) == [p1, p2, p3]
+    assert due(outbox.latest, "new", 0, 10) == [p1, p2, p3]
 
 
 def test_delivery_state_of_an_unknown_event_is_none(outbox):
@@ -324,9 +356,9 @@ def test_next_due_gives_oldest_positions_first_up_to_limit(outbox):
     envs = [env(f"E{i}", "F" if i % 2 else "G", (i + 1) // 2) for i in range(1, 7)]
     positions = append(outbox, *envs)
     reads = outbox.latest
-    assert reads.next_due("c1", 0, 100) == positions
-    assert reads.next_due("c1", 0, 3) == positions[:3]
-    assert reads.next_due("c1", 0, 1) == positions[:1]
+    assert due(reads, "c1", 0, 100) == positions
+    assert due(reads, "c1", 0, 3) == positions[:3]
+    assert due(reads, "c1", 0, 1) == positions[:1]
 
 
 def test_next_due_respects_the_horizon(outbox):
@@ -336,11 +368,11 @@ def test_next_due_respects_the_horizon(outbox):
         unit.claim("c1", [p1], 100.0, "relay-a", 10.0)
         unit.set_retry("c1", p2, Retry(1, 50.0, "timeout"), 10.0)
     reads = outbox.latest
-    assert reads.next_due("c1", 10.0, 10) == [p3]
-    assert reads.next_due("c1", 49.9, 10) == [p3]
-    assert reads.next_due("c1", 50.0, 10) == [p2, p3]
-    assert reads.next_due("c1", 100.0, 10) == [p1, p2, p3]
-    assert reads.next_due("c1", 100.0, 2) == [p1, p2]
+    assert due(reads, "c1", 10.0, 10) == [p3]
+    assert due(reads, "c1", 49.9, 10) == [p3]
+    assert due(reads, "c1", 50.0, 10) == [p2, p3]
+    assert due(reads, "c1", 100.0, 10) == [p1, p2, p3]
+    assert due(reads, "c1", 100.0, 2) == [p1, p2]
 
 
 def test_next_due_skips_deliveries_that_are_not_pending(outbox):
@@ -349,25 +381,27 @@ def test_next_due_skips_deliveries_that_are_not_pending(outbox):
     with outbox.write() as unit:
         unit.mark("c1", [(p1, "ok")], [(p2, "conflict")], 1.0)
         unit.resolve("c1", p3, SKIPPED, 1.0)
-    assert outbox.latest.next_due("c1", 1e12, 10) == [p4]
-    assert outbox.latest.next_due("c1", 1e12, 1) == [p4]
+    assert due(outbox.latest, "c1", 1e12, 10) == [p4]
+    assert due(outbox.latest, "c1", 1e12, 1) == [p4]
     # The other consumer's deliveries are its own.
-    assert outbox.latest.next_due("c2", 1e12, 10) == [p1, p2, p3, p4]
+    assert due(outbox.latest, "c2", 1e12, 10) == [p1, p2, p3, p4]
 
 
-def test_next_due_body_gives_the_oldest_due_position_and_body(outbox):
+def test_next_due_gives_the_oldest_due_position_with_its_body(outbox):
     bind(outbox, "c1")
     e1, e2, e3 = env("E1", seq=1), env("E2", seq=2), env("E3", seq=3)
     p1, p2, p3 = append(outbox, e1, e2, e3)
-    assert outbox.latest.next_due_body("c1", 0) == (p1, e1.body)
+    assert outbox.latest.next_due("c1", 0, 1) == [(p1, e1.body)]
     with outbox.write() as unit:
         unit.mark("c1", [(p1, "ok")], [], 1.0)
         unit.claim("c1", [p2], 100.0, "relay", 1.0)
-    assert outbox.latest.next_due_body("c1", 99.0) == (p3, e3.body)
-    assert outbox.latest.next_due_body("c1", 100.0) == (p2, e2.body)
+        # In a unit too (a relay's claim reads what it leases).
+        assert unit.next_due("c1", 1e12, 10) == [(p2, e2.body), (p3, e3.body)]
+    assert outbox.latest.next_due("c1", 99.0, 1) == [(p3, e3.body)]
+    assert outbox.latest.next_due("c1", 100.0, 1) == [(p2, e2.body)]
     with outbox.write() as unit:
         unit.mark("c1", [(p3, "ok")], [(p2, "conflict")], 2.0)
-    assert outbox.latest.next_due_body("c1", 1e12) is None
+    assert due(outbox.latest, "c1", 1e12, 1) == []
 
 
 # -- claims, retries, answers ---------------------------------------------------------------
@@ -386,8 +420,8 @@ def test_claim_pushes_the_due_time_and_records_the_owner(outbox):
         assert claimed.attempts == 0
     assert record(outbox, "E2", "c1").lease_owner is None
     assert record(outbox, "E1", "c2").lease_owner is None
-    assert outbox.latest.next_due("c1", 129.0, 10) == [p2]
-    assert outbox.latest.next_due("c2", 0, 10) == [p1, p2, p3]
+    assert due(outbox.latest, "c1", 129.0, 10) == [p2]
+    assert due(outbox.latest, "c2", 0, 10) == [p1, p2, p3]
 
 
 def test_a_new_claim_replaces_the_old_one(outbox):
@@ -434,8 +468,8 @@ def test_set_retry_records_attempt_failures_due_time_and_error_and_drops_the_lea
     assert after == DeliveryRecord(PENDING, None, 2, "TimeoutError: slow", 110.0, None)
     untouched = record(outbox, "E1", "c2")
     assert untouched == DeliveryRecord(PENDING, None, 0, None, untouched.due_at, None)
-    assert outbox.latest.next_due("c1", 109.0, 10) == []
-    assert outbox.latest.next_due("c1", 110.0, 10) == [p1]
+    assert due(outbox.latest, "c1", 109.0, 10) == []
+    assert due(outbox.latest, "c1", 110.0, 10) == [p1]
 
 
 def test_mark_delivered_accepts_and_clears_lease_and_error(outbox):
@@ -484,7 +518,7 @@ def test_a_conflict_never_undoes_an_accepted_delivery(outbox):
         assert unit.delivery_state("E1", "c1") == (p1, ACCEPTED)
     assert record(outbox, "E1", "c1").state == ACCEPTED
     assert entry_of(outbox, "E1").accepted is True
-    assert outbox.latest.next_due("c1", 1e12, 10) == []
+    assert due(outbox.latest, "c1", 1e12, 10) == []
 
 
 def test_resolve_sets_the_state_due_at_once_without_failures_or_lease(outbox):
@@ -504,22 +538,28 @@ def test_resolve_sets_the_state_due_at_once_without_failures_or_lease(outbox):
         assert unit.delivery_state("E3", "c1") == (p3, SKIPPED)
     first = record(outbox, "E1", "c1")
     assert first.state == PENDING and first.lease_owner is None and first.due_at <= 20.0
-    assert outbox.latest.next_due("c1", 20.0, 10) == [p1, p2]
+    assert due(outbox.latest, "c1", 20.0, 10) == [p1, p2]
     with outbox.write() as unit:
         unit.resolve("c1", p2, SKIPPED, 30.0)
         unit.resolve("c1", p1, ACCEPTED, 30.0)
         assert unit.delivery_state("E1", "c1") == (p1, ACCEPTED)
-    assert outbox.latest.next_due("c1", 1e12, 10) == []
+    assert due(outbox.latest, "c1", 1e12, 10) == []
 
 
 # -- operator actions -------------------------------------------------------------------
 
 
+def delivery_action(at: float, consumer: str, event_id: str, action: str, actor: str, reason: str,
+                    previous_state: DeliveryState | None = None) -> OperatorAction:
+    return OperatorAction(at=at, target=ActionTarget.DELIVERY, consumer=consumer, event_id=event_id, action=action,
+                          actor=actor, reason=reason, previous_state=previous_state)
+
+
 def test_record_action_and_operator_actions_oldest_first(outbox):
     actions = [
-        OperatorAction(10.0, "c1", "E1", "skip", "ann", "poison"),
-        OperatorAction(20.0, "c2", "E2", "redeliver", "bob", "fixed"),
-        OperatorAction(30.0, "c1", "E1", "redeliver", "cid", "retry it"),
+        delivery_action(10.0, "c1", "E1", "skip", "ann", "poison"),
+        delivery_action(20.0, "c2", "E2", "redeliver", "bob", "fixed"),
+        delivery_action(30.0, "c1", "E1", "redeliver", "cid", "retry it"),
     ]
     with outbox.write() as unit:
         unit.record_action(actions[0])
@@ -534,9 +574,9 @@ def test_record_action_and_operator_actions_oldest_first(outbox):
 
 def test_operator_actions_do_not_store_the_previous_state(outbox):
     with outbox.write() as unit:
-        unit.record_action(OperatorAction(1.0, "c1", "E1", "skip", "ann", "why", SET_ASIDE))
+        unit.record_action(delivery_action(1.0, "c1", "E1", "skip", "ann", "why", SET_ASIDE))
     [listed] = outbox.latest.operator_actions()
-    assert listed == OperatorAction(1.0, "c1", "E1", "skip", "ann", "why", None)
+    assert listed == delivery_action(1.0, "c1", "E1", "skip", "ann", "why", None)
 
 
 # -- outbox() listing -------------------------------------------------------------------
@@ -630,7 +670,7 @@ def test_a_unit_that_raises_leaves_nothing(outbox):
         add_consumer(unit, "c1", "uid-1")
         unit.claim("c0", [p0], 500.0, "relay", 1.0)
         unit.mark("c0", [(p0, "accepted")], [], 1.0)
-        unit.record_action(OperatorAction(1.0, "c0", "E0", "skip", "ann", "x"))
+        unit.record_action(delivery_action(1.0, "c0", "E0", "skip", "ann", "x"))
         assert unit.find_event("E1") is not None  # visible inside the unit
         raise Boom
     reads = outbox.latest

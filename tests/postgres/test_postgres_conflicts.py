@@ -100,7 +100,7 @@ def test_a_deadlocked_apply_batch_is_run_again_and_applies_both_flows(setting: t
     assert "error" not in out, out
     assert {flow: (r.applied, str(r.stop)) for flow, r in out["result"].items()} == {
         "A": (1, "idle"), "B": (1, "idle")}
-    assert [e.event_id for f in "AB" for e in consumer.effects(f)] == ["A1", "B1"]
+    assert [e.event_id for f in "AB" for e in consumer.applied(f)] == ["A1", "B1"]
 
 
 def test_without_the_rerun_the_same_cycle_raises_transaction_conflict_and_writes_nothing(
@@ -113,5 +113,5 @@ def test_without_the_rerun_the_same_cycle_raises_transaction_conflict_and_writes
     assert deadlocks >= 1
     assert isinstance(out.get("error"), TransactionConflict), out
     assert isinstance(out["error"].__cause__, psycopg.errors.DeadlockDetected)
-    assert consumer.effects("A") == [] and consumer.projection("A") is None  # A's apply rolled back too
+    assert consumer.applied("A") == [] and consumer.projection("A") is None  # A's apply rolled back too
     assert consumer.drain("A").applied == 1 and consumer.drain("B").applied == 1

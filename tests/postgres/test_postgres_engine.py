@@ -305,7 +305,8 @@ def test_registering_a_consumer_waits_for_an_append_in_flight(pg_cluster) -> Non
             assert not registered.wait(0.5), "the registration did not wait for the append in flight"
         thread.join(30)
         assert errors == []
-        assert other.latest.next_due("late", 1e12, 10) == [other.latest.find_event("E1").pos]
+        [(pos, _)] = other.latest.next_due("late", 1e12, 10)
+        assert pos == other.latest.find_event("E1").pos
     finally:
         store.close()
         other.close()
@@ -322,10 +323,10 @@ def test_two_relays_never_claim_the_same_delivery(pg_cluster) -> None:
             for i in range(1, 5):
                 unit.append_event(env(f"E{i}", seq=i))
         with first.write(durable=False) as a:
-            mine = a.next_due("c", 10.0, 2)
+            mine = [pos for pos, _ in a.next_due("c", 10.0, 2)]
             a.claim("c", mine, 100.0, "relay-a", 10.0)
             with second.write(durable=False) as b:
-                theirs = b.next_due("c", 10.0, 10)
+                theirs = [pos for pos, _ in b.next_due("c", 10.0, 10)]
                 b.claim("c", theirs, 100.0, "relay-b", 10.0)
         assert len(mine) == 2 and len(theirs) == 2
         assert not set(mine) & set(theirs)

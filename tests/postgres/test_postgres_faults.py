@@ -146,7 +146,7 @@ def test_the_server_killed_and_restarted_mid_run_loses_nothing_acknowledged(
             flow = f"F{i}"
             assert p.flow(flow) == {"state": "released", "seq": 3, "amount": i + 1}
             assert c.projection(flow) == {"state": "released", "last_seq": 3, "held": 0}
-            assert [e.event_id for e in c.effects(flow)] == [f"{flow}-1", f"{flow}-2", f"{flow}-3"]
+            assert [e.event_id for e in c.applied(flow)] == [f"{flow}-1", f"{flow}-2", f"{flow}-3"]
         assert relay(p, c).status == "idle"
     assert effect_counts(consumer) == Counter(dict.fromkeys(every, 1))
 
@@ -303,7 +303,7 @@ def test_a_receive_and_an_apply_whose_commit_was_cut_off_answer_duplicate_and_id
     assert isinstance(terminate_at_commit(cluster, "rf-commit-recv", apply), CommitOutcomeUnknown)
     with Consumer(where, RESERVATION) as c:
         assert c.apply_next("A").status == "idle"
-        assert [e.event_id for e in c.effects("A")] == ["A1"]
+        assert [e.event_id for e in c.applied("A")] == ["A1"]
         assert c.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
 
 

@@ -160,7 +160,7 @@ def test_process_all_with_batch_size_over_250_flows_applies_everything_in_full_b
             held = 0 if sizes[flow_id] == 3 else i + 1
             assert consumer.projection(flow_id) == {
                 "state": KINDS[sizes[flow_id] - 1], "last_seq": sizes[flow_id], "held": held}
-            assert [e.seq for e in consumer.effects(flow_id)] == list(range(1, sizes[flow_id] + 1))
+            assert [e.seq for e in consumer.applied(flow_id)] == list(range(1, sizes[flow_id] + 1))
         per_tx = [count(tx, "INSERT INTO effect") for tx in transactions(seen)]
         applying = [n for n in per_tx if n]
         assert max(applying) <= 100

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from reliable_flow import AppSchema, EffectCall, EffectRegistry, envelope
+from reliable_flow import AppSchema, EffectCall, EffectRegistry
+from reliable_flow import _envelope as envelope
 from reliable_flow._store.sqlite.connection import Database
 from reliable_flow._store.sqlite.schema import CONSUMER, FileKind
 from support import KINDS, EffectWorld
@@ -80,9 +81,9 @@ def test_v1_consumer_file_upgrades_in_place_and_effects_work(world: World) -> No
     assert [(e.event_id, e.state) for e in c.inbox("A")] == [("A1", "applied"), ("A2", "pending")]
     assert [(e.event_id, e.state) for e in c.inbox("B")] == [("B1", "pending")]
     assert c.projection("A") == {"state": "reserved", "last_seq": 1, "held": 3}
-    assert [e.event_id for e in c.effects("A")] == ["A1"]
+    assert [e.event_id for e in c.applied("A")] == ["A1"]
     assert c.effect_counts()["pending"] == 0
     assert {f: r.applied for f, r in c.process_all().items()} == {"A": 1, "B": 1}
     assert world.executor(c).run_until_idle() == 2
-    assert sorted(e.key for e in c.effect_outbox(state="succeeded")) == ["old:A2:notify", "old:B1:notify"]
+    assert sorted(e.key for e in c.scheduled_effects(state="succeeded")) == ["old:A2:notify", "old:B1:notify"]
     assert len(run.calls) == 2

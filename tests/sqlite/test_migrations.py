@@ -20,7 +20,8 @@ import pytest
 
 import reliable_flow
 from children.racers import open_producer
-from reliable_flow import Consumer, DeliveryPolicy, Producer, envelope, relay
+from reliable_flow import Consumer, DeliveryPolicy, Producer, relay
+from reliable_flow import _envelope as envelope
 from reliable_flow._store.sqlite.connection import Database
 from reliable_flow._store.sqlite.schema import PRODUCER, FileKind
 from reliable_flow.errors import SchemaTooNew, StorageError

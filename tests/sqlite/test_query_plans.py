@@ -133,8 +133,6 @@ def full_scans(conn: sqlite3.Connection, details: list[str], sql: str = "") -> l
 HOT_QUERIES = [
     # (id, side, sql, params, what the plan line must say)
     ("relay._NEXT_DUE", "producer", relay_module.NEXT_DUE, ("default", 1e300, 1), "USING INDEX delivery_due (consumer=?"),
-    ("relay._NEXT_DUE_BODY", "producer", relay_module.NEXT_DUE_BODY, ("default", 1e300),
-     "USING INDEX delivery_due (consumer=?"),
     ("outbox_by_event_id", "producer", "SELECT seq, body FROM outbox WHERE event_id = ?", ("F7-1",), "(event_id=?)"),
     ("outbox_body_by_pos", "producer", "SELECT body FROM outbox WHERE pos = ?", (7,), "USING INTEGER PRIMARY KEY (rowid=?)"),
     ("flow_by_id", "producer", "SELECT seq, state, data FROM flow WHERE flow_id = ?", ("F7",), "(flow_id=?)"),
@@ -202,7 +200,7 @@ HOT_CALLS: dict[str, Callable[[Producer, Consumer], Any]] = {
     "process_all": lambda p, c: c.process_all(),
     "producer_outbox_of_a_flow": lambda p, c: p.outbox("F1"),
     "producer_flow": lambda p, c: p.flow("F1"),
-    "consumer_reads_of_a_flow": lambda p, c: (c.projection("F1"), c.inbox("F1"), c.effects("F1")),
+    "consumer_reads_of_a_flow": lambda p, c: (c.projection("F1"), c.inbox("F1"), c.applied("F1")),
 }
 
 def _calls_params() -> list[Any]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reliable_flow import Consumer, Producer, envelope
+from reliable_flow import Consumer, Producer
+from reliable_flow import _envelope as envelope
 from reliable_flow._store.sqlite.connection import Database
 from reliable_flow._store.sqlite.schema import CONSUMER, PRODUCER, FileKind
 from reliable_flow.reservation import RESERVATION
@@ -66,12 +67,12 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
                          [("A1", 1, "reserved"), ("A2", 2, "confirmed")])
     db.close()
     with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
-        assert sql_pragma(path, "user_version") == CONSUMER.version == 4
+        assert sql_pragma(path, "user_version") == CONSUMER.version == 5
         assert c.admin.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
         assert c.receive(body("A1", "A", 1)).status == "duplicate"
         assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"
         assert c.apply_next("A").status == "applied"
-        assert [e.event_id for e in c.effects("A")] == ["A3"]
+        assert [e.event_id for e in c.applied("A")] == ["A3"]
 
 
 def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_path: Path) -> None:

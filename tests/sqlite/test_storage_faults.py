@@ -97,7 +97,7 @@ def inbox_ids(consumer: Consumer, flow_id: str) -> list[str]:
 
 
 def effect_ids(consumer: Consumer, flow_id: str) -> list[str]:
-    return [e.event_id for e in consumer.effects(flow_id)]
+    return [e.event_id for e in consumer.applied(flow_id)]
 
 
 def assert_apply_consistent(consumer: Consumer, flows: list[str]) -> int:
@@ -217,7 +217,7 @@ def _setup_blocked(p: Producer, c: Consumer) -> None:
 def _final_blocked(p: Producer, c: Consumer, r: Any, repeated: bool) -> None:
     assert r.status == "blocked" and r.reason == "unsupported_schema", r
     assert c.inbox("A") == [InboxEntry(event_id="A1", seq=1, state="blocked", reason="unsupported_schema")]
-    assert c.effects("A") == [] and c.projection("A") is None
+    assert c.applied("A") == [] and c.projection("A") is None
 
 
 def _setup_drain(p: Producer, c: Consumer) -> None:

@@ -7,12 +7,21 @@ action is asked for by a person and recorded with who, when and why.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .._store import OutboxUnit
 from .._store.effects import EffectUnit
 from ..errors import NotResolvable, UnknownEffect, UnknownEvent
-from ..statuses import DeliveryState, EffectAction, EffectState, OperatorAction, ScheduledEffect
+from ..statuses import (
+    ActionTarget,
+    DeliveryState,
+    EffectState,
+    OperatorAction,
+    ScheduledEffect,
+    Transition,
+)
+from .effects import note
 
 __all__ = [
     "DELIVERY_ACTIONS", "EFFECT_ACTIONS", "delivery_action_in", "effect_action_in", "effect_changes",
@@ -50,8 +59,10 @@ def delivery_action_in(unit: OutboxUnit, action: str, event_id: str, consumer: s
     if state not in allowed:
         raise NotResolvable(f"event {event_id!r} is {state} for consumer {consumer!r}; cannot {action} it")
     unit.resolve(consumer, pos, target, now)
-    unit.record_action(OperatorAction(now, consumer, event_id, action, actor, reason))
-    return OperatorAction(now, consumer, event_id, action, actor, reason, previous_state=state)
+    record = OperatorAction(at=now, target=ActionTarget.DELIVERY, consumer=consumer, event_id=event_id,
+                            action=action, actor=actor, reason=reason)
+    unit.record_action(record)  # the previous state is not stored
+    return dataclasses.replace(record, previous_state=state)
 
 
 def effect_changes(action: str, reason: str, result: str | None = None) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def effect_changes(action: str, reason: str, result: str | None = None) -> dict[
 
 
 def effect_action_in(unit: EffectUnit, action: str, key: str, actor: str, reason: str, now: float, location: str,
-                     result: str | None = None) -> tuple[EffectAction, ScheduledEffect]:
+                     result: str | None = None) -> tuple[OperatorAction, ScheduledEffect]:
     """Retry, resolve or cancel one effect inside ``unit``'s transaction; the
     recorded action and the effect as it was before."""
     effect = unit.effect(key)
@@ -78,7 +89,10 @@ def effect_action_in(unit: EffectUnit, action: str, key: str, actor: str, reason
     if effect.state not in allowed:
         names = ", ".join(s.value for s in allowed)
         raise NotResolvable(f"effect {key!r} is {effect.state}; {action} needs one of: {names}")
-    unit.update_effect(key, effect_changes(action, reason, result), now)
-    record = EffectAction(now, key, action, actor, reason)
+    changes = effect_changes(action, reason, result)
+    unit.update_effect(key, changes, now)
+    record = OperatorAction(at=now, target=ActionTarget.EFFECT, key=key, action=action, actor=actor, reason=reason)
     unit.record_effect_action(record)
+    unit.add_transitions([note(effect, Transition.OPERATOR, now, None,
+                               f"{action} by {actor} ({effect.state} -> {changes['state']}): {reason}")])
     return record, effect

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import _envelope as envelope
@@ -19,25 +19,42 @@ from .._effects import EffectSpec, Happened, NotHappened, check_json_value
 from .._store.effects import EffectReads, EffectUnit, NewEffect
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
-from ..statuses import AdvanceResult, AdvanceStatus, EffectState, ScheduledEffect
+from ..statuses import (
+    AdvanceResult,
+    AdvanceStatus,
+    EffectState,
+    EffectTransition,
+    ScheduledEffect,
+    Transition,
+)
 
 __all__ = [
     "FEEDBACK_REFUSED",
     "HANDLER_CANCELS_FROM",
     "ORDER_BLOCKING",
+    "Claim",
     "Outcome",
     "Plan",
     "after_reconcile",
     "after_run",
+    "after_timeout",
     "cancel_in",
     "claim_changes",
+    "claim_in",
     "default_key",
+    "ended_words",
+    "fed_back_in",
     "feedback_event_id",
     "feedback_refusal",
+    "holds",
     "lease_held",
+    "note",
     "plan",
     "record_outcome_in",
+    "release_in",
+    "renew_in",
     "schedule_in",
+    "time_out_in",
     "waiting_behind",
     "with_waits",
 ]
@@ -110,6 +127,78 @@ def claim_changes(effect: ScheduledEffect, chosen: Plan, reason: str | None, pol
     return lease
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An effect an executor took up: as claimed (``running`` for a call or
+    a reconcile, or already final), what was chosen, and why (a final plan)."""
+
+    effect: ScheduledEffect
+    chosen: Plan
+    reason: str | None
+
+
+_CLAIMED = {Plan.RUN: Transition.CLAIMED, Plan.RECONCILE: Transition.RECONCILING, Plan.EXPIRE: Transition.EXPIRED,
+            Plan.SUPERSEDE: Transition.SUPERSEDED, Plan.PARK: Transition.PARKED}
+
+
+def claim_in(unit: EffectUnit, specs: Mapping[str, EffectSpec], policy: DeliveryPolicy, now: float,
+             limit: int) -> tuple[list[Claim], int]:
+    """Take up to ``limit`` due effects of these registered names in one
+    transaction, oldest due first, each with its plan (:func:`plan`) and its
+    history.  A name at its ``concurrency`` cap (claims still leased, across
+    every executor) is left for later; an effect over its name's
+    ``rate_limit`` (starts in the window, from the history) is put off until
+    the first of them leaves the window (``rate_limited``).  Returns the
+    claims and how many effects were put off so."""
+    throttled = sorted(n for n, s in specs.items() if s.concurrency is not None or s.rate_limit is not None)
+    if throttled:
+        unit.lock_effect_names(throttled)
+    capped = [n for n in throttled if specs[n].concurrency is not None]
+    held = unit.held_effect_counts(capped, now) if capped else {}
+    full = {n for n in capped if held.get(n, 0) >= (specs[n].concurrency or 0)}
+    starts = {n: unit.effect_starts(n, now - s.rate_limit[1]) for n, s in specs.items() if s.rate_limit is not None}
+    claims: list[Claim] = []
+    notes: list[EffectTransition] = []
+    for _ in range(len(specs) + limit):  # each round claims, puts off, or closes a name: bounded
+        names = [n for n in specs if n not in full]
+        wanted = limit - len(claims)
+        due = unit.due_effects(now, names, wanted) if names and wanted > 0 else []
+        for effect in due:
+            name, spec = effect.name, specs[effect.name]
+            if name in full:
+                continue
+            if spec.rate_limit is not None and starts[name][0] >= spec.rate_limit[0]:
+                free_at = (starts[name][1] or now) + spec.rate_limit[1]
+                unit.update_effect(effect.key, {"due_at": free_at}, now)
+                notes.append(note(effect, Transition.RATE_LIMITED, now, policy.owner, (
+                    f"{starts[name][0]} starts of {name!r} in the last {spec.rate_limit[1]:g} s "
+                    f"(rate_limit {spec.rate_limit[0]}): due at {free_at:.3f}")))
+                continue
+            chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
+            changes = claim_changes(effect, chosen, reason, policy, now)
+            unit.update_effect(effect.key, changes, now)
+            if effect.state is _S.RUNNING:  # its executor died, or stopped renewing
+                notes.append(note(effect, Transition.LEASE_EXPIRED, now, effect.lease_owner,
+                                  f"its lease ended at {effect.due_at:.3f}"))
+            claimed = replace(effect, **changes)
+            notes.append(note(claimed, _CLAIMED[chosen], now, policy.owner if changes.get("lease_owner") else None,
+                              reason))
+            claims.append(Claim(claimed, chosen, reason))
+            if chosen not in (Plan.RUN, Plan.RECONCILE):
+                continue
+            if spec.concurrency is not None:
+                held[name] = held.get(name, 0) + 1
+                if held[name] >= spec.concurrency:
+                    full.add(name)
+            if chosen is Plan.RUN and name in starts:
+                count, first = starts[name]
+                starts[name] = (count + 1, now if first is None else first)
+        if len(due) < wanted or len(claims) >= limit:
+            break
+    unit.add_transitions(notes)
+    return claims, sum(1 for n in notes if n.transition is Transition.RATE_LIMITED)
+
+
 class Outcome(enum.Enum):
     """How a call of an effect's function ended."""
 
@@ -148,8 +237,28 @@ def after_run(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy,
     if effect.attempts >= spec.max_attempts:
         return {"state": _S.DEAD, "failures": retry.failures, "lease_owner": None, "last_error": retry.error,
                 "reason": f"failed {effect.attempts} of max_attempts={spec.max_attempts} times"}
-    return {"state": _S.PENDING, "failures": retry.failures, "due_at": retry.due_at, "lease_owner": None,
+    after = getattr(value, "after", None)  # RetryLater(after=...): the provider's Retry-After, not the backoff
+    return {"state": _S.PENDING, "failures": retry.failures,
+            "due_at": retry.due_at if after is None else now + after, "lease_owner": None,
             "last_error": retry.error}
+
+
+def after_timeout(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float) -> Changes:
+    """What a call that outlived its ``timeout`` leaves: in doubt, as any call
+    that may have happened, but still held by its executor (``lease_owner``
+    and a lease that it renews) until the call really returns, so nothing
+    reconciles or re-runs it while it may still be running."""
+    assert spec.timeout is not None
+    doubt = retry_after(policy, 0, now, TimeoutError(f"timed out after {spec.timeout:g} s"))
+    return {"state": _S.IN_DOUBT, "failures": doubt.failures, "due_at": claim_until(policy, now),
+            "lease_owner": policy.owner, "last_error": doubt.error}
+
+
+def holds(held: ScheduledEffect | None, owner: str) -> bool:
+    """Whether ``owner`` holds the effect: a claim in progress (``running``),
+    or a timed-out call that has not returned yet (``in_doubt``, still
+    leased to it)."""
+    return held is not None and held.lease_owner == owner and held.state in (_S.RUNNING, _S.IN_DOUBT)
 
 
 def after_reconcile(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
@@ -202,6 +311,18 @@ def feedback_refusal(result: AdvanceResult) -> str | None:
     return f"{FEEDBACK_REFUSED}{result.status}: {result.reason}"
 
 
+def fed_back_in(unit: EffectUnit, effect: ScheduledEffect, refused: str | None, now: float, owner: str) -> None:
+    """Record a feedback: fed (``refused`` None), or refused (why: the
+    effect's ``last_error``, tried again later)."""
+    if refused is None:
+        unit.update_effect(effect.key, {"fed": True}, now)
+        unit.add_transitions([note(effect, Transition.FED_BACK, now, owner,
+                                   f"advanced as {feedback_event_id(effect.key)}")])
+    else:
+        unit.update_effect(effect.key, {"last_error": refused[:1000]}, now)
+        unit.add_transitions([note(effect, Transition.FEEDBACK_REFUSED, now, owner, refused)])
+
+
 def lease_held(held: ScheduledEffect | None, owner: str) -> bool:
     """Whether an executor's claim on an effect is still its own: when the
     lease ran out during the call and another executor took the effect up,
@@ -210,13 +331,93 @@ def lease_held(held: ScheduledEffect | None, owner: str) -> bool:
     return held is not None and held.state is _S.RUNNING and held.lease_owner == owner
 
 
-def record_outcome_in(unit: EffectUnit, key: str, owner: str, changes: Changes, now: float) -> bool:
-    """Write an outcome while the claim is still ``owner``'s; False (nothing
-    written) when the lease was lost."""
-    if not lease_held(unit.effect(key), owner):
+def record_outcome_in(unit: EffectUnit, effect: ScheduledEffect, chosen: Plan, owner: str, changes: Changes,
+                      now: float, ended: str) -> bool:
+    """Write how a call (``chosen`` RUN) or a reconcile ended while the claim
+    is still ``owner``'s, with its history (``ended``: how, in words); False
+    when the lease was lost (only that is recorded: the outcome is discarded)."""
+    called = Transition.RECONCILED if chosen is Plan.RECONCILE else Transition.CALLED
+    if not lease_held(unit.effect(effect.key), owner):
+        unit.add_transitions([note(effect, Transition.LEASE_LOST, now, owner,
+                                   f"outcome discarded ({ended}): another executor holds the effect")])
         return False
-    unit.update_effect(key, changes, now)
+    unit.update_effect(effect.key, changes, now)
+    unit.add_transitions([note(effect, called, now, owner, ended), _left(effect, changes, now, owner)])
     return True
+
+
+def time_out_in(unit: EffectUnit, effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy,
+                now: float) -> bool:
+    """A call outlived its ``timeout``: record it in doubt, still held
+    (:func:`after_timeout`); False (nothing written) when the claim was lost."""
+    if not lease_held(unit.effect(effect.key), policy.owner):
+        return False
+    changes = after_timeout(effect, spec, policy, now)
+    unit.update_effect(effect.key, changes, now)
+    unit.add_transitions([note(effect, Transition.TIMED_OUT, now, policy.owner,
+                               f"no answer after {spec.timeout:g} s: in doubt, held until the call returns")])
+    return True
+
+
+def renew_in(unit: EffectUnit, key: str, owner: str, until: float, now: float) -> bool:
+    """Extend ``owner``'s lease on the effect to ``until``; False (nothing
+    written) when the claim is no longer its own.  Not a transition: no
+    history row."""
+    if not holds(unit.effect(key), owner):
+        return False
+    unit.update_effect(key, {"due_at": until}, now)
+    return True
+
+
+def release_in(unit: EffectUnit, effect: ScheduledEffect, owner: str, now: float) -> bool:
+    """A timed-out call returned: let go of the held doubt, due now for its
+    reconcile or re-run.  Its outcome is not recorded."""
+    held = unit.effect(effect.key)
+    if not holds(held, owner) or held is None or held.state is not _S.IN_DOUBT:
+        return False
+    unit.update_effect(effect.key, {"lease_owner": None, "due_at": now}, now)
+    unit.add_transitions([note(held, Transition.RELEASED, now, owner,
+                               "the timed-out call returned; its outcome is discarded")])
+    return True
+
+
+def note(effect: ScheduledEffect, transition: Transition, at: float, owner: str | None = None,
+         detail: str | None = None, attempt: int | None = None) -> EffectTransition:
+    """A history row of ``effect`` (its attempts so far unless ``attempt``)."""
+    return EffectTransition(effect.key, effect.name, at, transition,
+                            effect.attempts if attempt is None else attempt, owner,
+                            None if detail is None else detail[:1000])
+
+
+_LEFT = {_S.SUCCEEDED: Transition.SUCCEEDED, _S.PENDING: Transition.RETRY_PLANNED, _S.IN_DOUBT: Transition.IN_DOUBT,
+         _S.DEAD: Transition.DEAD, _S.UNKNOWN: Transition.PARKED}
+
+
+def _left(effect: ScheduledEffect, changes: Changes, now: float, owner: str) -> EffectTransition:
+    """The history row of what an outcome left."""
+    state = _S(changes["state"])
+    attempts = changes.get("attempts", effect.attempts)
+    if state is _S.PENDING or state is _S.IN_DOUBT:
+        detail = f"due at {changes['due_at']:.3f}"
+        if changes.get("last_error"):
+            detail += f": {changes['last_error']}"
+    else:
+        detail = str(changes.get("reason") or changes.get("last_error") or "")
+    return note(effect, _LEFT[state], now, owner, detail or None, attempts)
+
+
+def ended_words(outcome: Outcome | None, value: Any) -> str:
+    """How a call (``outcome``) or a reconcile (``outcome`` None: ``value``
+    is its answer) ended, for the history."""
+    if outcome is None:
+        if isinstance(value, Happened):
+            return "reconcile: it happened"
+        if isinstance(value, NotHappened):
+            return "reconcile: it did not happen"
+        return f"reconcile: could not tell: {error_text(value) if isinstance(value, BaseException) else value!r}"
+    if outcome is Outcome.SUCCEEDED:
+        return "returned"
+    return f"{outcome.value}: {error_text(value)}"
 
 
 #: The states an apply handler may cancel an effect from (an operator may
@@ -232,6 +433,7 @@ def cancel_in(unit: EffectUnit, key: str, reason: str, now: float) -> None:
     if effect.state not in HANDLER_CANCELS_FROM:
         raise NotResolvable(f"effect {key!r} is {effect.state}; only a pending effect can be cancelled here")
     unit.update_effect(key, {"state": _S.CANCELLED, "reason": reason}, now)
+    unit.add_transitions([note(effect, Transition.CANCELLED, now, detail=f"by its apply handler: {reason}")])
 
 
 def default_key(consumer: str, event_id: str, name: str) -> str:
@@ -246,6 +448,7 @@ def schedule_in(unit: EffectUnit, new: NewEffect) -> ScheduledEffect | None:
     conflict, and the apply rolls back."""
     held = unit.add_effect(new)
     if held is None:
+        unit.add_transitions([EffectTransition(new.key, new.name, new.created_at, Transition.SCHEDULED, 0)])
         return None
     same = (held.name, envelope.canonical(held.payload), held.event_id, held.deadline, held.version, held.ordered) == (
         new.name, new.payload, new.event_id, new.deadline, new.version, new.ordered

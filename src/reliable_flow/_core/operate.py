@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from .. import _envelope as envelope
 from .._envelope import Envelope
-from .._operations import ConsumerEntry, FlowWait, InboxAction, InboxRow, RegistryAction, StuckFlow
+from .._operations import ConsumerEntry, FlowWait, InboxRow, StuckFlow
 from .._store import FlowState, InboxReads, InboxUnit, OutboxReads, OutboxUnit, StoredRow
 from ..errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEvent
 from ..protocol import Protocol
-from ..statuses import EffectState, InboxState, ScheduledEffect
+from ..statuses import ActionTarget, EffectState, InboxState, OperatorAction, ScheduledEffect
 from .effects import FEEDBACK_REFUSED, waiting_behind
 
 __all__ = [
@@ -124,7 +124,7 @@ def _waiting_row(unit: InboxUnit, event_id: str, action: str, location: str) -> 
 
 
 def skip_in(unit: InboxUnit, protocol: Protocol, event_id: str, actor: str, reason: str, now: float,
-            location: str) -> InboxAction:
+            location: str) -> OperatorAction:
     """Move the event's flow past it: the projection's last_seq becomes its seq,
     state and data unchanged, no effect record; the row ends ``skipped``."""
     row = _waiting_row(unit, event_id, "skipped", location)
@@ -137,13 +137,14 @@ def skip_in(unit: InboxUnit, protocol: Protocol, event_id: str, actor: str, reas
     view = protocol.view(known.state, known.data)
     unit.put_projection(row.flow_id, known.state, row.seq, envelope.canonical(known.data), envelope.canonical(view))
     unit.set_skipped(event_id)
-    action = InboxAction(now, event_id, row.flow_id, row.seq, "skip", row.state, actor, reason)
+    action = OperatorAction(at=now, target=ActionTarget.INBOX, event_id=event_id, flow_id=row.flow_id, seq=row.seq,
+                            action="skip", previous_state=row.state, actor=actor, reason=reason)
     unit.record_inbox_action(action)
     return action
 
 
 def replace_in(unit: InboxUnit, event_id: str, corrected: Envelope, actor: str, reason: str, now: float,
-               location: str) -> InboxAction:
+               location: str) -> OperatorAction:
     """Keep the event as ``replaced`` and store ``corrected`` (same flow and seq,
     a new id) pending in its place."""
     row = _waiting_row(unit, event_id, "replaced", location)
@@ -157,8 +158,9 @@ def replace_in(unit: InboxUnit, event_id: str, corrected: Envelope, actor: str, 
                                           f"pruned); a replacement needs a new event id")
     unit.set_replaced(event_id)
     unit.insert(corrected, now)
-    action = InboxAction(now, event_id, row.flow_id, row.seq, "replace", row.state, actor, reason,
-                         corrected.event_id)
+    action = OperatorAction(at=now, target=ActionTarget.INBOX, event_id=event_id, flow_id=row.flow_id, seq=row.seq,
+                            action="replace", previous_state=row.state, actor=actor, reason=reason,
+                            replacement_event_id=corrected.event_id)
     unit.record_inbox_action(action)
     return action
 
@@ -184,14 +186,14 @@ def refused_names(reads: OutboxReads, names: Sequence[str]) -> list[str]:
     return missing if known else missing[1:]
 
 
-def register_in(unit: OutboxUnit, name: str, from_now: bool, record: RegistryAction, location: str) -> None:
+def register_in(unit: OutboxUnit, name: str, from_now: bool, record: OperatorAction, location: str) -> None:
     if unit.is_registered(name):
         raise NotResolvable(f"consumer {name!r} is already registered in {location}")
     unit.register_consumer(name, record.at, from_now)
     unit.record_registry_action(record)
 
 
-def remove_in(unit: OutboxUnit, name: str, record: RegistryAction, location: str) -> None:
+def remove_in(unit: OutboxUnit, name: str, record: OperatorAction, location: str) -> None:
     if not unit.is_registered(name):
         raise unknown_consumer(location, name, unit.consumers())
     unit.remove_consumer(name)

@@ -25,13 +25,14 @@ from typing import cast
 
 from .._deprecated import InboxFull, Refused
 from .._observe import INFO, RELAY, WARNING, body_fields, log
-from .._operations import RegistryAction
 from .._receiver import Receiver
 from .._store import OutboxStore
 from ..crash import crash_point
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..errors import ConsumerMismatch, UnknownEvent
 from ..statuses import (
+    ActionTarget,
+    OperatorAction,
     ReceiveResult,
     ReceiveStatus,
     RelayBatchResult,
@@ -93,7 +94,8 @@ def _bind(store: OutboxStore, receiver: Receiver, register: bool = False) -> Non
             now = time.time()
             unit.register_consumer(name, now, False)
             why = "relay(register=True)" if register else "the producer's first consumer, on its first relay"
-            unit.record_registry_action(RegistryAction(now, name, "register", "relay", why))
+            unit.record_registry_action(OperatorAction(at=now, target=ActionTarget.REGISTRY, consumer=name,
+                                                       action="register", actor="relay", reason=why))
         bound = unit.bound_uid(name)
         if bound is None:
             unit.bind_consumer(name, uid)
@@ -106,8 +108,12 @@ def _bind(store: OutboxStore, receiver: Receiver, register: bool = False) -> Non
     store.remember_binding(name, uid)
 
 
-def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, now: float, limit: int = 1) -> list[int]:
-    """Pick up to ``limit`` next due events; with a lease, claim them first."""
+def _claim(
+    store: OutboxStore, consumer: str, policy: DeliveryPolicy, now: float, limit: int = 1
+) -> list[tuple[int, str]]:
+    """Pick up to ``limit`` next due events, each its position and body (one
+    read: an event pruned meanwhile is not picked); with a lease, claim them
+    first."""
     # Not waiting for due times: every pending event counts as due.
     horizon = now if policy.wait_for_due else float("inf")
     if policy.lease_seconds is None:
@@ -117,34 +123,13 @@ def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, now: float
     # A lease is only a hint to other relays: losing it in a crash means at
     # worst one more send, which the inbox answers with "duplicate".  So the
     # claim is committed without waiting for the disk.
-    def once() -> list[int]:
+    def once() -> list[tuple[int, str]]:
         with store.write(durable=False) as unit:
             picked = unit.next_due(consumer, horizon, limit)
-            unit.claim(consumer, picked, claim_until(policy, now), policy.owner, now)
+            unit.claim(consumer, [pos for pos, _ in picked], claim_until(policy, now), policy.owner, now)
         return picked
 
     return rerun_on_conflict(once)
-
-
-def _claim_with_bodies(
-    store: OutboxStore, consumer: str, policy: DeliveryPolicy, limit: int
-) -> tuple[list[int], dict[int, str]] | None:
-    """Pick (with a lease: claim) up to ``limit`` due events and read their
-    bodies; None when nothing is due.
-
-    The positions and the bodies are two reads.  An event delivered by
-    another relay and pruned in between has no body any more: it counts as
-    delivered by someone else, so it is not sent, and nothing is recorded
-    for it (no failure, no backoff).  If every picked event went that way,
-    pick again: the pruned ones never come back, so this ends."""
-    while True:
-        picked = _claim(store, consumer, policy, policy.clock(), limit)
-        if not picked:
-            return None
-        bodies = store.latest.bodies(picked)
-        kept = [pos for pos in picked if pos in bodies]
-        if kept:
-            return kept, bodies
 
 
 def _record_failure(
@@ -240,19 +225,11 @@ def relay_to(
     """One event to ``receiver``; see :func:`reliable_flow.relay`."""
     policy, name = _start(store, receiver, policy, register)
     if event_id is None:
-        if policy.lease_seconds is None:
-            # No claim to write: pick the event and read its body in one query.
-            horizon = policy.clock() if policy.wait_for_due else float("inf")
-            found = store.latest.next_due_body(name, horizon)
-            if found is None:
-                return RelayResult(RelayStatus.IDLE)
-            pos, body = found
-        else:
-            leased = _claim_with_bodies(store, name, policy, 1)
-            if leased is None:
-                return RelayResult(RelayStatus.IDLE)
-            [pos], bodies = leased
-            body = bodies[pos]
+        # Without a lease, one read picks the event with its body.
+        found = _claim(store, name, policy, policy.clock())
+        if not found:
+            return RelayResult(RelayStatus.IDLE)
+        [(pos, body)] = found
     else:
         stored = store.latest.find_event(event_id)
         if stored is None:
@@ -280,10 +257,10 @@ def relay_batch_to(
 ) -> RelayBatchResult:
     """Up to ``limit`` events to ``receiver``; see :func:`reliable_flow.relay_batch`."""
     policy, name = _start(store, receiver, policy, register)
-    claimed = _claim_with_bodies(store, name, policy, limit)
-    if claimed is None:
+    claimed = _claim(store, name, policy, policy.clock(), limit)
+    if not claimed:
         return RelayBatchResult((), {})
-    picked, bodies = claimed
+    picked, bodies = [pos for pos, _ in claimed], dict(claimed)
     try:
         answers = receiver.accept_many([bodies[pos] for pos in picked])
     except Exception as exc:

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..statuses import EffectAction, EffectState, ScheduledEffect
+from ..statuses import EffectState, EffectTransition, OperatorAction, ScheduledEffect
 
 __all__ = ["EFFECT_COLUMNS", "EffectReads", "EffectUnit", "NewEffect"]
 
@@ -55,8 +55,23 @@ class EffectReads(Protocol):
     def effect_counts(self) -> dict[str, int]:
         """How many effects are in each state (states with none are left out)."""
 
-    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
-        """Recorded operator actions on effects (for one key if given), in order."""
+    def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
+        """Recorded operator actions on effects (target ``effect``; for one key
+        if given), in order."""
+
+    def effect_history(self, key: str) -> list[EffectTransition]:
+        """Every recorded transition of the effect with this key, in the order
+        written (empty for an unknown key, or once the effect was pruned)."""
+
+    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
+        """How many calls of effects named ``name`` started (``claimed``
+        transitions) after ``since``, and when the first of them did (None
+        when none did)."""
+
+    def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
+        """Per name (of ``names``; names with none left out): effects held
+        by an executor at ``now``: ``running`` or ``in_doubt`` with a
+        ``lease_owner`` whose lease (``due_at``) has not run out."""
 
     def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
         """Succeeded effects whose result still has to be fed back, oldest first."""
@@ -92,7 +107,15 @@ class EffectUnit(EffectReads, Protocol):
         """Set these columns (a subset of :data:`EFFECT_COLUMNS`; ``result``
         as canonical JSON text) and ``updated_at``."""
 
-    def record_effect_action(self, action: EffectAction) -> None:
+    def add_transitions(self, rows: Sequence[EffectTransition]) -> None:
+        """Append these rows to the effect history, in order."""
+
+    def lock_effect_names(self, names: Collection[str]) -> None:
+        """Until the unit ends, be the only unit claiming effects of these
+        names (so a cap or rate limit is counted and used by one claimer at
+        a time); other claimers of the same names wait."""
+
+    def record_effect_action(self, action: OperatorAction) -> None:
         """Append an operator action on an effect."""
 
     def last_seq(self, flow_id: str) -> int:

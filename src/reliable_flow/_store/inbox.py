@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .._envelope import Envelope
-from .._operations import InboxAction
-from ..statuses import AppliedEvent, BlockReason
+from ..statuses import AppliedEvent, BlockReason, OperatorAction
 from .base import Store
 from .effects import EffectReads, EffectUnit
 from .records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
@@ -53,8 +52,8 @@ class InboxReads(EffectReads, Protocol):
         """The row of ``event_id`` (in any state) in full, with its body, or
         None.  In a unit, the event id is held until it ends (see the engine)."""
 
-    def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
-        """Recorded skips and replacements, oldest first; with ``event_id``,
+    def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        """Recorded skips and replacements (target ``inbox``), oldest first; with ``event_id``,
         those of that event or naming it as the replacement."""
 
     def inbox_counts(self) -> InboxCounts:
@@ -100,7 +99,7 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
         """Mark the row replaced: it keeps its id and body, and gives up its
         (flow, seq) slot to a replacement stored next."""
 
-    def record_inbox_action(self, action: InboxAction) -> None:
+    def record_inbox_action(self, action: OperatorAction) -> None:
         """Append a skip or a replacement to the record."""
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:

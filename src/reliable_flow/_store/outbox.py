@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from .._envelope import Envelope
-from .._operations import ConsumerEntry, RegistryAction
+from .._operations import ConsumerEntry
 from ..delivery import Retry
 from ..statuses import DeliveryState, OperatorAction, OutboxEntry
 from .base import Store
@@ -47,31 +47,28 @@ class OutboxReads(Protocol):
         """Events in commit order with their delivery state per consumer."""
 
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        """Recorded operator actions, oldest first."""
+        """Recorded redelivers and skips (target ``delivery``, no
+        ``previous_state``), oldest first."""
 
     def consumers(self) -> list[ConsumerEntry]:
         """Every registered consumer, by name, with its pending and set-aside delivery counts."""
 
-    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
-        """Recorded registrations and removals (of one name if given), oldest first."""
+    def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
+        """Recorded registrations and removals (target ``registry``; of one name
+        if given), oldest first."""
 
-    def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
-        """Positions of the oldest pending deliveries to ``consumer`` due at ``horizon``."""
-
-    def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
-        """The oldest due pending delivery's position and body, or None: a
-        relay without a lease picks one event in one read (:meth:`next_due`
-        with :meth:`bodies` is two)."""
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
+        """Up to ``limit`` of the oldest pending deliveries to ``consumer``
+        due at ``horizon``, oldest first: each the event's position and its
+        body, in one read (so a picked event always has its body: one pruned
+        meanwhile is simply not picked).  In a unit the engine may lock
+        them, skipping those another unit holds (a relay's claim)."""
 
     def next_due_at(self, consumer: str) -> float | None:
         """The earliest due time of a pending delivery to ``consumer`` (new:
         at once; leased: when the lease ends; failed: after its backoff), or
         None when nothing is pending for it (accepted, set aside and skipped
         deliveries wait for nothing)."""
-
-    def bodies(self, positions: Sequence[int]) -> dict[int, str]:
-        """Bodies of the events at ``positions``; a position with no event
-        stored (pruned since it was picked) is left out."""
 
     def outbox_counts(self, now: float) -> OutboxCounts:
         """Events, flows, bound consumers, and deliveries counted per consumer
@@ -139,7 +136,7 @@ class OutboxUnit(OutboxReads, Protocol):
     def remove_consumer(self, name: str) -> None:
         """Forget ``name``: its registration and every delivery to it."""
 
-    def record_registry_action(self, action: RegistryAction) -> None:
+    def record_registry_action(self, action: OperatorAction) -> None:
         """Append a registration or removal to the record."""
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:

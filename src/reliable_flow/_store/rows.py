@@ -10,24 +10,29 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._operations import ConsumerEntry, InboxAction
+from .._operations import ConsumerEntry
 from ..statuses import (
+    ActionTarget,
     AppliedEvent,
     BlockReason,
     DeliveryRecord,
     DeliveryState,
-    EffectAction,
     EffectState,
+    EffectTransition,
     InboxState,
+    OperatorAction,
     OutboxEntry,
     ScheduledEffect,
+    Transition,
 )
 from .records import DeliveryCounts, FlowState, InboxCounts, StoredEvent, StoredRow, Tombstone
 from .shared import delivery_summary
 
 __all__ = [
-    "consumer_entry", "delivery_counts", "effect", "effect_action", "effect_record", "flow_state", "inbox_action",
-    "inbox_counts", "outbox_entries", "projection", "stored_event", "stored_row", "tombstone",
+    "consumer_entry", "delivery_action", "delivery_counts", "effect", "effect_action", "effect_record",
+    "effect_transition", "flow_state",
+    "inbox_action", "inbox_counts", "outbox_entries", "projection", "registry_action", "stored_event", "stored_row",
+    "tombstone",
 ]
 
 Row = Sequence[Any]
@@ -101,9 +106,24 @@ def stored_row(row: Row) -> StoredRow:
                      row[5], row[6], row[7], str(row[8]))
 
 
-def inbox_action(row: Row) -> InboxAction:
+def inbox_action(row: Row) -> OperatorAction:
     """``(at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id)``."""
-    return InboxAction(row[0], row[1], row[2], int(row[3]), row[4], InboxState(row[5]), row[6], row[7], row[8])
+    return OperatorAction(
+        at=float(row[0]), target=ActionTarget.INBOX, event_id=row[1], flow_id=row[2], seq=int(row[3]),
+        action=row[4], previous_state=InboxState(row[5]), actor=row[6], reason=row[7], replacement_event_id=row[8],
+    )
+
+
+def delivery_action(row: Row) -> OperatorAction:
+    """``(at, consumer, event_id, action, actor, reason)``; no ``previous_state`` (not stored)."""
+    return OperatorAction(at=float(row[0]), target=ActionTarget.DELIVERY, consumer=row[1], event_id=row[2],
+                          action=row[3], actor=row[4], reason=row[5])
+
+
+def registry_action(row: Row) -> OperatorAction:
+    """``(at, consumer, action, actor, reason)``."""
+    return OperatorAction(at=float(row[0]), target=ActionTarget.REGISTRY, consumer=row[1], action=row[2],
+                          actor=row[3], reason=row[4])
 
 
 def inbox_counts(rows: Iterable[Row], gaps: int) -> InboxCounts:
@@ -122,9 +142,16 @@ def effect_record(row: Row) -> AppliedEvent:
     return AppliedEvent(row[0], row[1], int(row[2]), row[3])
 
 
-def effect_action(row: Row) -> EffectAction:
+def effect_action(row: Row) -> OperatorAction:
     """``(at, key, action, actor, reason)``."""
-    return EffectAction(*row)
+    return OperatorAction(at=float(row[0]), target=ActionTarget.EFFECT, key=row[1], action=row[2], actor=row[3],
+                          reason=row[4])
+
+
+def effect_transition(row: Row) -> EffectTransition:
+    """``(key, name, at, transition, attempt, owner, detail)``."""
+    return EffectTransition(key=row[0], name=row[1], at=float(row[2]), transition=Transition(row[3]),
+                            attempt=int(row[4]), owner=row[5], detail=row[6])
 
 
 #: The effect-outbox columns :func:`effect` reads, in its order.

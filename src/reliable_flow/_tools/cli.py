@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         help="summarise a producer store and a consumer store, or why one flow / event is stuck (read only)",
         description="Flows, undelivered and set-aside events per consumer, inbox pending / "
                     "blocked (with reasons) / applied, and gaps per flow; with --flow or --event, that "
-                    "flow or event on both sides. Never writes. Exits 1 when something is blocked, set "
+                    "flow or event on both sides; with --effect, one effect and its durable history. Never writes. Exits 1 when something is blocked, set "
                     "aside, or stuck longer than --stuck-after (for alerts), 2 on an error. "
                     "Each store is a SQLite file or a postgresql://...#schema location. "
                     "See docs/operations.md.",
@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     focus = inspect.add_mutually_exclusive_group()
     focus.add_argument("--flow", metavar="FLOW_ID", help="why this flow waits, on both sides")
     focus.add_argument("--event", metavar="EVENT_ID", help="this event on both sides")
+    focus.add_argument("--effect", metavar="KEY", help="this effect (by idempotency key) and its history, in order")
     inspect.add_argument("--stuck-after", type=_seconds(True), default=300.0, metavar="SECONDS",
                          help="a gap, or a next step pending, older than this is stuck (default 300)")
     compare = sub.add_parser(
@@ -116,7 +117,14 @@ _TOOL_ERRORS = (ReliableFlowError, FileNotFoundError, ImportError, ValueError)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .drilldown import event_report, flow_report, format_event_report, format_flow_report
+    from .drilldown import (
+        effect_report,
+        event_report,
+        flow_report,
+        format_effect_report,
+        format_event_report,
+        format_flow_report,
+    )
     from .inspection import format_report, inspect_files
 
     try:
@@ -126,6 +134,9 @@ def _inspect(args: argparse.Namespace) -> int:
         elif args.event is not None:
             report = event_report(args.producer, args.consumer, args.event, stuck_after=args.stuck_after)
             text = format_event_report
+        elif args.effect is not None:
+            report = effect_report(args.producer, args.consumer, args.effect, stuck_after=args.stuck_after)
+            text = format_effect_report
         else:
             report = inspect_files(args.producer, args.consumer, stuck_after=args.stuck_after)
             text = format_report

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
-from .._operations import InboxAction
 from .._store.outbox import OutboxStore
 from .._store.records import Tombstone, as_flow_dict
 from ..statuses import DeliveryState, InboxState, OperatorAction, OutboxEntry
@@ -72,14 +70,14 @@ def _expected(flow_events: dict[int, OutboxEntry], name: str, registered: bool) 
 
 
 def _explained(kind: str, flow: str, seq: int, name: str, consumer_event: str | None,
-               inbox: list[InboxAction], producer: list[OperatorAction],
+               inbox: list[OperatorAction], producer: list[OperatorAction],
                events: dict[int, OutboxEntry]) -> list[dict[str, Any]]:
     """The recorded operator actions that explain a difference, if any."""
     mine = [a for a in inbox if a.flow_id == flow and a.seq == seq]
     if kind == "state_differs":
-        return [asdict(a) for a in mine]
+        return [a.as_dict() for a in mine]
     if kind == "event_differs":
-        replaced = [asdict(a) for a in mine if a.action == "replace" and a.replacement_event_id == consumer_event]
+        replaced = [a.as_dict() for a in mine if a.action == "replace" and a.replacement_event_id == consumer_event]
         return replaced or _skipped_delivery(events.get(seq), name, producer)
     if kind in ("behind", "missing_on_consumer"):
         return _skipped_delivery(events.get(seq + 1), name, producer)
@@ -91,7 +89,7 @@ def _skipped_delivery(entry: OutboxEntry | None, name: str, producer: list[Opera
     if entry is None or name not in entry.deliveries or entry.deliveries[name].state is not DeliveryState.SKIPPED:
         return []
     found = [a for a in producer if a.event_id == entry.event_id and a.consumer == name and a.action == "skip"]
-    return [{k: v for k, v in asdict(a).items() if k != "previous_state"} for a in found]
+    return [a.as_dict() for a in found]  # listed: no previous_state
 
 
 def _pruned_there(tombstone: Callable[[str], Tombstone | None], event_id: str, flow: str, seq: int) -> bool:

@@ -54,7 +54,7 @@ def _run(where: Path, say: Callable[[str], None], keep: bool) -> int:
     d = consumer.drain("A")
     say(f"   drain(A) -> applied {d.applied}, stopped at {d.stop}")
     p = consumer.projection("A")
-    effects = ", ".join(e.kind for e in consumer.effects("A"))
+    effects = ", ".join(e.kind for e in consumer.applied("A"))
     say(f"   projection A: {p['state']}, last_seq {p['last_seq']}, held {p['held']}; effects: {effects}")  # type: ignore[index]
     say("")
     say("3. Flow B changes payload format: B2 and B3 use schema 2 ({'units': n}),")

@@ -8,11 +8,11 @@ read in its own read transaction (no transaction spans two stores).  Times are s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,9 +25,24 @@ from ..statuses import DeliveryRecord, DeliveryState, EffectState, OutboxEntry, 
 from .stores import Location, open_consumer, open_producer
 
 __all__ = [
-    "DEFAULT_STUCK_AFTER", "attention_lines", "consumer_attention", "effect_dict", "effect_item", "effect_state",
-    "event_report", "flow_dict", "flow_report", "format_event_report", "format_flow_report", "opened", "row_dict",
-    "set_aside_attention", "shows_due", "when",
+    "DEFAULT_STUCK_AFTER",
+    "attention_lines",
+    "consumer_attention",
+    "effect_dict",
+    "effect_item",
+    "effect_report",
+    "effect_state",
+    "event_report",
+    "flow_dict",
+    "flow_report",
+    "format_effect_report",
+    "format_event_report",
+    "format_flow_report",
+    "opened",
+    "row_dict",
+    "set_aside_attention",
+    "shows_due",
+    "when",
 ]
 
 #: Seconds a flow may wait at a gap, or with its next step pending, before
@@ -201,17 +216,15 @@ def event_report(producer_path: Location, consumer_path: Location, event_id: str
         stored = p.find_event(event_id)
         envelope = None if stored is None else stored.body
         entries = [] if envelope is None else [e for e in p.outbox(_flow_of(envelope)) if e.event_id == event_id]
-        actions = [asdict(a) for a in p.operator_actions(event_id)]
+        actions = [a.as_dict() for a in p.operator_actions(event_id)]
         name = c.meta().get("name")
         found = c.inbox_row(event_id)
         row = None if found is None else found.row()
         inbox_body = None if found is None else found.body
         flow = None if row is None else why_waiting(c, row.flow_id)
-        inbox_actions = [asdict(a) for a in c.inbox_actions(event_id)]
+        inbox_actions = [a.as_dict() for a in c.inbox_actions(event_id)]
         effects = [] if row is None else with_waits(
             c, [e for e in c.effect_list(flow_id=row.flow_id) if e.event_id == event_id])
-    for action in actions:
-        action.pop("previous_state", None)  # not stored: only the value redeliver / skip return has it
     attention = _set_aside(entries)
     if flow is not None and row is not None and row.seq == flow.next_seq:
         item = consumer_attention(name, flow, now, stuck_after)
@@ -233,6 +246,47 @@ def event_report(producer_path: Location, consumer_path: Location, event_id: str
         },
         "attention": attention,
     }
+
+
+def effect_report(producer_path: Location, consumer_path: Location, key: str, *,
+                  stuck_after: float = DEFAULT_STUCK_AFTER, now: float | None = None) -> dict[str, Any]:
+    """One effect (by idempotency key): its row in the effect outbox, its
+    durable history in order (every transition, with time, attempt and
+    executor) and the operator actions on it (consumer side; the producer
+    is opened only to check the pair)."""
+    now = time.time() if now is None else now
+    with opened(producer_path, consumer_path) as (_, c):
+        name = c.meta().get("name")
+        found = c.effect(key)
+        effect = None if found is None else with_waits(c, [found])[0]
+        history = [dataclasses.asdict(t) for t in c.effect_history(key)]
+        actions = [a.as_dict() for a in c.effect_actions(key)]
+    return {
+        "checked_at": now, "stuck_after": stuck_after, "effect_key": key,
+        "consumer": {"name": name, "effect": None if effect is None else effect_dict(effect),
+                     "history": history, "actions": actions},
+        "attention": [] if effect is None else _effect_items(name, [effect], now),
+    }
+
+
+def format_effect_report(report: dict[str, Any]) -> str:
+    c = report["consumer"]
+    effect = c["effect"]
+    if effect is None:
+        lines = [f"effect {report['effect_key']!r}: not in the effect outbox of {c['name']!r}"
+                 + (" (pruned: its history went with it)" if not c["history"] else "")]
+    else:
+        lines = [f"effect {report['effect_key']!r} ({effect['name']}) of consumer {c['name']!r}: "
+                 f"{effect_state(effect)}, attempts {effect['attempts']}"
+                 + (f", due {when(effect['due_at'])}" if shows_due(effect) else ""),
+                 f"  event {effect['event_id']} flow {effect['flow_id']!r} seq {effect['seq']}"]
+    if c["history"]:
+        lines.append("history:")
+        for t in c["history"]:
+            who = f" [{t['owner']}]" if t["owner"] else ""
+            detail = f": {t['detail']}" if t["detail"] else ""
+            lines.append(f"  {when(t['at'])}  {t['transition']:<16} attempt {t['attempt']}{who}{detail}")
+    return "\n".join(lines + attention_lines(report))
 
 
 def _json(body: str) -> Any:

@@ -129,11 +129,11 @@ def _add_operations(report: dict[str, Any], producer_path: Location, consumer_pa
     attention (read after the snapshot, except ``effects``)."""
     with opened(producer_path, consumer_path) as (p, c):
         registry = [asdict(entry) for entry in p.consumers()]
-        registry_actions = [asdict(a) for a in p.registry_actions()]
+        registry_actions = [a.as_dict() for a in p.registry_actions()]
         name = c.meta().get("name")
         flows = sorted(set(c.open_flows()) | {e.flow_id for e in effects if e.waiting_behind})
         waits = [why_waiting(c, flow) for flow in flows]
-        actions = [asdict(a) for a in c.inbox_actions()]
+        actions = [a.as_dict() for a in c.inbox_actions()]
     prod, cons = report["producer"], report["consumer"]
     prod["registry"], prod["registry_actions"] = registry, registry_actions
     rows = {row.event_id: row for w in waits for row in w.rows}

@@ -25,7 +25,6 @@ Messages go to stderr as ``COMMAND: message``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from typing import Any
 
 from .._checks import check_text
 from ..errors import NotResolvable, ReliableFlowError
+from ..statuses import OperatorAction
 from .loading import DEFAULT_PROTOCOL, OptionError, load_protocol
 
 __all__ = ["add_operator_commands", "run_operator_command"]
@@ -149,7 +149,7 @@ def _envelope(source: str) -> str:
 # -- the actions: (record, what happened) ------------------------------------------------------
 
 
-def _effect(args: argparse.Namespace) -> tuple[Any, str]:
+def _effect(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "consumer") as consumer:
         who = {"actor": args.actor, "reason": args.reason}
         if args.action == "retry":
@@ -160,7 +160,7 @@ def _effect(args: argparse.Namespace) -> tuple[Any, str]:
         return consumer.admin.cancel_effect(args.key, **who), f"effect {args.key!r} is cancelled: it will never run"
 
 
-def _delivery(args: argparse.Namespace) -> tuple[Any, str]:
+def _delivery(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "producer") as producer:
         act = producer.admin.redeliver if args.action == "redeliver" else producer.admin.skip
         record = act(args.event_id, consumer=args.consumer, actor=args.actor, reason=args.reason)
@@ -170,7 +170,7 @@ def _delivery(args: argparse.Namespace) -> tuple[Any, str]:
     return record, f"consumer {args.consumer!r} will never get event {args.event_id!r} {was}"
 
 
-def _inbox(args: argparse.Namespace) -> tuple[Any, str]:
+def _inbox(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     corrected = _envelope(args.envelope) if args.action == "replace" else None
     with _opened(args, "consumer") as consumer:
         if corrected is None:
@@ -183,7 +183,7 @@ def _inbox(args: argparse.Namespace) -> tuple[Any, str]:
     return record, f"event {args.event_id!r} replaced by {record.replacement_event_id!r} ({step}), stored pending"
 
 
-def _registry(args: argparse.Namespace) -> tuple[Any, str]:
+def _registry(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "producer") as producer:
         if args.action == "register":
             record = producer.admin.register_consumer(args.name, args.from_now, actor=args.actor, reason=args.reason)
@@ -193,7 +193,7 @@ def _registry(args: argparse.Namespace) -> tuple[Any, str]:
     return record, f"consumer {args.name!r} removed, with its deliveries"
 
 
-_GROUPS: dict[str, Callable[[argparse.Namespace], tuple[Any, str]]] = {
+_GROUPS: dict[str, Callable[[argparse.Namespace], tuple[OperatorAction, str]]] = {
     "effect": _effect, "delivery": _delivery, "inbox": _inbox, "registry": _registry,
 }
 
@@ -218,7 +218,7 @@ def run_operator_command(args: argparse.Namespace) -> int | None:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(json.dumps(dataclasses.asdict(record), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        sys.stdout.write(json.dumps(record.as_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
         print(f"{name}: {done}; recorded: actor {record.actor!r}, reason {record.reason!r}")
     return 0

@@ -39,7 +39,7 @@ def snapshot(producer_location: Location, consumer_location: Location) -> dict[s
                 "protocol": reads.protocol_name(),
                 "flows": {f: as_flow_dict(reads.flow_state(f)) for f in reads.flows()},
                 "outbox": outbox,
-                "operator_actions": [_action(a) for a in reads.operator_actions()],
+                "operator_actions": [a.as_dict() for a in reads.operator_actions()],
             }
     finally:
         producer.close()
@@ -56,14 +56,8 @@ def snapshot(producer_location: Location, consumer_location: Location) -> dict[s
                 "inbox": {f: [asdict(row.entry()) for row in view.inbox_rows(f)] for f in flows},
                 "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
                 "effect_outbox": [asdict(e) for e in with_waits(view, view.effect_list())],
-                "effect_actions": [asdict(a) for a in view.effect_actions()],
+                "effect_actions": [a.as_dict() for a in view.effect_actions()],
             }
     finally:
         consumer.close()
     return out
-
-
-def _action(action: Any) -> dict[str, Any]:
-    recorded = asdict(action)
-    del recorded["previous_state"]  # not stored: only the return value of redeliver/skip has it
-    return recorded

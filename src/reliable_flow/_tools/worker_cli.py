@@ -51,6 +51,8 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                      help=f"relay lease (default {lease}, as for Worker)")
     run.add_argument("--effect-lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                      help=f"effect lease, longer than any effect function's own timeout (default {lease})")
+    run.add_argument("--concurrency", type=_count, default=1, metavar="N",
+                     help="effect calls in flight at once per consumer, off the worker's thread (default 1)")
     run.add_argument("--idle-sleep", type=seconds(True), default=0.5, metavar="SECONDS",
                      help="how long to sleep after a pass that found nothing (default 0.5)")
     run.add_argument("--report-every", type=seconds(True), default=10.0, metavar="SECONDS",
@@ -82,11 +84,26 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                          help="the protocol object to import (default: %(default)s)")
     execute.add_argument("--lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                          help=f"effect lease, longer than any effect function's own timeout (default {lease})")
+    execute.add_argument("--concurrency", type=_count, default=1, metavar="N",
+                         help="effect calls in flight at once (default 1: one at a time, in the executor's "
+                              "own thread); plain functions run on threads, async def ones on the "
+                              "executor's event loop")
     execute.add_argument("--idle-sleep", type=seconds(True), default=0.5, metavar="SECONDS",
                          help="how long to sleep after a pass that found nothing (default 0.5)")
     execute.add_argument("--until-idle", action="store_true",
                          help="exit 0 once nothing is pending, running or in doubt (waiting out leases and "
                               "backoffs); what waits for a person (unknown, dead) does not count")
+
+
+def _count(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
 
 
 # -- loading module:ATTR -----------------------------------------------------------------
@@ -190,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
         for name, path in pairs:
             consumers.append(Consumer(path, protocol, name=name, schemas=schemas, **apps[name]))
         effect_policy = DeliveryPolicy(lease_seconds=args.effect_lease)  # each executor claims as itself
-        executors = [EffectExecutor(c, policy=effect_policy, producer=producer)
+        executors = [EffectExecutor(c, policy=effect_policy, producer=producer, concurrency=args.concurrency)
                      for c in consumers if "effects" in apps[c.name]]
         # ReliableFlowError: e.g. a consumer name the producer has not registered
         worker = Worker(producer, consumers, policy=DeliveryPolicy(lease_seconds=args.lease),
@@ -247,7 +264,8 @@ def _execute(args: argparse.Namespace) -> int:
         if args.producer is not None:
             producer = Producer(args.producer, protocol)
             opened.append(producer)
-        executor = EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease), producer=producer)
+        executor = EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease), producer=producer,
+                                  concurrency=args.concurrency)
     except (ReliableFlowError, ValueError) as exc:
         for thing in reversed(opened):
             thing.close()

@@ -28,33 +28,42 @@ from typing import Any
 
 from psycopg import sql
 
-from ..._envelope import Envelope, body_hash
-from ..._operations import InboxAction
+from ..._envelope import Envelope
 from ...statuses import (
     AppliedEvent,
     BlockReason,
-    EffectAction,
     EffectState,
+    EffectTransition,
+    InboxState,
+    OperatorAction,
     ScheduledEffect,
 )
 from .. import rows
 from ..effects import NewEffect
-from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
+from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow
 from ..rows import EFFECT_SELECT as _COLUMNS
 from ..rows import effect as effect_row
-from ..rows import effect_action
+from ..rows import effect_action, effect_transition
 from ..shared import effect_changes, identity_problem
-from .base import PgStore, PgView
+from .base import PgStore
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .inbox_sql import (
     ACTION,
+    ADD_TRANSITION,
     APPLIED,
     BLOCK,
     DUE_EFFECTS,
+    EFFECT_HISTORY,
+    EFFECT_STARTS,
     EFFECTS_PRUNABLE,
+    FORGET_HISTORY,
     GAPS,
+    HELD_EFFECTS,
+    INBOX_BURY,
     INBOX_COUNTS,
+    INBOX_FORGET,
     INBOX_PRUNABLE,
+    INBOX_TOMBSTONE,
     INSERT,
     INSERT_NEW,
     MAX_POS,
@@ -70,6 +79,7 @@ from .inbox_sql import (
 from .location import Target, parse
 from .placeholders import pyformat
 from .schema import CONSUMER
+from .tombstones import PgTombstones, TombstoneSql
 
 __all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "PgInbox", "PgInboxStore"]
 
@@ -111,12 +121,12 @@ def first_keyword(text: str) -> str:
     return ""
 
 
-class PgInbox(PgView):
+class PgInbox(PgTombstones):
     """The consumer's tables, seen through one connection: receive, apply,
     the operator's repairs, the effect outbox, tombstones and pruning."""
 
     engine = "postgres"
-    _TABLE = "inbox_tombstone"
+    _TOMBSTONES = TombstoneSql(INBOX_TOMBSTONE, INBOX_FORGET, INBOX_BURY)
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
@@ -216,15 +226,15 @@ class PgInbox(PgView):
         """The row gives up its (flow, seq) slot: live NULL, which the CHECK ties to 'replaced'."""
         self._run(f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = %s", (event_id,))
 
-    def record_inbox_action(self, action: InboxAction) -> None:
+    def record_inbox_action(self, action: OperatorAction) -> None:
         self._run(
             "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
             "replacement_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (action.at, action.event_id, action.flow_id, action.seq, action.action, action.previous_state.value,
-             action.actor, action.reason, action.replacement_event_id),
+            (action.at, action.event_id, action.flow_id, action.seq, action.action,
+             InboxState(action.previous_state).value, action.actor, action.reason, action.replacement_event_id),
         )
 
-    def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
+    def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         if event_id is None:
             return [rows.inbox_action(r) for r in self._rows(ACTION + "ORDER BY id")]
         return [rows.inbox_action(r) for r in self._rows(
@@ -267,7 +277,7 @@ class PgInbox(PgView):
             "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
         )}
 
-    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
+    def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE key = %s", (key,)) if key is not None else ("", ())
         return [effect_action(r) for r in self._rows(
             f"SELECT at, key, action, actor, reason FROM effect_action {where} ORDER BY id", params
@@ -303,13 +313,40 @@ class PgInbox(PgView):
             (limit,),
         )]
 
-    def record_effect_action(self, action: EffectAction) -> None:
+    def effect_history(self, key: str) -> list[EffectTransition]:
+        return [effect_transition(r) for r in self._rows(EFFECT_HISTORY, (key,))]
+
+    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
+        row = self._one(EFFECT_STARTS, (name, since))
+        assert row is not None
+        return int(row[0]), None if row[1] is None else float(row[1])
+
+    def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
+        chosen = sorted(names)
+        if not chosen:
+            return {}
+        return {name: int(count) for name, count in self._rows(HELD_EFFECTS, (now, chosen))}
+
+    def add_transitions(self, rows: Sequence[EffectTransition]) -> None:
+        self._conn.cursor().executemany(ADD_TRANSITION, [
+            (t.key, t.name, t.at, t.transition.value, t.attempt, t.owner, t.detail) for t in rows
+        ])
+
+    def lock_effect_names(self, names: Collection[str]) -> None:
+        """Claimers of these names queue here until the transaction ends, so
+        a cap or a rate limit is counted and used by one claimer at a time
+        (READ COMMITTED alone would let two count the same free slot)."""
+        for name in sorted(names):
+            self._lock("effect_name", name)
+
+    def record_effect_action(self, action: OperatorAction) -> None:
         self._run(
             "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (%s, %s, %s, %s, %s)",
             (action.at, action.key, action.action, action.actor, action.reason),
         )
 
-    def user_execute(self, sql_text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def user_execute(self, sql: str,  # the contract's name (shadows psycopg.sql here only)
+                     params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """One statement of the application's SQL, with ``?`` placeholders
         (see :mod:`.placeholders`; a statement without any is passed as it is,
         so psycopg's ``%s`` still work), run in this unit.  It is sent with the extended protocol,
@@ -317,15 +354,15 @@ class PgInbox(PgView):
         a statement that would end or reshape the library's transaction
         (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE TRANSACTION,
         SET, ...) is refused before it is sent."""
-        if first_keyword(sql_text) in _TRANSACTION_CONTROL:
+        if first_keyword(sql) in _TRANSACTION_CONTROL:
             raise ValueError(
                 f"sql must not use transaction control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, PREPARE, "
-                f"SET, ...): the library commits or rolls back the whole apply; got {sql_text!r}"
+                f"SET, ...): the library commits or rolls back the whole apply; got {sql!r}"
             )
         # Binary results make psycopg use the extended protocol even without
         # parameters: one statement only, nothing prepared and cached.
-        translated = pyformat(sql_text)
-        text, args = (sql_text, tuple(params) or None) if translated is None else (translated, tuple(params))
+        translated = pyformat(sql)
+        text, args = (sql, tuple(params) or None) if translated is None else (translated, tuple(params))
         cur = self._conn.execute(text.encode(), args, prepare=False, binary=True)
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
 
@@ -346,25 +383,6 @@ class PgInbox(PgView):
             (name, version),
         )
 
-    def tombstone(self, event_id: str) -> Tombstone | None:
-        row = self._one(f"SELECT flow_id, seq, body_hash FROM {self._TABLE} WHERE event_id = %s", (event_id,))
-        return None if row is None else rows.tombstone(row)
-
-    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
-        gone = self._run(
-            f"DELETE FROM {self._TABLE} WHERE event_id IN "
-            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
-            (before, limit),
-        )
-        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
-        return gone
-
-    def _bury(self, rows: list[Candidate], now: float) -> None:
-        self._conn.cursor().executemany(
-            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)",
-            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
-        )
-
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         rows: list[Candidate] = [
             (int(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4]))
@@ -377,6 +395,8 @@ class PgInbox(PgView):
             records = self._run("DELETE FROM effect WHERE event_id = ANY(%s)", (ids,))
             self._run("DELETE FROM inbox WHERE event_id = ANY(%s)", (ids,))
         finished = [int(r[0]) for r in self._rows(EFFECTS_PRUNABLE, (horizon, limit))]
+        if finished:  # an effect's history goes with it
+            self._run(FORGET_HISTORY, (finished,))
         effect_rows = self._run("DELETE FROM effect_outbox WHERE id = ANY(%s)", (finished,)) if finished else 0
         step = PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
         self._record(now, horizon, step)  # also a pass that found nothing

@@ -9,14 +9,22 @@ from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
     "ACTION",
+    "ADD_TRANSITION",
     "APPLIED",
     "BLOCK",
     "BLOCKED",
     "DUE_EFFECTS",
     "EFFECTS_PRUNABLE",
+    "EFFECT_HISTORY",
+    "EFFECT_STARTS",
+    "FORGET_HISTORY",
     "GAPS",
+    "HELD_EFFECTS",
+    "INBOX_BURY",
     "INBOX_COUNTS",
+    "INBOX_FORGET",
     "INBOX_PRUNABLE",
+    "INBOX_TOMBSTONE",
     "INSERT",
     "INSERT_NEW",
     "MAX_POS",
@@ -117,3 +125,30 @@ EFFECTS_PRUNABLE = (
 
 Candidate = tuple[int, str, str, int, str]
 
+INBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = %s"
+
+INBOX_FORGET = (
+    "DELETE FROM inbox_tombstone WHERE event_id IN "
+    "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+)
+
+INBOX_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
+
+# The effect history (issue 20): one row per transition, read per key in
+# order; rate limits count the starts (``claimed``) of a name in a window
+# (index effect_history_starts); caps count the claims still leased.
+EFFECT_HISTORY = (
+    "SELECT key, name, at, transition, attempt, owner, detail FROM effect_history WHERE key = %s ORDER BY id"
+)
+ADD_TRANSITION = (
+    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+EFFECT_STARTS = (
+    "SELECT count(*), min(at) FROM effect_history WHERE name = %s AND transition = 'claimed' AND at > %s"
+)
+HELD_EFFECTS = (
+    "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
+    "AND due_at > %s AND name = ANY(%s) GROUP BY name"
+)
+FORGET_HISTORY = "DELETE FROM effect_history WHERE key IN (SELECT key FROM effect_outbox WHERE id = ANY(%s))"

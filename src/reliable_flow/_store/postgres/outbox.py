@@ -47,15 +47,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..._envelope import Envelope, body_hash
-from ..._operations import ConsumerEntry, RegistryAction
+from ..._envelope import Envelope
+from ..._operations import ConsumerEntry
 from ...delivery import Retry
 from ...statuses import DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent
 from ..shared import identity_problem
-from .base import PgStore, PgView
+from .base import PgStore
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .location import Target, parse
 from .outbox_sql import (
@@ -69,8 +69,10 @@ from .outbox_sql import (
     MAX_POS,
     NEXT_DUE,
     NEXT_DUE_AT,
-    NEXT_DUE_BODY,
+    OUTBOX_BURY,
+    OUTBOX_FORGET,
     OUTBOX_PRUNABLE,
+    OUTBOX_TOMBSTONE,
     PENDING,
     PENDING_FOR_ALL,
     REGISTER,
@@ -81,15 +83,16 @@ from .outbox_sql import (
     Candidate,
 )
 from .schema import PRODUCER
+from .tombstones import PgTombstones, TombstoneSql
 
-__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "PgOutbox", "PgOutboxStore"]
+__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "PgOutbox", "PgOutboxStore"]
 
 
-class PgOutbox(PgView):
+class PgOutbox(PgTombstones):
     """The producer's tables, seen through one connection: advance,
     deliveries, the consumer registry, tombstones and pruning."""
 
-    _TABLE = "outbox_tombstone"
+    _TOMBSTONES = TombstoneSql(OUTBOX_TOMBSTONE, OUTBOX_FORGET, OUTBOX_BURY)
 
     def find_event(self, event_id: str) -> StoredEvent | None:
         self._lock("event", event_id)
@@ -121,27 +124,16 @@ class PgOutbox(PgView):
         self._lock(REGISTRY_LOCK, shared=True)
         self._run(APPEND, (env.event_id, env.flow_id, env.seq, env.body, committed_at))
 
-    def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
-        """Positions of the oldest pending deliveries due at ``horizon``; in a
-        unit, locked, skipping those another unit holds (being claimed)."""
-        lock = " FOR UPDATE SKIP LOCKED" if self._writing else ""
-        return [int(r[0]) for r in self._rows(NEXT_DUE + lock, (consumer, horizon, limit))]
-
-    def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
+        """Positions and bodies of the oldest pending deliveries due at
+        ``horizon``; in a unit, the deliveries locked, skipping those another
+        unit holds (being claimed)."""
         lock = " FOR UPDATE OF d SKIP LOCKED" if self._writing else ""
-        row = self._one(NEXT_DUE_BODY + lock, (consumer, horizon))
-        return None if row is None else (int(row[0]), str(row[1]))
+        return [(int(r[0]), str(r[1])) for r in self._rows(NEXT_DUE + lock, (consumer, horizon, limit))]
 
     def next_due_at(self, consumer: str) -> float | None:
         row = self._one(NEXT_DUE_AT, (consumer,))
         return None if row is None or row[0] is None else float(row[0])
-
-    def bodies(self, positions: Sequence[int]) -> dict[int, str]:
-        if not positions:
-            return {}
-        return {int(p): str(b) for p, b in self._rows(
-            "SELECT pos, body FROM outbox WHERE pos = ANY(%s)", ([int(p) for p in positions],)
-        )}
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
         if positions:
@@ -227,7 +219,7 @@ class PgOutbox(PgView):
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE event_id = %s", (event_id,)) if event_id is not None else ("", ())
         return [
-            OperatorAction(*r)
+            rows.delivery_action(r)
             for r in self._rows(
                 f"SELECT at, consumer, event_id, action, actor, reason FROM operator_action {where} ORDER BY id",
                 params,
@@ -261,7 +253,7 @@ class PgOutbox(PgView):
         self._run("DELETE FROM delivery WHERE consumer = %s", (name,))
         self._run("DELETE FROM consumer WHERE name = %s", (name,))
 
-    def record_registry_action(self, action: RegistryAction) -> None:
+    def record_registry_action(self, action: OperatorAction) -> None:
         self._run(
             "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (%s, %s, %s, %s, %s)",
             (action.at, action.consumer, action.action, action.actor, action.reason),
@@ -270,33 +262,14 @@ class PgOutbox(PgView):
     def consumers(self) -> list[ConsumerEntry]:
         return [rows.consumer_entry(r) for r in self._rows(CONSUMERS)]
 
-    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+    def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE consumer = %s", (consumer,)) if consumer is not None else ("", ())
         return [
-            RegistryAction(*r)
+            rows.registry_action(r)
             for r in self._rows(
                 f"SELECT at, consumer, action, actor, reason FROM registry_action {where} ORDER BY id", params
             )
         ]
-
-    def tombstone(self, event_id: str) -> Tombstone | None:
-        row = self._one(f"SELECT flow_id, seq, body_hash FROM {self._TABLE} WHERE event_id = %s", (event_id,))
-        return None if row is None else rows.tombstone(row)
-
-    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
-        gone = self._run(
-            f"DELETE FROM {self._TABLE} WHERE event_id IN "
-            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
-            (before, limit),
-        )
-        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
-        return gone
-
-    def _bury(self, rows: list[Candidate], now: float) -> None:
-        self._conn.cursor().executemany(
-            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)",
-            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
-        )
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         step = self._prune_outbox(horizon, now, limit)

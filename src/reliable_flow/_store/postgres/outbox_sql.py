@@ -18,8 +18,10 @@ __all__ = [
     "MAX_POS",
     "NEXT_DUE",
     "NEXT_DUE_AT",
-    "NEXT_DUE_BODY",
+    "OUTBOX_BURY",
+    "OUTBOX_FORGET",
     "OUTBOX_PRUNABLE",
+    "OUTBOX_TOMBSTONE",
     "PENDING",
     "PENDING_FOR_ALL",
     "REGISTER",
@@ -38,12 +40,8 @@ ACCEPTED = DeliveryState.ACCEPTED.value
 SET_ASIDE = DeliveryState.SET_ASIDE.value
 
 NEXT_DUE = (
-    "SELECT pos FROM delivery WHERE consumer = %s AND state = 'pending' AND due_at <= %s ORDER BY pos LIMIT %s"
-)
-
-NEXT_DUE_BODY = (
     "SELECT d.pos, o.body FROM delivery d JOIN outbox o ON o.pos = d.pos "
-    "WHERE d.consumer = %s AND d.state = 'pending' AND d.due_at <= %s ORDER BY d.pos LIMIT 1"
+    "WHERE d.consumer = %s AND d.state = 'pending' AND d.due_at <= %s ORDER BY d.pos LIMIT %s"
 )
 
 NEXT_DUE_AT = "SELECT min(due_at) FROM delivery WHERE consumer = %s AND state = 'pending'"
@@ -118,4 +116,13 @@ STILL_WAITING = (
 LOCK_DELIVERIES = "SELECT 1 FROM delivery WHERE pos = ANY(%s) ORDER BY consumer, pos FOR UPDATE"
 
 Candidate = tuple[int, str, str, int, str]
+
+OUTBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = %s"
+
+OUTBOX_FORGET = (
+    "DELETE FROM outbox_tombstone WHERE event_id IN "
+    "(SELECT event_id FROM outbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+)
+
+OUTBOX_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...statuses import Transition
+
 __all__ = ["CONSUMER", "IDENTITY_TABLE", "PRODUCER", "PRODUCT", "StoreKind"]
 
 PRODUCT = "reliable_flow"
@@ -48,6 +50,18 @@ _TOMBSTONE_TABLE = """CREATE TABLE {name}(
                 body_hash BYTEA NOT NULL,
                 pruned_at DOUBLE PRECISION NOT NULL
             )"""
+
+# v2 (issue 20): the CHECK lists every statuses.Transition value.
+_EFFECT_HISTORY = """CREATE TABLE effect_history(
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                key TEXT COLLATE "C" NOT NULL,
+                name TEXT COLLATE "C" NOT NULL,
+                at DOUBLE PRECISION NOT NULL,
+                transition TEXT NOT NULL CHECK (transition IN ({transitions})),
+                attempt INTEGER NOT NULL,
+                owner TEXT,
+                detail TEXT
+            )""".format(transitions=",".join(f"'{t.value}'" for t in Transition))
 
 PRODUCER = StoreKind(
     name="producer",
@@ -225,6 +239,12 @@ CONSUMER = StoreKind(
                 effect_records INTEGER NOT NULL,
                 effect_rows INTEGER NOT NULL
             )""",
+        ),
+        (
+            # v2: every transition of every effect (issue 20), as on SQLite.
+            _EFFECT_HISTORY,
+            "CREATE INDEX effect_history_key ON effect_history(key, id)",
+            "CREATE INDEX effect_history_starts ON effect_history(name, at) WHERE transition = 'claimed'",
         ),
     ),
 )

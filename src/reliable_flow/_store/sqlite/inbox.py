@@ -20,32 +20,40 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..._envelope import Envelope, body_hash
-from ..._operations import InboxAction
+from ..._envelope import Envelope
 from ...statuses import (
     AppliedEvent,
     BlockReason,
-    EffectAction,
     EffectState,
+    EffectTransition,
+    InboxState,
+    OperatorAction,
     ScheduledEffect,
 )
 from .. import rows
 from ..effects import NewEffect
-from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
+from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow
 from ..rows import EFFECT_SELECT as _COLUMNS
 from ..rows import effect as effect_row
-from ..rows import effect_action
+from ..rows import effect_action, effect_transition
 from ..shared import effect_changes, identity_problem
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .inbox_sql import (
     ACTION,
+    ADD_TRANSITION,
     APPLIED,
     BLOCK,
     DUE_EFFECTS,
+    EFFECT_HISTORY,
+    EFFECT_STARTS,
     EFFECTS_PRUNABLE,
+    FORGET_HISTORY,
     GAPS,
+    HELD_EFFECTS,
+    INBOX_BURY,
     INBOX_COUNTS,
+    INBOX_FORGET,
     INBOX_PRUNABLE,
     INBOX_TOMBSTONE,
     INSERT,
@@ -59,6 +67,7 @@ from .inbox_sql import (
     UPSERT_PROJECTION,
 )
 from .schema import CONSUMER
+from .tombstones import SqliteTombstones, TombstoneSql
 
 __all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
 
@@ -70,13 +79,12 @@ def _allow_all(*_: object) -> int:
     return sqlite3.SQLITE_OK
 
 
-class SqliteInbox:
+class SqliteInbox(SqliteTombstones):
     """The consumer file's tables, seen through one connection: receive,
     apply, the operator's repairs, the effect outbox, tombstones and pruning."""
 
     engine = "sqlite"
-    _LOOKUP = INBOX_TOMBSTONE
-    _TABLE = "inbox_tombstone"
+    _TOMBSTONES = TombstoneSql(INBOX_TOMBSTONE, INBOX_FORGET, INBOX_BURY)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -192,15 +200,15 @@ class SqliteInbox:
         self._ahead = None  # it may add, free or remove a flow's rows
         self._conn.execute(f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = ?", (event_id,))
 
-    def record_inbox_action(self, action: InboxAction) -> None:
+    def record_inbox_action(self, action: OperatorAction) -> None:
         self._conn.execute(
             "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
             "replacement_event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (action.at, action.event_id, action.flow_id, action.seq, action.action, action.previous_state.value,
-             action.actor, action.reason, action.replacement_event_id),
+            (action.at, action.event_id, action.flow_id, action.seq, action.action,
+             InboxState(action.previous_state).value, action.actor, action.reason, action.replacement_event_id),
         )
 
-    def inbox_actions(self, event_id: str | None = None) -> list[InboxAction]:
+    def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         if event_id is None:
             return [rows.inbox_action(r) for r in self._conn.execute(ACTION + "ORDER BY id")]
         return [rows.inbox_action(r) for r in self._conn.execute(
@@ -240,7 +248,7 @@ class SqliteInbox:
     def effect_counts(self) -> dict[str, int]:
         return dict(self._conn.execute("SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"))
 
-    def effect_actions(self, key: str | None = None) -> list[EffectAction]:
+    def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE key = ?", (key,)) if key is not None else ("", ())
         return [effect_action(r) for r in self._conn.execute(
             f"SELECT at, key, action, actor, reason FROM effect_action {where} ORDER BY id", params
@@ -273,7 +281,28 @@ class SqliteInbox:
             "AND state = 'succeeded' ORDER BY id LIMIT ?", (limit,)
         )]
 
-    def record_effect_action(self, action: EffectAction) -> None:
+    def effect_history(self, key: str) -> list[EffectTransition]:
+        return [effect_transition(r) for r in self._conn.execute(EFFECT_HISTORY, (key,))]
+
+    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
+        count, first = self._conn.execute(EFFECT_STARTS, (name, since)).fetchone()
+        return int(count), None if first is None else float(first)
+
+    def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
+        chosen = sorted(names)
+        if not chosen:
+            return {}
+        return dict(self._conn.execute(HELD_EFFECTS.format(names=",".join("?" * len(chosen))), (now, *chosen)))
+
+    def add_transitions(self, rows: Sequence[EffectTransition]) -> None:
+        self._conn.executemany(ADD_TRANSITION, [
+            (t.key, t.name, t.at, t.transition.value, t.attempt, t.owner, t.detail) for t in rows
+        ])
+
+    def lock_effect_names(self, names: Collection[str]) -> None:
+        """Nothing to do: a unit of work holds the file's one write lock."""
+
+    def record_effect_action(self, action: OperatorAction) -> None:
         self._conn.execute(
             "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)",
             (action.at, action.key, action.action, action.actor, action.reason),
@@ -330,25 +359,6 @@ class SqliteInbox:
             raise
         conn.execute("RELEASE step")
 
-    def tombstone(self, event_id: str) -> Tombstone | None:
-        row = self._conn.execute(self._LOOKUP, (event_id,)).fetchone()
-        return None if row is None else rows.tombstone(row)
-
-    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
-        # A scan, but of a table that forgetting keeps to the window's size.
-        gone = int(self._conn.execute(
-            f"DELETE FROM {self._TABLE} WHERE event_id IN "
-            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < ? LIMIT ?)", (before, limit)
-        ).rowcount)
-        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
-        return gone
-
-    def _bury(self, rows: list[tuple[int, str, str, int, str]], now: float) -> None:
-        self._conn.executemany(
-            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)",
-            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
-        )
-
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         self._ahead = None  # it may add, free or remove a flow's rows
         conn = self._conn
@@ -359,6 +369,8 @@ class SqliteInbox:
             records = conn.executemany("DELETE FROM effect WHERE event_id = ?", [(r[1],) for r in rows]).rowcount
             conn.executemany("DELETE FROM inbox WHERE rowid = ?", [(r[0],) for r in rows])
         finished = [(r[0],) for r in conn.execute(EFFECTS_PRUNABLE, (horizon, limit))]
+        if finished:  # an effect's history goes with it
+            conn.executemany(FORGET_HISTORY, finished)
         effect_rows = conn.executemany("DELETE FROM effect_outbox WHERE id = ?", finished).rowcount if finished else 0
         step = PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
         self._record(now, horizon, step)  # also a pass that found nothing

@@ -10,9 +10,10 @@ from ...statuses import (
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "ACTION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE", "GAPS", "INBOX_COUNTS",
-    "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW", "NEXT_EFFECT_DUE", "NEXT_ROW", "OPEN_FLOWS",
-    "REPLACED", "ROW", "SKIPPED", "UPSERT_PROJECTION",
+    "ACTION", "ADD_TRANSITION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE", "EFFECT_HISTORY",
+    "EFFECT_STARTS", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "INBOX_BURY",
+    "INBOX_COUNTS", "INBOX_FORGET", "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW", "NEXT_EFFECT_DUE",
+    "NEXT_ROW", "OPEN_FLOWS", "REPLACED", "ROW", "SKIPPED", "UPSERT_PROJECTION",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
@@ -111,6 +112,14 @@ INBOX_PRUNABLE = (
 
 INBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = ?"
 
+# A scan, but of a table that forgetting keeps to the window's size.
+INBOX_FORGET = (
+    "DELETE FROM inbox_tombstone WHERE event_id IN "
+    "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < ? LIMIT ?)"
+)
+
+INBOX_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
+
 # Finished effect-outbox rows (final, and fed when feedback was asked for),
 # last written before the horizon; through the index by state.  ``dead`` and
 # ``unknown`` wait for an operator and are kept.
@@ -120,3 +129,21 @@ EFFECTS_PRUNABLE = (
     "AND (fed IS NULL OR fed = 1) ORDER BY state, id LIMIT ?"
 )
 
+# The effect history (issue 20): one row per transition, read per key in
+# order; rate limits count the starts (``claimed``) of a name in a window
+# (index effect_history_starts); caps count the claims still leased.
+EFFECT_HISTORY = (
+    "SELECT key, name, at, transition, attempt, owner, detail FROM effect_history WHERE key = ? ORDER BY id"
+)
+ADD_TRANSITION = (
+    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+EFFECT_STARTS = (
+    "SELECT count(*), min(at) FROM effect_history INDEXED BY effect_history_starts "
+    "WHERE name = ? AND transition = 'claimed' AND at > ?"
+)
+HELD_EFFECTS = (
+    "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
+    "AND due_at > ? AND name IN ({names}) GROUP BY name"
+)
+FORGET_HISTORY = "DELETE FROM effect_history WHERE key = (SELECT key FROM effect_outbox WHERE id = ?)"

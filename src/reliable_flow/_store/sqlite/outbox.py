@@ -25,14 +25,14 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from ..._envelope import Envelope, body_hash
-from ..._operations import ConsumerEntry, RegistryAction
+from ..._envelope import Envelope
+from ..._operations import ConsumerEntry
 from ...delivery import Retry
 from ...errors import StorageError
 from ...statuses import DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent
 from ..shared import identity_problem
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
@@ -45,7 +45,8 @@ from .outbox_sql import (
     MARK_DELIVERED,
     NEXT_DUE,
     NEXT_DUE_AT,
-    NEXT_DUE_BODY,
+    OUTBOX_BURY,
+    OUTBOX_FORGET,
     OUTBOX_PRUNABLE,
     OUTBOX_TOMBSTONE,
     PENDING,
@@ -53,16 +54,16 @@ from .outbox_sql import (
     WAITING,
 )
 from .schema import PRODUCER
+from .tombstones import SqliteTombstones, TombstoneSql
 
-__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_BODY", "SqliteOutbox", "SqliteOutboxStore"]
+__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
 
 
-class SqliteOutbox:
+class SqliteOutbox(SqliteTombstones):
     """The producer file's tables, seen through one connection: advance,
     deliveries, the consumer registry, tombstones and pruning."""
 
-    _LOOKUP = OUTBOX_TOMBSTONE
-    _TABLE = "outbox_tombstone"
+    _TOMBSTONES = TombstoneSql(OUTBOX_TOMBSTONE, OUTBOX_FORGET, OUTBOX_BURY)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -127,26 +128,13 @@ class SqliteOutbox:
         row = self._conn.execute("SELECT uid FROM consumer WHERE name = ?", (name,)).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
-    def next_due(self, consumer: str, horizon: float, limit: int) -> list[int]:
-        """Positions of the oldest pending deliveries due at ``horizon``."""
-        return [int(r[0]) for r in self._conn.execute(NEXT_DUE, (consumer, horizon, limit))]
-
-    def next_due_body(self, consumer: str, horizon: float) -> tuple[int, str] | None:
-        row = self._conn.execute(NEXT_DUE_BODY, (consumer, horizon)).fetchone()
-        return None if row is None else (int(row[0]), str(row[1]))
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
+        """Positions and bodies of the oldest pending deliveries due at ``horizon``."""
+        return [(int(r[0]), str(r[1])) for r in self._conn.execute(NEXT_DUE, (consumer, horizon, limit))]
 
     def next_due_at(self, consumer: str) -> float | None:
         due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
         return None if due is None else float(due)
-
-    def bodies(self, positions: Sequence[int]) -> dict[int, str]:
-        found: dict[int, str] = {}
-        for start in range(0, len(positions), 500):  # old SQLite allows 999 variables per statement
-            chunk = list(positions[start:start + 500])
-            found.update(self._conn.execute(
-                f"SELECT pos, body FROM outbox WHERE pos IN ({','.join('?' * len(chunk))})", chunk
-            ))
-        return found
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
         self._conn.executemany(
@@ -227,7 +215,7 @@ class SqliteOutbox:
     def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE event_id = ?", (event_id,)) if event_id is not None else ("", ())
         return [
-            OperatorAction(*r)
+            rows.delivery_action(r)
             for r in self._conn.execute(
                 f"SELECT at, consumer, event_id, action, actor, reason FROM operator_action {where} ORDER BY id",
                 params,
@@ -257,7 +245,7 @@ class SqliteOutbox:
         self._conn.execute("DELETE FROM delivery WHERE consumer = ?", (name,))
         self._conn.execute("DELETE FROM consumer WHERE name = ?", (name,))
 
-    def record_registry_action(self, action: RegistryAction) -> None:
+    def record_registry_action(self, action: OperatorAction) -> None:
         self._conn.execute(
             "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)",
             (action.at, action.consumer, action.action, action.actor, action.reason),
@@ -266,33 +254,14 @@ class SqliteOutbox:
     def consumers(self) -> list[ConsumerEntry]:
         return [rows.consumer_entry(r) for r in self._conn.execute(CONSUMERS)]
 
-    def registry_actions(self, consumer: str | None = None) -> list[RegistryAction]:
+    def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
         where, params = ("WHERE consumer = ?", (consumer,)) if consumer is not None else ("", ())
         return [
-            RegistryAction(*r)
+            rows.registry_action(r)
             for r in self._conn.execute(
                 f"SELECT at, consumer, action, actor, reason FROM registry_action {where} ORDER BY id", params
             )
         ]
-
-    def tombstone(self, event_id: str) -> Tombstone | None:
-        row = self._conn.execute(self._LOOKUP, (event_id,)).fetchone()
-        return None if row is None else rows.tombstone(row)
-
-    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
-        # A scan, but of a table that forgetting keeps to the window's size.
-        gone = int(self._conn.execute(
-            f"DELETE FROM {self._TABLE} WHERE event_id IN "
-            f"(SELECT event_id FROM {self._TABLE} WHERE pruned_at < ? LIMIT ?)", (before, limit)
-        ).rowcount)
-        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
-        return gone
-
-    def _bury(self, rows: list[tuple[int, str, str, int, str]], now: float) -> None:
-        self._conn.executemany(
-            f"INSERT INTO {self._TABLE}(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)",
-            [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in rows],
-        )
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         conn = self._conn

@@ -8,8 +8,8 @@ from ...statuses import DeliveryState
 
 __all__ = [
     "ACCEPTED", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE",
-    "NEXT_DUE_AT", "NEXT_DUE_BODY", "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING", "SET_ASIDE", "UPSERT_FLOW",
-    "WAITING",
+    "NEXT_DUE_AT", "OUTBOX_BURY", "OUTBOX_FORGET", "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING",
+    "SET_ASIDE", "UPSERT_FLOW", "WAITING",
 ]
 
 PENDING = DeliveryState.PENDING.value
@@ -21,14 +21,11 @@ SET_ASIDE = DeliveryState.SET_ASIDE.value
 # The hot queries, named so tests can check their plans use an index.
 # INDEXED BY: without ANALYZE statistics SQLite prefers the primary key and
 # would walk every delivery of the consumer, accepted ones included.
+# The next due events with their bodies, in one read: a relay without a
+# lease sends what it read; a claim leases the positions it read.
 NEXT_DUE = (
-    "SELECT pos FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending' AND due_at <= ? "
-    "ORDER BY pos LIMIT ?"
-)
-
-NEXT_DUE_BODY = (
     "SELECT d.pos, o.body FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
-    "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT 1"
+    "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT ?"
 )
 
 NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
@@ -89,4 +86,12 @@ OUTBOX_PRUNABLE = (
 )
 
 OUTBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?"
+
+# A scan, but of a table that forgetting keeps to the window's size.
+OUTBOX_FORGET = (
+    "DELETE FROM outbox_tombstone WHERE event_id IN "
+    "(SELECT event_id FROM outbox_tombstone WHERE pruned_at < ? LIMIT ?)"
+)
+
+OUTBOX_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...statuses import Transition
+
 __all__ = ["CONSUMER", "PRODUCER", "FileKind"]
 
 
@@ -155,6 +157,18 @@ PRODUCER = FileKind(
         ),
     ),
 )
+
+# v5 (issue 20): the CHECK lists every statuses.Transition value.
+_EFFECT_HISTORY = """CREATE TABLE effect_history(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                key TEXT NOT NULL,
+                name TEXT NOT NULL,
+                at REAL NOT NULL,
+                transition TEXT NOT NULL CHECK (transition IN ({transitions})),
+                attempt INTEGER NOT NULL,
+                owner TEXT,
+                detail TEXT
+            )""".format(transitions=",".join(f"'{t.value}'" for t in Transition))
 
 CONSUMER = FileKind(
     name="consumer",
@@ -303,6 +317,15 @@ CONSUMER = FileKind(
                 effect_records INTEGER NOT NULL,
                 effect_rows INTEGER NOT NULL
             )""",
+        ),
+        (
+            # v5: every transition of every effect, in order (issue 20):
+            # what an operator reads when a refund went wrong, and what rate
+            # limits count (the starts of calls of one name in a window).
+            # The transition values are statuses.Transition's (pinned by a test).
+            _EFFECT_HISTORY,
+            "CREATE INDEX effect_history_key ON effect_history(key, id)",
+            "CREATE INDEX effect_history_starts ON effect_history(name, at) WHERE transition = 'claimed'",
         ),
     ),
 )

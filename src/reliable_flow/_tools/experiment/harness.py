@@ -136,7 +136,7 @@ def _inbox(consumer: Consumer, flow_id: str) -> list[Result]:
 def _effects(consumer: Consumer, flow_id: str) -> list[Result]:
     return [
         {"event_id": e.event_id, "seq": e.seq, "kind": e.kind}
-        for e in consumer.effects(flow_id)
+        for e in consumer.applied(flow_id)
     ]
 
 

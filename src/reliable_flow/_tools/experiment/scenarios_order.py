@@ -63,7 +63,7 @@ def arrival_3_1_2(files: Files) -> Result:
                         "by": by,
                         "relay": status,
                         "drain": _drain(drained),
-                        "applied_prefix": [e.seq for e in consumer.effects("A")],
+                        "applied_prefix": [e.seq for e in consumer.applied("A")],
                     }
                 )
 
@@ -81,7 +81,7 @@ def arrival_3_1_2(files: Files) -> Result:
             "child_exit_code": child_exit,
             "stages": stages,
             "projection": consumer.projection("A"),
-            "effect_kinds": [e.kind for e in consumer.effects("A")],
+            "effect_kinds": [e.kind for e in consumer.applied("A")],
             "inbox_states": [row["state"] for row in _inbox(consumer, "A")],
         }
 
@@ -105,7 +105,7 @@ def naive_consumer(files: Files) -> Result:
             "reliable_flow": {
                 "steps": ours,
                 "final": consumer.projection("A"),
-                "effect_kinds": [e.kind for e in consumer.effects("A")],
+                "effect_kinds": [e.kind for e in consumer.applied("A")],
             },
         }
 
@@ -146,7 +146,7 @@ def arrival_all_permutations(files: Files) -> Result:
                 consumer.drain("A")
             finals[",".join(order)] = {
                 "projection": consumer.projection("A"),
-                "effect_kinds": [e.kind for e in consumer.effects("A")],
+                "effect_kinds": [e.kind for e in consumer.applied("A")],
             }
     distinct = {json.dumps(v, sort_keys=True) for v in finals.values()}
     return {"per_order": finals, "all_orders_end_the_same": len(distinct) == 1}
