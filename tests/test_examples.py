@@ -43,6 +43,14 @@ EXPECTED: dict[str, list[str]] = {
         "| existing  reserved/1/3, effects=1",
         "Every recovery ends with exactly one effect.",
     ],
+    "async_agent.py": [
+        "  model  decides: call get_weather(city='Paris')",
+        "  tool   result fed back as tools:C1-2:get_weather:result (seq 3): 18 C, cloudy",
+        "  agent  advance C1-4 answered    -> committed",
+        "  agent  advance C2-2 answered    -> committed",
+        "  tools:C1-2:get_weather: 1 request",
+        "  tools.db effects: {'succeeded': 2}; results fed back by this run: 2",
+    ],
 }
 
 
@@ -81,7 +89,7 @@ def test_example_runs_cleanly(script: Path, tmp_path: Path) -> None:
         assert _tree(tmp_path / "tmp") == set(), "left temporary files behind"
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "agent_tasks.py"])
+@pytest.mark.parametrize("script", ["quickstart.py", "agent_tasks.py", "async_agent.py"])
 def test_example_keeps_its_files_in_a_given_directory_and_reruns_idempotently(
     script: str, tmp_path: Path
 ) -> None:

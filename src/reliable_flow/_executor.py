@@ -19,6 +19,7 @@ does not respect its own timeout.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -102,7 +103,13 @@ class EffectExecutor:
     names are claimed.  ``policy``: lease (default
     :data:`~reliable_flow.delivery.DEFAULT_LEASE_SECONDS`, 30 s), backoff,
     clock and random source, as for deliveries.  ``producer``: where effects
-    registered with ``feedback=`` advance their results.
+    registered with ``feedback=`` advance their results.  ``loop``: the
+    event loop ``async def`` effect functions and reconcilers are awaited on
+    (default: one the executor owns, in a thread of its own); a loop given
+    here is never started, stopped or closed by the executor, and must be
+    running while calls are in flight.  (From a function on that loop,
+    ``call.heartbeat()`` only asks for the renewal, which the executor's
+    next step writes; ``await call.aheartbeat()`` waits for it.)
 
     Each executor claims under an owner of its own (``owner``:
     ``<policy.owner>/<random hex>``, also in ``self.policy``), even when
@@ -113,7 +120,7 @@ class EffectExecutor:
 
     def __init__(
         self, consumer: Consumer, effects: EffectRegistry | None = None, *, policy: DeliveryPolicy | None = None,
-        producer: Producer | None = None, concurrency: int = 1,
+        producer: Producer | None = None, concurrency: int = 1, loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if not isinstance(consumer, Consumer):
             raise TypeError(f"consumer must be a Consumer, got {type(consumer).__name__}")
@@ -127,8 +134,10 @@ class EffectExecutor:
         if producer is not None and not isinstance(producer, Producer):
             raise TypeError(f"producer must be a Producer or None, got {type(producer).__name__}")
         check_count("concurrency", concurrency)
+        if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
+            raise TypeError(f"loop must be an asyncio event loop or None, got {type(loop).__name__}")
         self.concurrency = concurrency
-        self._flights = Flights(concurrency)
+        self._flights = Flights(concurrency, loop)
         self.consumer = consumer
         self.effects = registry
         self.policy = own_claims(policy)
@@ -205,8 +214,9 @@ class EffectExecutor:
 
     def close(self) -> None:
         """Wait for the calls in flight and record them (:meth:`finish`), then
-        stop the executor's event loop thread.  The consumer and producer
-        stay open (they are the caller's); the executor may be used again."""
+        stop the executor's own event loop thread (a loop it was given keeps
+        running).  The consumer and producer stay open (they are the
+        caller's); the executor may be used again."""
         try:
             self.finish()
         finally:

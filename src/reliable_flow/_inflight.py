@@ -5,7 +5,9 @@ A store object belongs to the thread that opened it (SQLite has one writer,
 and a connection is not shared across threads), so every claim, renewal and
 outcome is written by the executor's thread; only the effect functions run
 elsewhere: plain functions on a thread pool, ``async def`` functions on an
-event loop the executor owns, in a thread of its own.  Each finished call,
+event loop the executor owns, in a thread of its own (or on the loop it
+was given: ``EffectExecutor(loop=...)``, which it never starts or stops).
+Each finished call,
 and each ``heartbeat()``, is put on one queue that the executor's thread
 waits on, so it wakes the moment there is something to write.
 """
@@ -58,15 +60,17 @@ class Flight:
 class Flights:
     """The calls in flight of one executor, and the threads they run on."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.concurrency = concurrency
         self.by_key: dict[str, Flight] = {}
         self._events: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._given = loop  # the caller's loop: used, never created, started or stopped here
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.ended = threading.Event()  # set whenever a call ends; cleared by whoever records them
+        self.woken = threading.Event()  # ... or a heartbeat asks for a renewal (what an async driver polls)
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -87,6 +91,11 @@ class Flights:
         flight.beaten.clear()
         flight.beat = True  # a plain write; the executor's thread reads it
         self._events.put(key)
+        self.woken.set()
+        if self._given is not None and _running_loop() is self._given:
+            # On the caller's loop, whose own tasks drive the executor: waiting
+            # here would hold them up; the next pump writes the renewal.
+            return
         flight.beaten.wait(HEARTBEAT_WAIT)
 
     def start(self, flight_of: Callable[[concurrent.futures.Future[Any]], Flight],
@@ -117,6 +126,7 @@ class Flights:
     def _ended(self, key: str) -> None:
         self._events.put(key)
         self.ended.set()
+        self.woken.set()
 
     def wait(self, seconds: float) -> None:
         """Until a call ends or a heartbeat comes (or ``seconds`` pass)."""
@@ -133,6 +143,7 @@ class Flights:
     def finished(self) -> list[Flight]:
         """The flights whose call has ended, in the order they were started."""
         self.ended.clear()  # before the look: a call that ends after it sets it again
+        self.woken.clear()
         return [f for f in self.by_key.values() if f.future.done()]
 
     def forget(self, key: str) -> None:
@@ -140,13 +151,16 @@ class Flights:
 
     def close(self) -> None:
         """Stop the event loop once its calls are done (a call still running
-        keeps its thread until it returns; every thread is a daemon)."""
+        keeps its thread until it returns; every thread is a daemon).  A
+        loop given by the caller is left running."""
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._given is not None:
+            return self._given
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
@@ -199,6 +213,13 @@ async def areconciled(spec: EffectSpec, call: EffectCall) -> object:
         return await spec.reconcile(call)  # type: ignore[misc]
     except Exception as exc:  # noqa: BLE001 - "could not tell", recorded
         return exc
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _run(future: concurrent.futures.Future[Any], fn: Callable[[EffectCall], Any], call: EffectCall) -> None:

@@ -41,10 +41,12 @@ first sections are the names importable from `reliable_flow` (what you write
 daily); then, one section each, the namespaces `reliable_flow.errors` (every
 error), `reliable_flow.statuses` (every status enum; the common ones are at
 the top level too), `reliable_flow.records` (every result and record) and
-the field checks of `reliable_flow.protocol`. The other public modules are
-`reliable_flow.delivery`, `reliable_flow.reservation` and
-`reliable_flow.tracing`; every other module is internal. Guides:
-[concepts](concepts.md), [effects](effects.md), [worker](worker.md),
+the asyncio face `reliable_flow.aio` and the field checks of
+`reliable_flow.protocol`. The other public modules are
+`reliable_flow.delivery`, `reliable_flow.reservation`, `reliable_flow.metrics`,
+`reliable_flow.crash` and `reliable_flow.tracing`; every other module is
+internal. Guides: [concepts](concepts.md), [effects](effects.md),
+[asyncio](asyncio.md), [worker](worker.md),
 [operations](operations.md), [writing a protocol](writing-a-protocol.md).
 """
 
@@ -165,6 +167,12 @@ def render() -> str:
         out.append(_doc(module).split("\n\n")[0] + "\n")
         for name in sorted(module.__all__):
             _entry(name, getattr(module, name), out)
+    from reliable_flow import aio
+
+    out.append("## `reliable_flow.aio`: the asyncio face\n")
+    out.append(_doc(aio).split("\n\n")[0] + " See [asyncio](asyncio.md).\n")
+    for name in sorted(aio.__all__):
+        _entry(name, getattr(aio, name), out)
     out.append("## `reliable_flow.protocol`: field checks\n")
     out.append("What a protocol's ``schemas`` are written with, next to `Protocol` "
                "(see [writing a protocol](writing-a-protocol.md)).\n")

@@ -61,6 +61,10 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                      help="register consumer names the producer does not know yet (each gets every event "
                           "from the first one); without it an unknown name is refused, except the first "
                           "consumer of a producer that has none")
+    run.add_argument("--async", dest="use_async", action="store_true",
+                     help="run an AsyncWorker on one asyncio event loop (reliable_flow.aio): relays, applies "
+                          "and effect calls at once, async def effect functions awaited on that loop; the same "
+                          "options, progress lines, stop on SIGTERM / SIGINT and exit codes")
     until = run.add_mutually_exclusive_group()
     until.add_argument("--once", action="store_true",
                        help="run one pass and exit: at most 100 relays per consumer (the worker's "
@@ -191,6 +195,10 @@ def _run(args: argparse.Namespace) -> int:
             schemas = {int(x) for x in args.schemas.split(",")}
         except ValueError:
             raise OptionError(f"--schemas must be comma-separated ints, got {args.schemas!r}") from None
+    if args.use_async:
+        import asyncio
+
+        return asyncio.run(_run_async(args, pairs, protocol, apps, schemas))
     consumers: list[Consumer] = []
     try:
         producer = Producer(args.producer, protocol)
@@ -226,6 +234,58 @@ def _run(args: argparse.Namespace) -> int:
         for c in consumers:
             c.close()
         producer.close()
+    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    if failure is not None:
+        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+async def _run_async(args: argparse.Namespace, pairs: list[tuple[str, str]], protocol: Any,
+                     apps: dict[str, dict[str, Any]], schemas: set[int] | None) -> int:
+    """``run --async``: :func:`_run` with the aio face, on the running loop."""
+    from .._relay import DeliveryPolicy
+    from .._worker import WorkerStats
+    from ..aio import AsyncConsumer, AsyncProducer
+    from ..aio._executor import AsyncEffectExecutor
+    from ..aio._worker import AsyncWorker
+
+    consumers: list[AsyncConsumer] = []
+    try:
+        producer = await AsyncProducer.open(args.producer, protocol)
+    except (ReliableFlowError, ValueError) as exc:
+        raise OptionError(str(exc)) from None
+    last = [time.monotonic()]
+
+    def report(stats: WorkerStats) -> None:
+        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
+            last[0] = time.monotonic()
+            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+
+    async def close_all() -> None:
+        for c in consumers:
+            await c.close()
+        await producer.close()
+
+    try:
+        for name, path in pairs:
+            consumers.append(await AsyncConsumer.open(path, protocol, name=name, schemas=schemas, **apps[name]))
+        effect_policy = DeliveryPolicy(lease_seconds=args.effect_lease)  # each executor claims as itself
+        executors = [AsyncEffectExecutor(c, policy=effect_policy, producer=producer, concurrency=args.concurrency)
+                     for c in consumers if "effects" in apps[c.name]]
+        worker = AsyncWorker(producer, consumers, policy=DeliveryPolicy(lease_seconds=args.lease),
+                             idle_sleep=args.idle_sleep, on_pass=report, executors=executors,
+                             register=args.register)
+    except (ReliableFlowError, ValueError) as exc:
+        await close_all()
+        raise OptionError(str(exc)) from None
+    failure: ReliableFlowError | None = None
+    try:
+        await worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
+    except ReliableFlowError as exc:  # the worker raises only what retrying cannot heal
+        failure = exc
+    finally:
+        await close_all()
     print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
     if failure is not None:
         print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)

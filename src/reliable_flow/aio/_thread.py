@@ -1,0 +1,83 @@
+"""The thread a store object lives on, for the asyncio face.
+
+A store object belongs to the thread that opened it (one connection per
+thread; SQLite has one writer), so each async object owns one daemon thread
+and runs every call of its sync object there, one after another, in the
+order they were submitted -- the way aiosqlite runs a connection.  The event
+loop only awaits a future: it never waits on storage I/O.
+
+Cancellation: a task cancelled while it awaits :meth:`StoreThread.run`
+cancels the call if the thread has not started it yet (then it never runs:
+nothing happened), and otherwise lets it finish on the thread (a transaction
+is never left half done) and drops its result.  So a cancelled ``advance``
+either did not happen or committed, and a retry answers ``existing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["StoreThread"]
+
+_T = TypeVar("_T")
+_STOP = object()
+
+
+class StoreThread:
+    """One daemon thread that runs calls in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=f"reliable_flow.aio:{name}"[:60], daemon=True)
+        self._thread.start()
+        self._stopped = False
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def submit(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[_T]:
+        """Queue ``fn(*args, **kwargs)``; its future (from any thread)."""
+        if self._stopped:
+            raise RuntimeError("this object is closed")
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._calls.put((future, fn, args, kwargs))
+        return future
+
+    async def run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run ``fn(*args, **kwargs)`` on the thread and await its result (see
+        the module for what cancelling the awaiting task does)."""
+        return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+
+    def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run it on the thread and wait here (outside an event loop, or to
+        open a store in a constructor)."""
+        if threading.current_thread() is self._thread:
+            return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result()
+
+    def stop(self) -> None:
+        """Let the thread end once the calls already queued are done."""
+        if not self._stopped:
+            self._stopped = True
+            self._calls.put(_STOP)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is _STOP:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled before it started: it never runs
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
