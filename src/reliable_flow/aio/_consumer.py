@@ -16,7 +16,6 @@ retry looks at the following seq).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
@@ -149,7 +148,6 @@ class AsyncConsumer:
     def _adopt(self, thread: StoreThread, sync: Consumer) -> None:
         self._thread = thread
         self._sync = sync
-        self._closed = False
         self._admin = AsyncConsumerAdmin(self)
         weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
 
@@ -289,12 +287,7 @@ class AsyncConsumer:
         """Like ``Consumer.close``; awaited, then the thread ends.  Once asked
         for, the close happens even if the awaiting task is cancelled; calls
         queued before it finish first."""
-        if self._closed:
-            return
-        self._closed = True
-        closing = self._thread.submit(self._sync.close)
-        self._thread.stop()
-        await asyncio.shield(asyncio.wrap_future(closing))
+        await self._thread.finish(self._sync.close)
 
     async def reopen(self) -> None:
         """Like ``Consumer.reopen``; awaited (a new connection, on the same thread)."""

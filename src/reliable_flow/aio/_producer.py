@@ -157,7 +157,6 @@ class AsyncProducer:
         self._sync = sync
         self._lock = asyncio.Lock()
         self._batch_task: asyncio.Task[Any] | None = None
-        self._closed = False
         self._admin = AsyncProducerAdmin(self)
         weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
 
@@ -283,12 +282,7 @@ class AsyncProducer:
         """Like ``Producer.close``; awaited, then the thread ends.  Once asked
         for, the close happens even if the awaiting task is cancelled."""
         async with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            closing = self._thread.submit(self._sync.close)
-            self._thread.stop()
-            await asyncio.shield(asyncio.wrap_future(closing))
+            await self._thread.finish(self._sync.close)
 
     async def reopen(self) -> None:
         """Like ``Producer.reopen``; awaited (a new connection, on the same thread)."""

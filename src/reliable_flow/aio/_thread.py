@@ -76,6 +76,17 @@ class StoreThread:
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
 
+    async def finish(self, fn: Callable[..., _T], *args: Any) -> _T | None:
+        """Run ``fn(*args)`` as the thread's last call (after those already
+        queued), let the thread end, and await it.  Once asked for, it
+        happens even if the awaiting task is cancelled (a close must not be
+        lost).  None, and nothing run, when the thread was stopped already."""
+        if self._stopped:
+            return None
+        last = self.submit(fn, *args)
+        self.stop()
+        return await asyncio.shield(asyncio.wrap_future(last))
+
     def stop(self) -> None:
         """Let the thread end once the calls already queued are done."""
         if not self._stopped:
