@@ -1,9 +1,11 @@
 """The event loop's lag while events flow: the sync API called from the loop
 against ``reliable_flow.aio``.
 
-    python benchmarks/aio_lag.py                  # 2,000 events per side, 3 rounds (a minute or two)
+    python benchmarks/aio_lag.py                  # 2,000 events per side, 3 rounds, each also pinned (two minutes)
     python benchmarks/aio_lag.py --quick          # smoke run: 200 events, 1 round (figures not to quote)
     python benchmarks/aio_lag.py --events 5000 --rounds 5
+    python benchmarks/aio_lag.py --one-cpu        # only the run with the process pinned to one CPU
+    python benchmarks/aio_lag.py --no-one-cpu     # only the normal run (half the time)
     python benchmarks/aio_lag.py --write-results  # also write benchmarks/RESULTS-aio.md
 
 What an asyncio application feels is the loop's *lag*: how late a task that
@@ -38,10 +40,31 @@ noise).  Lag percentiles pool every tick of every round; events/s is the
 median over rounds (default 3), and the async/sync ratio the median of the
 per-round ratios.
 
+Each run also times one hop by itself: a read of ``flow`` for an unknown
+id (a few microseconds of SQLite), 500 times through ``Producer`` called
+on the loop and 500 times awaited through ``AsyncProducer``, interleaved
+in blocks of 50: the difference, per call, is what one trip loop ->
+store thread -> loop costs.
+
+**One CPU.**  By default every round runs twice: as above, and in a child
+process pinned to one CPU (``--one-cpu``: the child calls
+``os.sched_setaffinity(0, {cpu})`` first thing, before any thread is
+started -- on Linux the call binds only the calling thread, and the store
+threads inherit its mask -- so the loop and every store thread share that
+CPU), the two alternating round by round (which goes first swapped every
+round) so that a machine whose load drifts treats both alike.  The pinned
+run is the diagnosis, not a way to meet the target: an awaited call wakes
+a store thread, and its answer wakes the loop; on a small VM the woken
+thread often runs on the other CPU, where the wake-up is slow and the call
+itself runs slower (its caches cold there).  With both on one CPU each
+hand-off is a switch on the same CPU.  The report says how each face's
+events/s moved when pinned: an async face that gains shows that cost.
+Linux only (elsewhere the pinned run is left out, with the reason).
+
 Every side is checked after its run, on reopened files: each event
 ``committed``, ``accepted`` and ``applied`` exactly once, in seq order,
 every projection at its flow's last seq, nothing pending.  A lost or
-doubled event exits 3.
+doubled event exits 3 (in the pinned child too).
 
 Targets (issue 21): p99 lag under 5 ms with ``reliable_flow.aio``; its
 events/s at least 0.8x the sync face's.
@@ -52,26 +75,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from common import Event, machine, make_events  # noqa: E402
-from reliable_flow import Consumer, Producer, relay  # noqa: E402
-from reliable_flow.reservation import RESERVATION  # noqa: E402
+from common import Event, machine, make_events
+from reliable_flow import Consumer, Producer, relay
+from reliable_flow.reservation import RESERVATION
 
 RESULTS = os.path.join(HERE, "RESULTS-aio.md")
 TICK = 0.001
+HOP_CALLS = 500
+HOP_BLOCK = 50
 LAG_TARGET_MS = 5.0
 RATIO_TARGET = 0.8
 SIDES = ("sync", "aio")
@@ -110,6 +137,41 @@ class Side:
     @property
     def max_ms(self) -> float:
         return max(self.lags) * 1e3
+
+
+@dataclass
+class Run:
+    """A measurement (one round or several): the sides, and the hop per round
+    (microseconds per read of ``flow``, "sync" / "aio")."""
+
+    sides: dict[str, Side]
+    hops: list[dict[str, float]]
+    cpu: int | None = None  # the CPU the process was pinned to, None: not pinned
+
+    @property
+    def hop_us(self) -> dict[str, float]:
+        """Median over rounds of each face's microseconds per read."""
+        return {name: statistics.median(h[name] for h in self.hops) for name in SIDES}
+
+    def to_json(self) -> str:
+        return json.dumps({"sides": {k: asdict(v) for k, v in self.sides.items()}, "hops": self.hops,
+                           "cpu": self.cpu})
+
+    @classmethod
+    def from_json(cls, text: str) -> Run:
+        data = json.loads(text)
+        return cls({k: Side(**v) for k, v in data["sides"].items()}, data["hops"], data["cpu"])
+
+    @classmethod
+    def merge(cls, runs: Sequence[Run]) -> Run:
+        """Rounds measured apart (interleaved with the other run's), as one run."""
+        sides = {name: Side(name) for name in runs[0].sides}
+        for run in runs:
+            for name, side in run.sides.items():
+                sides[name].lags.extend(side.lags)
+                sides[name].seconds.extend(side.seconds)
+                sides[name].events = side.events
+        return cls(sides, [h for run in runs for h in run.hops], runs[0].cpu)
 
 
 # -- the ticker -------------------------------------------------------------------------------
@@ -233,7 +295,38 @@ def check(where: str, events: Sequence[Event]) -> None:
                 raise Lost(f"flow {flow_id}: inbox rows not applied: {pending}")
 
 
-async def measure(n: int, rounds: int, block: int, seed: int, tmp: str) -> dict[str, Side]:
+async def hop(tmp: str) -> dict[str, float]:
+    """Microseconds per read of ``flow`` (an unknown id): the sync face on the
+    loop against the async face, interleaved in blocks; the median of the blocks."""
+    from reliable_flow.aio import AsyncProducer
+
+    where = tempfile.mkdtemp(prefix="hop-", dir=tmp)
+    sync = Producer(os.path.join(where, "sync.db"), RESERVATION)
+    aio = AsyncProducer(os.path.join(where, "aio.db"), RESERVATION)
+    per: dict[str, list[float]] = {"sync": [], "aio": []}
+    try:
+        for _ in range(HOP_BLOCK):  # warm: the statement caches
+            sync.flow("none")
+            await aio.flow("none")
+        for i in range(HOP_CALLS // HOP_BLOCK):
+            for name in (("sync", "aio") if i % 2 == 0 else ("aio", "sync")):
+                started = time.perf_counter()
+                if name == "sync":
+                    for _ in range(HOP_BLOCK):
+                        sync.flow("none")
+                else:
+                    for _ in range(HOP_BLOCK):
+                        await aio.flow("none")
+                per[name].append((time.perf_counter() - started) / HOP_BLOCK * 1e6)
+    finally:
+        sync.close()
+        await aio.close()
+        shutil.rmtree(where, ignore_errors=True)
+    return {name: statistics.median(values) for name, values in per.items()}
+
+
+async def measure(n: int, rounds: int, block: int, seed: int, tmp: str, first: int = 0) -> Run:
+    """Rounds ``first`` .. ``first + rounds - 1`` (round r's events from seed + r)."""
     sides = {name: Side(name) for name in ("idle", *SIDES)}
     ticker = Ticker()
     ticking = asyncio.create_task(ticker.run())
@@ -243,7 +336,7 @@ async def measure(n: int, rounds: int, block: int, seed: int, tmp: str) -> dict[
         await asyncio.sleep(1.0)
         ticker.recording = False
         sides["idle"].lags = list(ticker.lags)
-        for r in range(rounds):
+        for r in range(first, first + rounds):
             rng = random.Random(seed + r)
             warm = make_events(3, rng)  # one flow, untimed: opens the files, fills the statement caches
             events = make_events(n, rng)  # the same events for both sides (each has its own files)
@@ -277,7 +370,9 @@ async def measure(n: int, rounds: int, block: int, seed: int, tmp: str) -> dict[
     finally:
         ticker.stop()
         await ticking
-    return sides
+    hop_us = await hop(tmp)
+    log(f"hop: a read of flow {hop_us['sync']:.0f} us sync on the loop, {hop_us['aio']:.0f} us awaited")
+    return Run(sides, [hop_us])
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -285,6 +380,10 @@ async def measure(n: int, rounds: int, block: int, seed: int, tmp: str) -> dict[
 
 def ratios(sides: dict[str, Side]) -> list[float]:
     return [a / s for a, s in zip(sides["aio"].rates, sides["sync"].rates)]
+
+
+def ratio(sides: dict[str, Side]) -> float:
+    return statistics.median(ratios(sides))
 
 
 def table(sides: dict[str, Side], rounds: int) -> str:
@@ -306,54 +405,157 @@ def table(sides: dict[str, Side], rounds: int) -> str:
     return "\n".join(rows)
 
 
-def targets(sides: dict[str, Side]) -> tuple[str, list[str]]:
-    r = ratios(sides)
-    ratio = statistics.median(r)
-    p99 = sides["aio"].pct(99)
+def targets(run: Run, pinned: Run | None) -> tuple[str, list[str]]:
+    r = ratios(run.sides)
+    median = ratio(run.sides)
+    p99 = run.sides["aio"].pct(99)
     lines = [
         "| target | measured | met |",
         "|---|---|---|",
         f"| p99 lag with `reliable_flow.aio` < {LAG_TARGET_MS:g} ms | {p99:.2f} ms | {'yes' if p99 < LAG_TARGET_MS else '**no**'} |",
-        f"| events/s `reliable_flow.aio` / sync API >= {RATIO_TARGET:g}x | {ratio:.2f}x "
-        f"({min(r):.2f}..{max(r):.2f} over rounds) | {'yes' if ratio >= RATIO_TARGET else '**no**'} |",
+        (f"| events/s `reliable_flow.aio` / sync API >= {RATIO_TARGET:g}x | {median:.2f}x "
+        f"({min(r):.2f}..{max(r):.2f} over rounds) | {'yes' if median >= RATIO_TARGET else '**no**'} |"),
     ]
+    if pinned is not None:
+        pr = ratios(pinned.sides)
+        lines.append(f"| (the diagnosis, not a target) the same ratio, the process pinned to CPU {pinned.cpu} | "
+                     f"{ratio(pinned.sides):.2f}x ({min(pr):.2f}..{max(pr):.2f} over rounds) | — |")
     missed = []
     if p99 >= LAG_TARGET_MS:
         missed.append(f"p99 lag {p99:.2f} ms (target < {LAG_TARGET_MS:g} ms)")
-    if ratio < RATIO_TARGET:
-        missed.append(f"events/s ratio {ratio:.2f}x (target >= {RATIO_TARGET:g}x)")
+    if median < RATIO_TARGET:
+        missed.append(f"events/s ratio {median:.2f}x (target >= {RATIO_TARGET:g}x)")
     return "\n".join(lines), missed
 
 
-def markdown(info: dict[str, str], sides: dict[str, Side], n: int, rounds: int, block: int, quick: bool,
-             elapsed: float, command: str) -> str:
-    target_table, missed = targets(sides)
+def hops(runs: Sequence[Run]) -> str:
+    rows = [
+        "| run | events/s aio / sync | a read of `flow`, sync API on the loop | the same, awaited | one hop (the difference) |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        where = "normal (unpinned)" if run.cpu is None else f"the process pinned to CPU {run.cpu}"
+        rows.append(f"| {where} | {ratio(run.sides):.2f}x | {run.hop_us['sync']:.0f} µs | {run.hop_us['aio']:.0f} µs | "
+                    f"{run.hop_us['aio'] - run.hop_us['sync']:.0f} µs |")
+    return "\n".join(rows)
+
+
+def gap_us(sides: dict[str, Side]) -> float:
+    """Microseconds per event the async face takes more than the sync face (medians of events/s)."""
+    aio, sync = sides["aio"].rate, sides["sync"].rate
+    assert aio is not None and sync is not None
+    return 1e6 / aio - 1e6 / sync
+
+
+def cause(run: Run, pinned: Run | None, skipped: str | None) -> str:
+    """Where the events/s ratio comes from, from this run's figures."""
+    unpinned = ratio(run.sides)
+    met = "met" if unpinned >= RATIO_TARGET else "missed"
+    hop_us = run.hop_us["aio"] - run.hop_us["sync"]
+    text = f"**Events/s ratio:** {unpinned:.2f}x unpinned (target {RATIO_TARGET:g}x: {met})"
+    if pinned is None:
+        text += f"; the run pinned to one CPU was left out ({skipped})."
+    else:
+        text += f", {ratio(pinned.sides):.2f}x with the whole process on one CPU."
+    text += (f" **Where the time goes:** per event the async face takes {gap_us(run.sides):.0f} µs more than the "
+             "sync face. Four hand-offs between threads (three loop -> store thread -> loop, and in the relay the "
+             f"producer's thread -> the consumer's and back) at about {hop_us:.0f} µs each for a bare read "
+             f"(\"One hop\" below) make about {4 * hop_us:.0f} µs of it; the rest is the calls themselves "
+             "running slower on a thread that has just been woken (caches cold, often on the other CPU).")
+    if pinned is None:
+        return text
+    p, u = pinned.sides, run.sides
+    sync_x = p["sync"].rate / u["sync"].rate  # type: ignore[operator]
+    aio_x = p["aio"].rate / u["aio"].rate  # type: ignore[operator]
+    text += (f" With the whole process on one CPU (its rounds interleaved with these) the gap is "
+             f"{gap_us(p):.0f} µs per event: the sync face ran at {sync_x:.2f}x its unpinned events/s, the async "
+             f"face at {aio_x:.2f}x.")
+    if aio_x >= 1.05:
+        text += (" The async face gains from having its threads on one CPU (a hand-off is then a switch on the "
+                 "same CPU, caches warm): that part of its cost is waking a thread on the other CPU.")
+    else:
+        text += " The async face did not gain from one CPU on this run"
+        text += ("; the ratio moved because the sync face lost." if sync_x <= 0.95 else
+                 ": its cost is the hand-offs themselves, on one CPU as on two.")
+    return text
+
+
+def markdown(info: dict[str, str], run: Run, pinned: Run | None, skipped: str | None, n: int, rounds: int,
+             block: int, quick: bool, elapsed: float, command: str) -> str:
+    target_table, missed = targets(run, pinned)
     out = [
         "# The event loop's lag: sync API on the loop vs reliable_flow.aio",
         "",
-        f"Generated by `{command}` — do not edit by hand; re-run to refresh. What is measured: the docstring of "
-        "[aio_lag.py](aio_lag.py) and [README.md](README.md#the-event-loops-lag-aio_lagpy).",
+        (f"Generated by `{command}` — do not edit by hand; re-run to refresh. What is measured: the docstring of "
+        "[aio_lag.py](aio_lag.py) and [README.md](README.md#the-event-loops-lag-aio_lagpy)."),
         "",
-        f"**Machine:** {info['platform']}; {info['cpu']}; {info['python']}; SQLite {info['sqlite']}; "
-        f"filesystem {info['filesystem']}.",
+        (f"**Machine:** {info['platform']}; {info['cpu']}; {info['python']}; SQLite {info['sqlite']}; "
+        f"filesystem {info['filesystem']}."),
         "",
-        f"**Date:** {info['date']}. Total run time {elapsed:.0f} s{' (quick: figures not to quote)' if quick else ''}. "
-        f"Load: {info['load']}; the idle-loop row is this machine's floor for the lag.",
+        (f"**Date:** {info['date']}. Total run time {elapsed:.0f} s{' (quick: figures not to quote)' if quick else ''}. "
+        f"Load: {info['load']}; the idle-loop row is this machine's floor for the lag."),
         "",
-        f"{n} events per side and round, one at a time through `advance` -> `relay` -> `apply_next`, on fresh "
+        (f"{n} events per side and round, one at a time through `advance` -> `relay` -> `apply_next`, on fresh "
         f"SQLite files; {rounds} rounds, the two sides interleaved in blocks of {block} events (order swapped every "
         "block). A ticker task on the same loop sleeps "
         f"{TICK * 1e3:g} ms in a loop; lag = actual - expected wake, every tick of the timed window, pooled over "
-        "rounds. Every event checked: committed, accepted and applied exactly once, in seq order.",
+        "rounds. Every event checked: committed, accepted and applied exactly once, in seq order."),
         "",
-        table(sides, rounds),
+        table(run.sides, rounds),
         "",
         target_table,
         "",
     ]
     if missed:
         out += ["Missed: " + "; ".join(missed) + ".", ""]
+    out += [cause(run, pinned, skipped), ""]
+    if pinned is not None:
+        out += [
+            f"## The same, the process pinned to CPU {pinned.cpu}",
+            "",
+            ("`--one-cpu`: a child process that calls `os.sched_setaffinity(0, {cpu})` before it starts any "
+            "thread, so the loop and every store thread share one CPU. The diagnosis, not a setting the library "
+            "makes."),
+            "",
+            table(pinned.sides, rounds),
+            "",
+        ]
+    out += [
+        "## One hop",
+        "",
+        (f"A read of `flow` (an unknown id), {HOP_CALLS} calls per face, interleaved in blocks of {HOP_BLOCK}; "
+        "median microseconds per call. The awaited call's extra time is one trip loop -> store thread -> loop."),
+        "",
+        hops([run] if pinned is None else [run, pinned]),
+        "",
+    ]
     return "\n".join(out)
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def pin(cpu: int) -> int:
+    """Bind this process to one CPU (-1: the first it may use); before any thread starts."""
+    if cpu < 0:
+        cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})  # on Linux: this thread only; the threads it starts inherit the mask
+    return cpu
+
+
+def pinned_child(args: argparse.Namespace, n: int, r: int, tmp: str) -> tuple[Run | None, str | None, int]:
+    """Round ``r`` in a child pinned to one CPU: (its run, why not, exit code)."""
+    out = os.path.join(tmp, f"one-cpu-{r}.json")
+    command = [sys.executable, os.path.abspath(__file__), "--one-cpu", "--events", str(n), "--rounds", "1",
+               "--first", str(r), "--block", str(args.block), "--seed", str(args.seed), "--tmp", tmp,
+               "--json", out]
+    log("")
+    log("the same, in a child process pinned to one CPU: " + " ".join(command[1:]))
+    code = subprocess.call(command)
+    if code != 0:
+        return None, f"the pinned child exited {code}", code
+    with open(out, encoding="utf-8") as f:
+        return Run.from_json(f.read()), None, 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,8 +566,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=50, help="events per interleaved block (default 50)")
     parser.add_argument("--seed", type=int, default=21)
     parser.add_argument("--tmp", metavar="DIR", help="where the files go (default: system temp)")
+    parser.add_argument("--one-cpu", nargs="?", type=int, const=-1, metavar="CPU",
+                        help="only the run with the process pinned to one CPU (default: the first it may use)")
+    parser.add_argument("--no-one-cpu", action="store_true", help="leave out the run pinned to one CPU")
+    parser.add_argument("--json", metavar="FILE", help=argparse.SUPPRESS)  # the pinned child's figures
+    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)  # the pinned child's round
     parser.add_argument("--write-results", action="store_true", help="write benchmarks/RESULTS-aio.md")
     args = parser.parse_args(argv)
+    cpu: int | None = None
+    if args.one_cpu is not None:
+        if not hasattr(os, "sched_setaffinity"):
+            parser.error("--one-cpu needs os.sched_setaffinity (Linux)")
+        if args.write_results or args.no_one_cpu:
+            parser.error("--one-cpu runs the pinned measurement alone: no --write-results, no --no-one-cpu")
+        cpu = pin(args.one_cpu)  # first thing: no thread of this process is running yet
     n = args.events or (200 if args.quick else 2000)
     rounds = args.rounds or (1 if args.quick else 3)
     if n < 1 or rounds < 1 or args.block < 1:
@@ -381,9 +595,35 @@ def main(argv: list[str] | None = None) -> int:
     info = machine(tmp)
     load_before = os.getloadavg()
     log("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
-    log(f"{n} events per side, {rounds} rounds, ticker every {TICK * 1e3:g} ms")
+    log(f"{n} events per side, {rounds} rounds, ticker every {TICK * 1e3:g} ms"
+        + ("" if cpu is None else f"; the process pinned to CPU {cpu}"))
+    pinned: Run | None = None
+    skipped: str | None = None
+    if args.no_one_cpu:
+        skipped = "--no-one-cpu"
+    elif not hasattr(os, "sched_setaffinity"):
+        skipped = "os.sched_setaffinity is Linux only"
     try:
-        sides = asyncio.run(measure(n, rounds, args.block, args.seed, tmp))
+        if cpu is not None or skipped is not None:
+            run = asyncio.run(measure(n, rounds, args.block, args.seed, tmp, args.first))
+        else:  # round by round, the pinned child's rounds between the normal ones (first one, then the other)
+            runs, children = [], []
+            for r in range(rounds):
+                for which in (("normal", "pinned") if r % 2 == 0 else ("pinned", "normal")):
+                    if which == "normal":
+                        runs.append(asyncio.run(measure(n, 1, args.block, args.seed, tmp, r)))
+                    elif skipped is None:
+                        child, skipped, code = pinned_child(args, n, r, tmp)
+                        if code == 3:
+                            return 3
+                        if child is not None:
+                            children.append(child)
+            run = Run.merge(runs)
+            pinned = Run.merge(children) if skipped is None else None
+        run.cpu = cpu
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(run.to_json())
     except Lost as exc:
         log(f"FAILED: {exc}")
         return 3
@@ -392,17 +632,26 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     info["load"] = (f"{load_before[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end "
                     f"(1-minute load average, {os.cpu_count()} logical CPUs)")
-    target_table, _ = targets(sides)
+    target_table, _ = targets(run, pinned)
     log("")
-    log(table(sides, rounds))
+    log(table(run.sides, rounds))
     log("")
+    if pinned is not None:
+        log(f"pinned to CPU {pinned.cpu}:")
+        log(table(pinned.sides, rounds))
+        log("")
     log(target_table)
     log("")
+    log(hops([run] if pinned is None else [run, pinned]))
+    log("")
+    if cpu is None:
+        log(cause(run, pinned, skipped))
+        log("")
     log(f"total {elapsed:.0f} s; load {info['load']}")
     if args.write_results:
         command = "python benchmarks/aio_lag.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(RESULTS, "w", encoding="utf-8") as f:
-            f.write(markdown(info, sides, n, rounds, args.block, args.quick, elapsed, command.strip()))
+            f.write(markdown(info, run, pinned, skipped, n, rounds, args.block, args.quick, elapsed, command.strip()))
         log(f"wrote {RESULTS}")
     return 0
 

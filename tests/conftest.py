@@ -75,39 +75,89 @@ def pg_schema_location(pg_cluster) -> str:
     return pg_location("loc")
 
 
+# -- Redis: one private server for the whole run, started on first use ----------------
+# (the machinery is in redis_server.py; the two-host set-up in netns.py)
+
+from redis_server import get_redis_server, stop_all_redis
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """The private Redis server (``tests/redis_server.RedisServer``, Unix socket
+    only) of this run, started on first use; skipped (failed under CI or
+    RELIABLE_FLOW_REQUIRE_REDIS) when it cannot start."""
+    return get_redis_server()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The session server's ``unix://...?db=0`` URL, every database emptied
+    (FLUSHALL) before the test; the server started again if a test stopped it."""
+    server = get_redis_server()
+    server.flushall()
+    return server.url(db=0)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """Stop every private server still running, after the fixtures' teardown:
-    also when the run was interrupted (Ctrl-C, or SIGTERM, which pg_cluster
-    turns into the same unwinding)."""
+    """Stop every private server still running and remove the test hosts, after
+    the fixtures' teardown: also when the run was interrupted (Ctrl-C, or
+    SIGTERM, which pg_cluster / redis_server / netns turn into the same unwinding)."""
+    import sys
+
     stop_all_clusters()
+    stop_all_redis()
+    netns = sys.modules.get("netns")  # loaded only by the tests that make hosts
+    if netns is not None:
+        netns.remove_all_hosts()
+
+
+# -- a service a test needs may not silently go missing ---------------------------------
+# (environment variable, marker, words in a module's skip reason, what)
+
+_REQUIREMENTS = (
+    ("RELIABLE_FLOW_REQUIRE_POSTGRES", "postgres", ("psycopg", "PostgreSQL"), "PostgreSQL"),
+    ("RELIABLE_FLOW_REQUIRE_REDIS", "redis", ("redis",), "Redis"),
+    ("RELIABLE_FLOW_REQUIRE_NETNS", "netns", ("network namespace",), "two-host (network namespace)"),
+)
+
+
+def _skip_reason(report) -> str:
+    return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
-    """With RELIABLE_FLOW_REQUIRE_POSTGRES set, a module skipped for want of
-    psycopg (``pytest.importorskip("psycopg")`` at its top) is a failure too."""
+    """With RELIABLE_FLOW_REQUIRE_POSTGRES (_REDIS, _NETNS) set, a module skipped
+    for want of that service or its client (``pytest.importorskip("psycopg")``
+    at its top, say) is a failure too."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("RELIABLE_FLOW_REQUIRE_POSTGRES"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        if "psycopg" in reason or "PostgreSQL" in reason:
+    if not report.skipped:
+        return
+    reason = _skip_reason(report)
+    for env, _marker, words, what in _REQUIREMENTS:
+        if os.environ.get(env) and any(word.lower() in reason.lower() for word in words):
             report.outcome = "failed"
-            report.longrepr = f"PostgreSQL tests were skipped, and RELIABLE_FLOW_REQUIRE_POSTGRES is set: {reason}"
+            report.longrepr = f"{what} tests were skipped, and {env} is set: {reason}"
+            return
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With RELIABLE_FLOW_REQUIRE_POSTGRES set, a skipped ``postgres`` test is a failure."""
+    """With RELIABLE_FLOW_REQUIRE_POSTGRES (_REDIS, _NETNS) set, a skipped
+    ``postgres`` (``redis``, ``netns``) test is a failure."""
     outcome = yield
     report = outcome.get_result()
-    if (
-        report.skipped and os.environ.get("RELIABLE_FLOW_REQUIRE_POSTGRES")
-        and item.get_closest_marker("postgres") is not None
-    ):
-        report.outcome = "failed"
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.longrepr = f"a PostgreSQL test was skipped, and RELIABLE_FLOW_REQUIRE_POSTGRES is set: {reason}"
+    if not report.skipped:
+        return
+    if item.get_closest_marker("soak") is not None and not os.environ.get("RELIABLE_FLOW_SOAK"):
+        return  # an opt-in soak left out on purpose, not for want of its service
+    for env, marker, _words, what in _REQUIREMENTS:
+        if os.environ.get(env) and item.get_closest_marker(marker) is not None:
+            report.outcome = "failed"
+            report.longrepr = f"a {what} test was skipped, and {env} is set: {_skip_reason(report)}"
+            return
 
 
 # -- both engines ---------------------------------------------------------------------------

@@ -99,6 +99,18 @@ def test_only_the_postgres_engine_imports_psycopg(path: Path) -> None:
     assert "psycopg" not in imported, f"{_relative(path)} imports psycopg; only _store/postgres/ may"
 
 
+@pytest.mark.parametrize("path", SOURCES, ids=_relative)
+def test_only_the_redis_transport_imports_redis(path: Path) -> None:
+    if path.is_relative_to(PACKAGE / "transport" / "redis"):
+        return
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and not node.level}
+    assert "redis" not in imported, f"{_relative(path)} imports redis; only transport/redis/ may"
+
+
 def test_the_package_and_sqlite_stores_never_import_psycopg(tmp_path: Path) -> None:
     """``import reliable_flow`` and a producer and consumer on SQLite files
     run without loading psycopg (the postgres extra stays optional)."""
@@ -112,7 +124,9 @@ def test_the_package_and_sqlite_stores_never_import_psycopg(tmp_path: Path) -> N
         "p.advance('A1', 'A', expected_seq=0, kind='reserved', payload={'amount': 1})\n"
         "assert relay(p, c).status == 'accepted'\n"
         "assert c.apply_next('A').status == 'applied'\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg' or m.endswith('store.postgres'))\n"
+        "import reliable_flow.transport\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'redis')\n"
+        "                or m.endswith('store.postgres') or m.endswith('transport.redis'))\n"
         "print(loaded)\n"
     )
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(PACKAGE.parent)}

@@ -182,7 +182,7 @@ def test_the_module_walk_finds_the_core_modules() -> None:
 PUBLIC_MODULES = [
     "reliable_flow", "reliable_flow.aio", "reliable_flow.crash", "reliable_flow.delivery", "reliable_flow.errors",
     "reliable_flow.metrics", "reliable_flow.protocol", "reliable_flow.records", "reliable_flow.reservation",
-    "reliable_flow.statuses", "reliable_flow.tracing",
+    "reliable_flow.statuses", "reliable_flow.tracing", "reliable_flow.transport", "reliable_flow.transport.redis",
 ]
 
 

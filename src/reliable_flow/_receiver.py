@@ -8,12 +8,13 @@ events, so it takes real ``Consumer`` objects.)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .statuses import ReceiveResult
 
-__all__ = ["Answer", "Receiver"]
+__all__ = ["Answer", "Receiver", "is_receiver"]
 
 #: A receiver's answer to one event: a :class:`ReceiveResult` (status
 #: ``refused`` when its inbox is full).  Kept as a name for one release;
@@ -59,3 +60,18 @@ class Receiver(Protocol):
 
     def accept_many(self, bodies: Sequence[str]) -> list[ReceiveResult]:
         """Store several bodies in one durable step; one answer per body, in order."""
+
+
+_MEMBERS = ("name", "uid", "location", "accept", "accept_many")
+
+
+def is_receiver(obj: object) -> bool:
+    """``isinstance(obj, Receiver)`` without reading its properties: on
+    Python < 3.12 the structural check evaluates each one, and a network
+    receiver's ``uid`` may ask its server (and raise while it is away)."""
+    for member in _MEMBERS:
+        try:
+            inspect.getattr_static(obj, member)
+        except AttributeError:
+            return False
+    return callable(getattr(type(obj), "accept", None)) and callable(getattr(type(obj), "accept_many", None))

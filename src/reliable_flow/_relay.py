@@ -11,7 +11,7 @@ from ._checks import check_count, check_flag
 from ._consumer import Consumer
 from ._core.relay import relay_batch_to, relay_to
 from ._producer import Producer
-from ._receiver import Receiver
+from ._receiver import Receiver, is_receiver
 from .delivery import DeliveryPolicy
 from .errors import InvalidEnvelope
 from .statuses import RelayBatchResult, RelayResult
@@ -25,7 +25,7 @@ def _check_pair(producer: object, consumer: object) -> None:
         raise TypeError(f"producer must be a reliable_flow Producer, got {type(producer).__name__}")
     # A Consumer is checked by its class; only another Receiver pays for the
     # structural check, which is slow (it inspects every member).
-    if not isinstance(consumer, Consumer) and not isinstance(consumer, Receiver):
+    if not isinstance(consumer, Consumer) and not is_receiver(consumer):
         raise TypeError(
             f"consumer must be a Consumer (or another Receiver), got {type(consumer).__name__}"
         )

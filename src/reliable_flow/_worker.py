@@ -14,7 +14,8 @@ from ._executor import EffectExecutor
 from ._loop import CANNOT_HEAL, Loop, until_due
 from ._observe import WARNING, WORKER, fields, log
 from ._producer import Producer
-from ._relay import DeliveryPolicy, relay
+from ._receiver import Receiver, is_receiver
+from ._relay import DeliveryPolicy, relay, relay_batch
 from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
 from .statuses import DrainStop, RelayStatus
 
@@ -34,6 +35,7 @@ class WorkerStats:
     effects: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
+        """The totals as plain JSON-ready values (what ``reliable-flow run`` prints)."""
         return {
             "passes": self.passes,
             "relayed": dict(sorted(self.relayed.items())),
@@ -89,6 +91,14 @@ class Worker:
     ``receive_many``, ``accept``, ``accept_many`` or ``applying``: a
     transport in between, a test double) is relayed to as itself.
 
+    A consumer in another process or on another host is given as its
+    :class:`~reliable_flow.Receiver` (a
+    :class:`~reliable_flow.transport.redis.RedisReceiver`): the worker only
+    relays to it, one ``relay_batch`` of up to ``relay_batch`` events per
+    pass, and leaves applying and its effects to the far side (the
+    transport's bridge); a failed send is recorded by the relay and retried
+    after its backoff, as for any consumer.
+
     Consumers must be registered in the producer (see
     ``producer.admin.register_consumer``; the first consumer of a producer that has
     none is registered on its first relay): an unknown name raises
@@ -110,7 +120,7 @@ class Worker:
     def __init__(
         self,
         producer: Producer,
-        consumers: Sequence[Consumer],
+        consumers: Sequence[Consumer | Receiver],
         *,
         policy: DeliveryPolicy | None = None,
         relay_batch: int = 100,
@@ -122,7 +132,10 @@ class Worker:
         apply_on_receive: bool = True,
     ) -> None:
         if not consumers:
-            raise ValueError("consumers must name at least one Consumer")
+            raise ValueError("consumers must name at least one Consumer (or a Receiver)")
+        for c in consumers:
+            if not isinstance(c, Consumer) and not is_receiver(c):
+                raise TypeError(f"consumers must be Consumer or Receiver objects, got {type(c).__name__}")
         names = [c.name for c in consumers]
         if len(set(names)) != len(names):
             raise ValueError(f"consumer names must be distinct, got {names}")
@@ -137,7 +150,10 @@ class Worker:
         self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
         self.producer = producer
         self.consumers = list(consumers)
-        self._receivers = [c.applying() if apply_on_receive and _own_receiving(c) else c for c in self.consumers]
+        self._receivers: list[Receiver] = [
+            c.applying() if isinstance(c, Consumer) and apply_on_receive and _own_receiving(c) else c
+            for c in self.consumers
+        ]
         self.policy = policy or DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
         self.relay_batch = relay_batch
         self.apply_limit = apply_limit
@@ -155,12 +171,18 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
+        """True once :meth:`stop` was called or a stop signal arrived."""
         return self._loop.stopping
 
     def run_once(self) -> int:
         """One pass over all consumers; returns how many steps did work."""
         work = 0
         for consumer, receiver in zip(self.consumers, self._receivers):
+            if not isinstance(consumer, Consumer):  # remote: applied where it is (a transport's bridge)
+                work += self._relay_remote(receiver)
+                if self.stopping:
+                    return work
+                continue
             for _ in range(self.relay_batch):
                 if self.stopping:
                     return work
@@ -179,45 +201,29 @@ class Worker:
             if self.stopping:
                 return work
             work += self._apply(consumer)
-        for executor in self.executors:
-            if self.stopping:
-                return work
-            before = Counter(executor.stats.outcomes)
-            try:
-                # Starts calls off this thread and records those that ended:
-                # a slow call never holds up the relays and applies.
-                work += executor.pump(limit=self.apply_limit)
-            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-                self._failed(f"effects of {executor.consumer.name}", exc)
-            self.stats.effects.update(executor.stats.outcomes - before)
+        work += pump_executors(self.executors, self.apply_limit, self.stats, self._failed, lambda: self.stopping)
         self.stats.passes += 1
         if self._on_pass is not None:
             self._on_pass(self.stats)
         return work
 
-    def _apply(self, consumer: Consumer) -> int:
-        """Drain each open flow on its own, so a flow whose apply raises (a
-        handler's bug, a full disk) is recorded and skipped, and the others
-        go on; the failed flow is tried again next pass."""
-        applied = 0
+    def _relay_remote(self, receiver: Receiver) -> int:
+        """One ``relay_batch`` to a consumer in another process: one request
+        of up to ``relay_batch`` events instead of one per event."""
         try:
-            flows = consumer.open_flows()
-        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-            self._failed(consumer.name, exc)
+            batch = relay_batch(self.producer, receiver, self.relay_batch, policy=self.policy,
+                                register=self.register)
+        except Exception as exc:  # noqa: BLE001 - recorded by relay_batch(), retried after backoff
+            self._failed(receiver.name, exc)
             return 0
-        for flow in flows:
-            if self.stopping:
-                break
-            try:
-                drained = consumer.drain(flow, limit=self.apply_limit)
-            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-                self._failed(f"{consumer.name} flow {flow!r}", exc)
-                continue
-            self.stats.applied += drained.applied
-            applied += drained.applied
-            if drained.stop != DrainStop.IDLE:
-                self.stats.stops[drained.stop.value] += 1
-        return applied
+        for status, count in batch.counts.items():
+            self.stats.relayed[status] += count
+        applied = sum(1 for r in batch.results if r.applied)
+        self.stats.applied += applied
+        return len(batch.results) - batch.refused + applied
+
+    def _apply(self, consumer: Consumer) -> int:
+        return apply_open_flows(consumer, self.apply_limit, self.stats, self._failed, lambda: self.stopping)
 
     def _failed(self, where: str, exc: Exception) -> None:
         self.stats.errors += 1
@@ -255,15 +261,7 @@ class Worker:
         return self.stats
 
     def _finish_calls(self) -> None:
-        """Wait for the effect calls in flight and record them (on the way out of :meth:`run`)."""
-        for executor in self.executors:
-            before = Counter(executor.stats.outcomes)
-            try:
-                executor.finish()
-            except Exception as exc:  # noqa: BLE001 - recorded; the lease runs out and another run takes over
-                self.stats.errors += 1
-                self.stats.last_error = f"effects of {executor.consumer.name}: {type(exc).__name__}: {exc}"
-            self.stats.effects.update(executor.stats.outcomes - before)
+        finish_executors(self.executors, self.stats)
 
     def _waiting(self) -> float | None:
         """Seconds to sleep until the earliest pending delivery or open effect
@@ -280,3 +278,64 @@ class Worker:
             self._failed("until_idle", exc)
             return self.idle_sleep
         return until_due(due)
+
+
+# -- the steps a worker shares with the transport's bridge (reliable_flow.transport) ------------
+
+
+def apply_open_flows(consumer: Consumer, limit: int, stats: WorkerStats,
+                     failed: Callable[[str, Exception], None], stopping: Callable[[], bool]) -> int:
+    """Drain each open flow of ``consumer`` on its own (up to ``limit``
+    applies each), so a flow whose apply raises (a handler's bug, a full
+    disk) is recorded by ``failed`` and skipped, and the others go on; the
+    failed flow is tried again next pass.  Returns the applies done."""
+    applied = 0
+    try:
+        flows = consumer.open_flows()
+    except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+        failed(consumer.name, exc)
+        return 0
+    for flow in flows:
+        if stopping():
+            break
+        try:
+            drained = consumer.drain(flow, limit=limit)
+        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+            failed(f"{consumer.name} flow {flow!r}", exc)
+            continue
+        stats.applied += drained.applied
+        applied += drained.applied
+        if drained.stop != DrainStop.IDLE:
+            stats.stops[drained.stop.value] += 1
+    return applied
+
+
+def pump_executors(executors: Sequence[EffectExecutor], limit: int, stats: WorkerStats,
+                   failed: Callable[[str, Exception], None], stopping: Callable[[], bool]) -> int:
+    """Each executor records the calls that ended and starts up to ``limit``
+    due ones off this thread (:meth:`EffectExecutor.pump`); returns the work done."""
+    work = 0
+    for executor in executors:
+        if stopping():
+            break
+        before = Counter(executor.stats.outcomes)
+        try:
+            # Starts calls off this thread and records those that ended:
+            # a slow call never holds up the relays and applies.
+            work += executor.pump(limit=limit)
+        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+            failed(f"effects of {executor.consumer.name}", exc)
+        stats.effects.update(executor.stats.outcomes - before)
+    return work
+
+
+def finish_executors(executors: Sequence[EffectExecutor], stats: WorkerStats) -> None:
+    """Wait for the effect calls in flight and record them (on the way out of a run)."""
+    for executor in executors:
+        before = Counter(executor.stats.outcomes)
+        try:
+            executor.finish()
+        except Exception as exc:  # noqa: BLE001 - recorded; the lease runs out and another run takes over
+            stats.errors += 1
+            stats.last_error = f"effects of {executor.consumer.name}: {type(exc).__name__}: {exc}"
+        stats.effects.update(executor.stats.outcomes - before)

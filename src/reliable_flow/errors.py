@@ -22,6 +22,8 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
      +-- WrongThread                           object used in a thread other than its opener's
+     +-- TransportError (also ConnectionError) a transport carried no answer; nothing taken as accepted
+     |    +-- RemoteError                      the far side's receive raised (its error in the message)
      +-- StorageError                          the storage engine failed underneath us
           +-- StorageFull                      disk or database full; nothing written
           +-- ReadOnlyStorage                  the store cannot be written; nothing written
@@ -44,11 +46,13 @@ __all__ = [
     "NotResolvable",
     "ReadOnlyStorage",
     "ReliableFlowError",
+    "RemoteError",
     "SQLiteTooOld",
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
     "TransactionConflict",
+    "TransportError",
     "UnknownConsumer",
     "UnknownEffect",
     "UnknownEvent",
@@ -128,6 +132,26 @@ class LeaseLost(ReliableFlowError):
     on the effect is no longer its own (its lease ran out and another
     executor took the effect up, or an operator acted on it): stop the work.
     Whatever the call returns afterwards is discarded, not recorded."""
+
+
+class TransportError(ReliableFlowError, ConnectionError):
+    """A transport (``reliable_flow.transport``) could not carry a request
+    or its answer: the broker is unreachable, or no answer came before the
+    request's deadline.  Nothing is taken as accepted: the relay records a
+    failed send and retries after its backoff, and the consumer's inbox
+    answers ``duplicate`` for what had arrived after all.  The message names
+    the broker's URL and the consumer."""
+
+
+class RemoteError(TransportError):
+    """The consumer's side answered that its receive raised (its storage
+    failed, or the request was malformed): ``remote_type`` is the name of
+    the exception over there, and the message its text.  Nothing was stored
+    by that request."""
+
+    def __init__(self, remote_type: str, message: str) -> None:
+        super().__init__(f"{remote_type}: {message}")
+        self.remote_type = remote_type
 
 
 class SQLiteTooOld(ReliableFlowError):

@@ -1,6 +1,7 @@
 """``python -m reliable_flow._tools.apidoc``: the API reference (``docs/api.md``),
 generated from ``reliable_flow.__all__``, the ``__all__`` of the public
-namespaces (``records``, ``errors``, ``statuses``, the protocol's field
+namespaces (``records``, ``errors``, ``statuses``, the asyncio face, the
+Redis transport ``reliable_flow.transport.redis``, the protocol's field
 checks), the signatures and the docstrings.
 
 A test regenerates it and compares, so the page cannot fall behind the code:
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
-import re
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -41,12 +41,13 @@ first sections are the names importable from `reliable_flow` (what you write
 daily); then, one section each, the namespaces `reliable_flow.errors` (every
 error), `reliable_flow.statuses` (every status enum; the common ones are at
 the top level too), `reliable_flow.records` (every result and record) and
-the asyncio face `reliable_flow.aio` and the field checks of
+the asyncio face `reliable_flow.aio`, the Redis transport
+`reliable_flow.transport.redis` (the extra `.[redis]`) and the field checks of
 `reliable_flow.protocol`. The other public modules are
 `reliable_flow.delivery`, `reliable_flow.reservation`, `reliable_flow.metrics`,
 `reliable_flow.crash` and `reliable_flow.tracing`; every other module is
 internal. Guides: [concepts](concepts.md), [effects](effects.md),
-[asyncio](asyncio.md), [worker](worker.md),
+[asyncio](asyncio.md), [worker](worker.md), [transport](transport.md),
 [operations](operations.md), [writing a protocol](writing-a-protocol.md).
 """
 
@@ -66,13 +67,29 @@ def _doc(obj: Any) -> str:
     return text.strip()
 
 
+class _Bare:
+    """An annotation shown as written (``str``, not ``'str'``)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _bare(annotation: Any) -> Any:
+    return _Bare(annotation) if isinstance(annotation, str) else annotation
+
+
 def _signature(obj: Any) -> str:
     try:
-        text = str(inspect.signature(obj))
+        signature = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(...)"
-    # Annotations are strings (from __future__ import annotations): show them bare.
-    return re.sub(r"'([^']*)'", lambda m: m.group(1) if ":" not in m.group(0) else m.group(0), text)
+    # Annotations are strings (from __future__ import annotations): show them
+    # bare; a default that is a string keeps its quotes (prefix: str = 'rf').
+    parameters = [p.replace(annotation=_bare(p.annotation)) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=parameters, return_annotation=_bare(signature.return_annotation)))
 
 
 def _members(cls: type) -> Iterator[tuple[str, Any]]:
@@ -173,6 +190,13 @@ def render() -> str:
     out.append(_doc(aio).split("\n\n")[0] + " See [asyncio](asyncio.md).\n")
     for name in sorted(aio.__all__):
         _entry(name, getattr(aio, name), out)
+    # The extra .[redis] (the test extra has it): the page always documents the transport.
+    from reliable_flow.transport import redis as transport_redis
+
+    out.append("## `reliable_flow.transport.redis`: a consumer on another host\n")
+    out.append(_doc(transport_redis).split("\n\n")[0] + " See [transport](transport.md).\n")
+    for name in sorted(transport_redis.__all__):
+        _entry(name, getattr(transport_redis, name), out)
     out.append("## `reliable_flow.protocol`: field checks\n")
     out.append("What a protocol's ``schemas`` are written with, next to `Protocol` "
                "(see [writing a protocol](writing-a-protocol.md)).\n")

@@ -103,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     from .worker_cli import add_worker_commands
 
     add_worker_commands(sub, _seconds)
+    from .bridge_cli import add_bridge_command
+    from .worker_cli import _count
+
+    add_bridge_command(sub, _seconds, _count)
     from .operator_cli import add_operator_commands
 
     add_operator_commands(sub)
@@ -229,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         from .worker_cli import execute_command, run_command
 
         return run_command(args) if args.command == "run" else execute_command(args)
+    if args.command == "bridge":
+        from .bridge_cli import bridge_command
+
+        return bridge_command(args)
     from .operator_cli import run_operator_command
 
     done = run_operator_command(args)

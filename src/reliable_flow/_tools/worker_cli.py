@@ -19,7 +19,7 @@ from ..delivery import DEFAULT_LEASE_SECONDS
 from ..errors import ReliableFlowError
 from .loading import DEFAULT_PROTOCOL, OptionError, load
 
-__all__ = ["add_worker_commands", "execute_command", "run_command"]
+__all__ = ["add_worker_commands", "execute_command", "load_option", "run_command"]
 
 # The options of `run` given per consumer (NAME=MODULE:ATTR); _load_one checks what they import.
 _APP_OPTIONS = ("handlers", "effects", "app_schema")
@@ -35,7 +35,15 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     )
     run.add_argument("--producer", required=True, metavar="PATH", help="the producer file")
     run.add_argument("--consumer", required=True, action="append", metavar="NAME=PATH",
-                     help="a consumer name and its file; repeat for several consumers")
+                     help="a consumer name and its file; repeat for several consumers (with --to: only "
+                          "the NAME of a consumer served by `reliable-flow bridge` on another host)")
+    run.add_argument("--to", metavar="URL",
+                     help="relay only, through the Redis server at URL (redis://host:port/db or "
+                          "unix:///path?db=0), to consumers served there by `reliable-flow bridge`; "
+                          "applying and effects happen at the bridge (docs/transport.md)")
+    run.add_argument("--send-timeout", type=seconds(False), metavar="SECONDS",
+                     help="with --to: how long a request waits for the bridge's answer before it counts as a "
+                          "failed send, retried after backoff (default 10; keep it below --lease)")
     run.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
                      help="the protocol object to import (default: %(default)s)")
     run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
@@ -113,6 +121,11 @@ def _count(text: str) -> int:
 # -- loading module:ATTR -----------------------------------------------------------------
 
 
+def load_option(key: str, spec: str) -> Any:
+    """``--KEY MODULE:ATTR`` imported and checked (protocol, handlers, effects, app_schema)."""
+    return _load_one(key, spec)
+
+
 def _load_one(key: str, spec: str) -> Any:
     from .._effects import EffectRegistry
     from .._handlers import AppSchema
@@ -180,6 +193,10 @@ def _run(args: argparse.Namespace) -> int:
     from .._relay import DeliveryPolicy
     from .._worker import Worker, WorkerStats
 
+    if args.to is not None:
+        return _run_remote(args)
+    if args.send_timeout is not None:
+        raise OptionError("--send-timeout is for run --to (a consumer on another host)")
     pairs = []
     for item in args.consumer:
         name, sep, path = item.partition("=")
@@ -233,6 +250,73 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         for c in consumers:
             c.close()
+        producer.close()
+    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    if failure is not None:
+        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    """``run --to URL``: a relay-only :class:`Worker` whose consumers are
+    :class:`~reliable_flow.transport.redis.RedisReceiver` objects."""
+    from .._producer import Producer
+    from .._relay import DeliveryPolicy
+    from .._worker import Worker, WorkerStats
+
+    for option in ("handlers", "effects", "app_schema", "schemas"):
+        if getattr(args, option):
+            raise OptionError(f"--{option.replace('_', '-')} belongs to the bridge on the consumer's host, "
+                              f"not to run --to")
+    if args.use_async:
+        raise OptionError("--async is not available with --to (the relay waits on the network, not on a store)")
+    try:
+        from ..transport.redis import RedisReceiver
+        from ..transport.redis._connect import shown, talking
+    except ImportError as exc:
+        raise OptionError(str(exc)) from None
+    protocol = _load_one("protocol", args.protocol)
+    receivers: list[RedisReceiver] = []
+    try:
+        for name in args.consumer:
+            if "=" in name:
+                raise OptionError(f"with --to, --consumer is a consumer's NAME only, got {name!r}")
+            if args.send_timeout is None:
+                receivers.append(RedisReceiver(args.to, name))
+            else:
+                receivers.append(RedisReceiver(args.to, name, timeout=args.send_timeout))
+        talking(args.to, "run --to", receivers[0]._client.ping)
+    except (ReliableFlowError, ValueError) as exc:
+        for r in receivers:
+            r.close()
+        raise OptionError(str(exc)) from None
+    try:
+        producer = Producer(args.producer, protocol)
+    except (ReliableFlowError, ValueError) as exc:
+        raise OptionError(str(exc)) from None
+    last = [time.monotonic()]
+
+    def report(stats: WorkerStats) -> None:
+        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
+            last[0] = time.monotonic()
+            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+
+    try:
+        worker = Worker(producer, receivers, policy=DeliveryPolicy(lease_seconds=args.lease),
+                        idle_sleep=args.idle_sleep, on_pass=report, register=args.register)
+    except (ReliableFlowError, ValueError) as exc:
+        producer.close()
+        raise OptionError(str(exc)) from None
+    print(f"run: relaying to {', '.join(args.consumer)} through {shown(args.to)}", file=sys.stderr, flush=True)
+    failure: ReliableFlowError | None = None
+    try:
+        worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
+    except ReliableFlowError as exc:
+        failure = exc
+    finally:
+        for r in receivers:
+            r.close()
         producer.close()
     print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
     if failure is not None:

@@ -11,6 +11,14 @@ cancels the call if the thread has not started it yet (then it never runs:
 nothing happened), and otherwise lets it finish on the thread (a transaction
 is never left half done) and drops its result.  So a cancelled ``advance``
 either did not happen or committed, and a retry answers ``existing``.
+
+Each hop (loop -> thread -> loop, or one store thread waiting for another
+in a relay) wakes a thread, which costs far more than the Python around it
+on a small machine (a wake-up on another CPU, caches cold there); so the
+bookkeeping per call is kept to the least: a lock as the "started or
+cancelled" gate of an awaited call, a ``SimpleQueue`` for the answer of a
+blocking :meth:`StoreThread.call`, and ``concurrent.futures`` only where a
+caller wants a future (:meth:`StoreThread.submit`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,11 @@ __all__ = ["StoreThread"]
 _T = TypeVar("_T")
 _STOP = object()
 
+# What a queued call is, so the thread knows how to start it and where its answer goes.
+_RUN = 0  # awaited from a loop (run): gate a Lock, answer (loop, asyncio future)
+_SUBMIT = 1  # submit: gate a concurrent.futures.Future that takes the answer too
+_CALL = 2  # a blocking call from another thread: no gate (it cannot be cancelled), answer a SimpleQueue
+
 
 class StoreThread:
     """One daemon thread that runs calls in submission order."""
@@ -42,11 +55,13 @@ class StoreThread:
         return self._thread
 
     def submit(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[_T]:
-        """Queue ``fn(*args, **kwargs)``; its future (from any thread)."""
+        """Queue ``fn(*args, **kwargs)``; its future (from any thread).
+        Cancelling the future before the thread started the call means it
+        never runs."""
         if self._stopped:
             raise RuntimeError("this object is closed")
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        self._calls.put((future, fn, args, kwargs, None))
+        self._calls.put((_SUBMIT, future, fn, args, kwargs, None))
         return future
 
     async def run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -55,26 +70,40 @@ class StoreThread:
 
         The answer comes back through one ``call_soon_threadsafe`` into a
         future of the loop (half the cost of ``asyncio.wrap_future``'s two
-        chained futures); the thread-side future only says whether the call
-        was cancelled before it started."""
+        chained futures).  Whether the call starts or is cancelled is decided
+        by one lock, taken without waiting by whichever comes first: the
+        thread about to start the call, or the task being cancelled."""
         if self._stopped:
             raise RuntimeError("this object is closed")
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[_T] = loop.create_future()
-        started: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        self._calls.put((started, fn, args, kwargs, (loop, answer)))
+        gate = threading.Lock()
+        self._calls.put((_RUN, gate, fn, args, kwargs, (loop, answer)))
         try:
             return await answer
         except asyncio.CancelledError:
-            started.cancel()  # not started yet: it never runs; started: it finishes, its answer dropped
+            # Taken here: the thread had not started it, and now never will.
+            # Already taken by the thread: it runs to its end, its answer is dropped.
+            gate.acquire(blocking=False)
             raise
 
     def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run it on the thread and wait here (outside an event loop, or to
-        open a store in a constructor)."""
+        """Run it on the thread and wait here (outside an event loop, from
+        another store thread -- a relay's producer waiting for its consumer
+        -- or to open a store in a constructor)."""
         if threading.current_thread() is self._thread:
             return fn(*args, **kwargs)
-        return self.submit(fn, *args, **kwargs).result()
+        if self._stopped:
+            raise RuntimeError("this object is closed")
+        reply: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        self._calls.put((_CALL, None, fn, args, kwargs, reply))
+        result, error = reply.get()
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle through the traceback's frame
+        return result  # type: ignore[no-any-return]
 
     async def finish(self, fn: Callable[..., _T], *args: Any) -> _T | None:
         """Run ``fn(*args)`` as the thread's last call (after those already
@@ -94,28 +123,34 @@ class StoreThread:
             self._calls.put(_STOP)
 
     def _serve(self) -> None:
+        get = self._calls.get
         while True:
-            item = self._calls.get()
+            item = get()
             if item is _STOP:
                 return
-            future, fn, args, kwargs, awaited = item
-            if not future.set_running_or_notify_cancel():
+            how, gate, fn, args, kwargs, back = item
+            if how == _RUN:
+                if not gate.acquire(blocking=False):
+                    continue  # cancelled before it started: it never runs
+            elif how == _SUBMIT and not gate.set_running_or_notify_cancel():
                 continue  # cancelled before it started: it never runs
             try:
                 result, error = fn(*args, **kwargs), None
             except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits it
                 result, error = None, exc
-            if awaited is None:
-                if error is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(error)
-                continue
-            loop, answer = awaited
-            try:
-                loop.call_soon_threadsafe(_deliver, answer, result, error)
-            except RuntimeError:  # the loop is closed: nobody awaits the answer any more
-                pass
+            if how == _RUN:
+                loop, answer = back
+                try:
+                    loop.call_soon_threadsafe(_deliver, answer, result, error)
+                except RuntimeError:  # the loop is closed: nobody awaits the answer any more
+                    pass
+            elif how == _CALL:
+                back.put((result, error))
+            elif error is None:
+                gate.set_result(result)
+            else:
+                gate.set_exception(error)
+            del item, gate, fn, args, kwargs, back, result, error  # hold nothing while waiting for the next
 
 
 def _deliver(answer: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -1,0 +1,79 @@
+"""The Redis side of the transport: the client, the key names, and errors
+that name the server."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from ...errors import TransportError
+
+__all__ = ["Keys", "check_url", "connect", "shown", "talking"]
+
+_T = TypeVar("_T")
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_url(url: object) -> str:
+    """A Redis URL (``redis://host:port/db``, ``rediss://...``,
+    ``unix:///path/to/socket?db=0``); a ValueError naming ``url`` otherwise."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"url must be a Redis URL (redis://host:port/db or unix:///path), got {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise ValueError(f"url must start with redis://, rediss:// or unix://, got {shown(url)!r}")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"url: a unix:// URL needs the socket's path, got {shown(url)!r}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"url: no host in {shown(url)!r}")
+    return url
+
+
+def shown(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str, *, timeout: float) -> Any:
+    """A client for ``url`` (connecting lazily); socket operations time out
+    after ``timeout`` s.  Typed ``Any``: the client's answers are checked
+    field by field (:mod:`reliable_flow.transport._wire`), not trusted by type."""
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                health_check_interval=0, retry_on_timeout=False)
+
+
+def talking(url: str, what: str, call: Callable[[], _T]) -> _T:
+    """``call()``, with a failure to reach the server raised as a
+    :class:`TransportError` naming it."""
+    try:
+        return call()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise TransportError(f"{what}: cannot reach Redis at {shown(url)}: {type(exc).__name__}: {exc}") from exc
+
+
+class Keys:
+    """The Redis keys of one consumer name: its request stream, the hash
+    its bridges announce the consumer's storage in, the stream of refused
+    messages, and the prefix of reply streams."""
+
+    def __init__(self, prefix: str, consumer: str) -> None:
+        base = f"{prefix}:{{{consumer}}}"  # one hash slot per consumer (Redis Cluster)
+        self.requests = f"{base}:requests"
+        self.consumer = f"{base}:consumer"
+        self.refused = f"{base}:refused"
+        self.replies = f"{base}:answers"
+
+    def reply(self, receiver_id: str) -> str:
+        return f"{self.replies}:{receiver_id}"
+
+
+def fields_of(entry: Any) -> dict[Any, Any]:
+    """The field map of one stream entry ``(id, fields)``."""
+    return dict(entry[1]) if entry[1] else {}
