@@ -227,9 +227,12 @@ _TABLE = re.compile(r"(?:CREATE TABLE|\bON|UPDATE|FROM)\s+(\w+)")
 
 
 def _table_of(sql: str) -> str:
-    found = _TABLE.search(sql)
-    assert found is not None, sql
-    return found.group(1)
+    """The table whose ``state`` the SQL names: the first table it reads or
+    writes that has a state column (a statement may read another first,
+    e.g. ``EXISTS (SELECT 1 FROM consumer)``)."""
+    tables = _TABLE.findall(sql)
+    assert tables, sql
+    return next((t for t in tables if t in STATE_ENUMS), tables[0])
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ events, so it takes real ``Consumer`` objects.)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -63,15 +62,28 @@ class Receiver(Protocol):
 
 
 _MEMBERS = ("name", "uid", "location", "accept", "accept_many")
+_RECEIVER_TYPES: set[type] = set()  # classes that define every member themselves
 
 
 def is_receiver(obj: object) -> bool:
     """``isinstance(obj, Receiver)`` without reading its properties: on
     Python < 3.12 the structural check evaluates each one, and a network
-    receiver's ``uid`` may ask its server (and raise while it is away)."""
+    receiver's ``uid`` may ask its server (and raise while it is away).
+    A class that defines every member is remembered, so a relay pays for
+    the look-up once per class, not once per call."""
+    cls = type(obj)
+    if cls in _RECEIVER_TYPES:
+        return True
+    own = getattr(obj, "__dict__", {})
+    on_class = True
     for member in _MEMBERS:
-        try:
-            inspect.getattr_static(obj, member)
-        except AttributeError:
+        if any(member in vars(k) for k in cls.__mro__):
+            continue
+        if member not in own:
             return False
-    return callable(getattr(type(obj), "accept", None)) and callable(getattr(type(obj), "accept_many", None))
+        on_class = False
+    if not (callable(getattr(cls, "accept", None)) or callable(own.get("accept"))):
+        return False
+    if on_class:
+        _RECEIVER_TYPES.add(cls)
+    return True

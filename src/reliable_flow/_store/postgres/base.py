@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from ...errors import StorageError
 from .connection import Conn, Database
+from .connection import first_error as _first_error
 from .errors import reraise, storage_error
 from .location import lock_key
 
@@ -23,17 +24,44 @@ Row = tuple[Any, ...]
 class PgView:
     """The connection as the engine's query classes see it: a unit of work
     (``writing``: its guarding reads take locks), a snapshot, or autocommit
-    reads.  Locks are transaction-scoped: they end at COMMIT or ROLLBACK."""
+    reads.  Locks are transaction-scoped: they end at COMMIT or ROLLBACK.
+
+    In a pipelined unit (:meth:`_use_pipeline`) statements are sent without
+    waiting: a read (``_rows`` / ``_one``) waits for its rows, and with them
+    for everything sent before it (BEGIN, the advisory locks); a write whose
+    count is needed (``_run``) waits too; a write nobody reads the result of
+    (``_send``) goes with the next read, the step's end or the COMMIT.  The
+    server runs them in the order sent, each statement on its own snapshot
+    (READ COMMITTED), exactly as when each was its own round trip; a failed
+    one aborts the transaction and the rest are skipped."""
 
     def __init__(self, conn: Conn, schema: str, writing: bool) -> None:
         self._conn = conn
         self._schema = schema
         self._writing = writing
+        self._pipe: psycopg.Pipeline | None = None
+        #: In a pipelined unit: the server has answered something of it (a
+        #: read, a counted write, a step's end), so the connection was alive
+        #: after BEGIN (see :meth:`Database.write_view`).
+        self._answered = False
         self.lost: BaseException | None = None
+
+    def _use_pipeline(self, pipeline: psycopg.Pipeline) -> None:
+        """This unit runs in ``pipeline`` (see :meth:`Database.write_view`)."""
+        self._pipe = pipeline
+
+    def _execute(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        return self._conn.execute(query, params)
+
+    def _cursor(self) -> psycopg.Cursor[Any]:
+        """A cursor for ``executemany``."""
+        return self._conn.cursor()
 
     def _rows(self, query: str, params: Sequence[Any] | None = None) -> list[Row]:
         if self._writing:
-            return self._conn.execute(query, params).fetchall()
+            found = self._execute(query, params).fetchall()
+            self._answered = True
+            return found
         try:
             return self._conn.execute(query, params).fetchall()
         except psycopg.Error as exc:
@@ -41,7 +69,9 @@ class PgView:
 
     def _one(self, query: str, params: Sequence[Any] | None = None) -> Row | None:
         if self._writing:
-            return self._conn.execute(query, params).fetchone()
+            row = self._execute(query, params).fetchone()
+            self._answered = True
+            return row
         try:
             return self._conn.execute(query, params).fetchone()
         except psycopg.Error as exc:
@@ -51,19 +81,63 @@ class PgView:
             reraise(exc, "a read", self._conn)
 
     def _run(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
-        """Execute a write; the number of rows it touched."""
-        return self._conn.execute(query, params).rowcount
+        """Execute a write; the number of rows it touched (in a pipeline,
+        after waiting for it: its error, if any, is raised here)."""
+        cur = self._execute(query, params)
+        if self._pipe is not None:
+            self._pipe.sync()
+            self._answered = True
+        return cur.rowcount
+
+    def _send(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> None:
+        """Execute a write whose result is not needed.  In a pipelined unit
+        it is only sent: its error (a taken key, a lock timeout) surfaces
+        from the next read, the end of the :meth:`step` or the COMMIT of the
+        same unit, and the server skips everything after it, so nothing of
+        the unit is written."""
+        self._execute(query, params)
 
     def _lock(self, what: str, name: str = "", *, shared: bool = False) -> None:
         """In a unit of work, take the advisory lock ``what``/``name`` of this
-        schema until the transaction ends (no-op in reads)."""
+        schema until the transaction ends (no-op in reads).
+
+        Always a statement of its own, never folded into the read it guards:
+        a statement's snapshot is taken when it starts, before a lock call
+        inside it waits, so a read in the same statement would miss what the
+        holder committed while we waited (an event id's original, a flow's
+        first row, a consumer just registered).  In a pipelined unit the lock
+        is sent with that read, one round trip for both, and the read, a
+        statement of its own, starts (and takes its snapshot) only once the
+        lock is granted."""
         if not self._writing:
             return
         fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-        self._conn.execute(f"SELECT {fn}(%s)", (lock_key("reliable_flow", self._schema, what, name),))
+        self._execute(f"SELECT {fn}(%s)", (lock_key("reliable_flow", self._schema, what, name),))
 
     def _in_transaction(self) -> bool:
-        return self._conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+        status = self._conn.info.transaction_status
+        if self._pipe is not None and status in (TransactionStatus.IDLE, TransactionStatus.ACTIVE):
+            # In pipeline mode libpq knows the status only as of the last
+            # Sync: settle what is in flight, then ask.
+            self._settle()
+            status = self._conn.info.transaction_status
+        return status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+    def _settle(self) -> BaseException | None:
+        """In a pipelined unit, wait for everything sent (a Sync): the first
+        error among it, None if none; afterwards the pipeline takes
+        statements again (an aborted transaction stays aborted)."""
+        first: BaseException | None = None
+        for _ in range(4):  # each Sync also reads the answers a failed one left unread
+            if self._pipe is None or self._conn.closed:
+                break
+            try:
+                self._pipe.sync()
+                self._answered = True
+                break
+            except psycopg.Error as exc:
+                first = first or exc
+        return first
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -81,22 +155,40 @@ class PgView:
         conn.execute("SAVEPOINT rf_step")
         try:
             yield
+            if self._pipe is not None:
+                # The step's writes answer here, so a failed one is this
+                # step's error (rolled back below), never the next one's.
+                conn.execute("RELEASE SAVEPOINT rf_step")
+                self._pipe.sync()
+                self._answered = True
         except BaseException as exc:
+            failed = exc
+            if self._pipe is not None:
+                self._settle()
+                if isinstance(exc, psycopg.Error):
+                    failed = _first_error(exc)  # the statement that failed, not one skipped after it
             if not conn.closed and self._in_transaction():
                 try:
                     conn.execute("ROLLBACK TO SAVEPOINT rf_step")
                     conn.execute("RELEASE SAVEPOINT rf_step")
+                    if self._pipe is not None:
+                        self._pipe.sync()
                 except psycopg.Error as lost:
                     self.lost = lost
-                    raise storage_error(lost, "rolling back a step", conn) from exc
+                    raise storage_error(lost, "rolling back a step", conn) from failed
+                if failed is exc:
+                    raise
+                raise failed from None
+            self.lost = failed
+            if isinstance(failed, psycopg.Error):
+                translated = storage_error(failed, "a step of a unit of work", conn)
+                if translated is not failed:
+                    raise translated from failed
+            if failed is exc:
                 raise
-            self.lost = exc
-            if isinstance(exc, psycopg.Error):
-                translated = storage_error(exc, "a step of a unit of work", conn)
-                if translated is not exc:
-                    raise translated from exc
-            raise
-        conn.execute("RELEASE SAVEPOINT rf_step")
+            raise failed from None
+        if self._pipe is None:
+            conn.execute("RELEASE SAVEPOINT rf_step")
 
 
 class PgStore(Generic[View]):
@@ -105,6 +197,9 @@ class PgStore(Generic[View]):
     :meth:`write`, a snapshot inside :meth:`read`, autocommit reads as
     :attr:`latest`.  A view is valid only inside its with-block
     (:attr:`latest`: until the next ``close`` or ``reopen``)."""
+
+    #: Units of work run in pipeline mode (the view is a :class:`PgView`).
+    _PIPELINED: ClassVar[bool] = False
 
     def __init__(self, db: Database, view: Callable[[Conn, str, bool], View]) -> None:
         self._db = db
@@ -121,7 +216,7 @@ class PgStore(Generic[View]):
 
     def write(self, *, durable: bool = True) -> AbstractContextManager[View]:
         """A unit of work: one READ COMMITTED transaction (see :meth:`Database.write_view`)."""
-        return self._db.write_view(self._view, durable=durable)
+        return self._db.write_view(self._view, durable=durable, pipelined=self._PIPELINED)
 
     def read(self) -> AbstractContextManager[View]:
         """A consistent snapshot (REPEATABLE READ, read only), taken at the first read."""
@@ -133,7 +228,7 @@ class PgStore(Generic[View]):
         return self._view(self._db.conn, self._db.schema, False)
 
     def in_transaction(self) -> bool:
-        return self._db.conn.info.transaction_status != TransactionStatus.IDLE
+        return self._db.in_unit or self._db.conn.info.transaction_status != TransactionStatus.IDLE
 
     def close(self) -> None:
         self._db.close()

@@ -14,6 +14,19 @@ session runs with ``synchronous_commit`` at the server's setting unless that
 is ``off``, which the session raises to ``on``.  ``write(durable=False)``
 alone sets ``synchronous_commit = off`` for its own transaction (``SET
 LOCAL``): a crash may drop it, never tear it.
+
+Round trips: ``write(pipelined=True)`` runs the transaction in psycopg's
+pipeline mode.  ``BEGIN`` (and ``SET LOCAL``) go out with the unit's first
+read, an advisory lock with the read after it (still two statements, so the
+read's snapshot is taken after the lock was granted: see
+:meth:`PgView._lock`), and the writes whose results nobody reads
+(:meth:`PgView._send`) with the ``COMMIT``.  A read still waits for its rows,
+so every decision is made on what the locked read returned, as before; a
+statement that fails before ``COMMIT`` (a taken key, a lock timeout, a
+deadlock) aborts the transaction, the server skips the ``COMMIT``, and the
+call raises that statement's error exactly as it did when each statement was
+its own round trip (never :class:`CommitOutcomeUnknown`): the transaction
+status after the pipeline's Sync says which it was.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -37,6 +50,25 @@ __all__ = ["DEFAULT_LOCK_TIMEOUT", "Conn", "Database"]
 
 Conn = psycopg.Connection[Any]
 View = TypeVar("View")
+
+
+class Pipelined(Protocol):
+    """A view that can run in a pipelined unit of work (see :class:`~.base.PgView`)."""
+
+    #: True once the server answered something of this unit (a read, a step's end).
+    _answered: bool
+
+    def _use_pipeline(self, pipeline: psycopg.Pipeline) -> None: ...
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The error a pipeline's failure stands for: psycopg may raise
+    ``PipelineAborted`` (a statement skipped after another one failed) with
+    the failed statement's own error as its context; that one is the error."""
+    seen = exc
+    while isinstance(seen, psycopg.errors.PipelineAborted) and isinstance(seen.__context__, psycopg.Error):
+        seen = seen.__context__
+    return seen
 DEFAULT_LOCK_TIMEOUT = 30.0
 _KINDS = {kind.name: kind for kind in (PRODUCER, CONSUMER)}
 # Connections inherited across fork(): the parent's sockets.  Kept referenced
@@ -73,6 +105,7 @@ class Database:
         self._create = create and not readonly
         self._readonly = readonly
         self._conn: Conn | None = None
+        self._in_unit = False  # a unit of work or snapshot is open (pipeline mode hides it from libpq)
         self._reopen_on_use = False
         self._pid = os.getpid()
         self._thread = opener()
@@ -251,21 +284,38 @@ class Database:
         self._conn = None
         self._reopen_on_use = True
 
-    def write_view(self, view: Callable[[Conn, str, bool], View], *, durable: bool = True
-                   ) -> AbstractContextManager[View]:
+    @property
+    def in_unit(self) -> bool:
+        """True while a unit of work or snapshot of this object is open."""
+        return self._in_unit
+
+    def write_view(self, view: Callable[[Conn, str, bool], View], *, durable: bool = True,
+                   pipelined: bool = False) -> AbstractContextManager[View]:
         """``with db.write_view(view) as unit:`` one READ COMMITTED transaction.
 
         ``durable=False`` commits with ``synchronous_commit = off`` (this
         transaction only): atomic, durable once the WAL writer flushes it
         (well under a second), but a server crash may drop it.  Only for
         hints whose loss is harmless (relay leases, backoff times, marks).
+
+        ``pipelined=True``: the same transaction in fewer round trips (see the
+        module's docstring); the view must be :class:`Pipelined`.
         """
+        if pipelined:
+            return self._write_pipelined(view, durable)
         return self._write(view, durable)
 
     @contextmanager
     def _write(self, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
         conn = self.conn
-        check_outside_transaction(conn, self.kind.name, self.location)
+        check_outside_transaction(conn, self.kind.name, self.location, self._in_unit)
+        self._in_unit = True
+        try:
+            yield from self._write_steps(conn, view, durable)
+        finally:
+            self._in_unit = False
+
+    def _write_steps(self, conn: Conn, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
         try:
             conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
             if not durable:
@@ -309,6 +359,95 @@ class Database:
             if translated is not exc:
                 raise translated from exc
 
+    @contextmanager
+    def _write_pipelined(self, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
+        conn = self.conn
+        check_outside_transaction(conn, self.kind.name, self.location, self._in_unit)
+        self._in_unit = True
+        try:
+            yield from self._pipelined_steps(conn, view, durable)
+        finally:
+            self._in_unit = False
+
+    def _pipelined_steps(self, conn: Conn, view: Callable[[Conn, str, bool], View], durable: bool
+                         ) -> Iterator[View]:
+        pipeline = conn.pipeline()
+        try:
+            pipe = pipeline.__enter__()
+        except BaseException as exc:
+            self._end_failed(conn, exc, "BEGIN")
+            raise
+        try:
+            # Sent with the unit's first read (one round trip), never alone.
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            if not durable:
+                conn.execute("SET LOCAL synchronous_commit = off")
+            unit = view(conn, self.schema, True)
+            attach: Pipelined = unit  # type: ignore[assignment]
+            attach._use_pipeline(pipe)
+        except BaseException as exc:
+            self._leave_pipeline(conn, pipeline)
+            self._end_failed(conn, exc, "BEGIN")
+            raise
+        try:
+            yield unit
+            if not attach._answered:
+                # Nothing of this unit has reached the server and come back
+                # yet (a unit of writes only): wait for them before sending
+                # COMMIT, so that a connection lost since the last call is a
+                # StorageError with nothing written, never a COMMIT in doubt.
+                pipe.sync()
+        except BaseException as exc:
+            self._leave_pipeline(conn, pipeline)
+            failed_in_unit = first_error(exc)  # the statement that failed, not one skipped after it
+            self._end_failed(conn, failed_in_unit, "write transaction")
+            if failed_in_unit is exc:
+                raise
+            raise failed_in_unit from None
+        failed: BaseException | None = None
+        commit: psycopg.Cursor[Any] | None = None
+        try:
+            # COMMIT goes out with the writes still in flight, and the
+            # pipeline's Sync waits for every answer: one round trip.
+            commit = conn.cursor()
+            commit.execute("COMMIT")
+        except psycopg.Error as exc:  # an earlier statement's error, seen while sending
+            failed = exc
+        try:
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error as exc:
+            failed = failed or exc
+        if failed is None:
+            return
+        if commit is not None and commit.pgresult is not None and not conn.closed:
+            return  # the server answered the COMMIT itself: committed
+        failed = first_error(failed)
+        status = TransactionStatus.UNKNOWN if conn.closed else conn.info.transaction_status
+        if status in (TransactionStatus.INERROR, TransactionStatus.INTRANS):
+            # A statement before COMMIT failed (a taken key, a lock timeout, a
+            # deadlock), so the server skipped the COMMIT: nothing was
+            # written, and the call raises that statement's error, as when
+            # each statement was its own round trip.
+            self._end_failed(conn, failed, "write transaction")
+            raise failed
+        # The connection failed in the round trip that carried the COMMIT:
+        # whether the server ran it is unknown.
+        self._discard()
+        raise CommitOutcomeUnknown(
+            f"COMMIT failed ({type(failed).__name__}, SQLSTATE {getattr(failed, 'sqlstate', None) or 'none'}: "
+            f"{failed}); the write may or may not be durable. Retrying the same call with the same event id "
+            f"is safe: it answers existing / duplicate / the applied state if it was."
+        ) from failed
+
+    @staticmethod
+    def _leave_pipeline(conn: Conn, pipeline: AbstractContextManager[Any]) -> None:
+        """Leave pipeline mode after a failure, every answer read (their
+        errors are the failure's own consequences: the caller handles it)."""
+        try:
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error:
+            pass
+
     def read_view(self, view: Callable[[Conn, str, bool], View]) -> AbstractContextManager[View]:
         """A read-only REPEATABLE READ transaction: every read inside sees one snapshot."""
         return self._read(view)
@@ -316,7 +455,14 @@ class Database:
     @contextmanager
     def _read(self, view: Callable[[Conn, str, bool], View]) -> Iterator[View]:
         conn = self.conn
-        check_outside_transaction(conn, self.kind.name, self.location)
+        check_outside_transaction(conn, self.kind.name, self.location, self._in_unit)
+        self._in_unit = True
+        try:
+            yield from self._read_steps(conn, view)
+        finally:
+            self._in_unit = False
+
+    def _read_steps(self, conn: Conn, view: Callable[[Conn, str, bool], View]) -> Iterator[View]:
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield view(conn, self.schema, False)

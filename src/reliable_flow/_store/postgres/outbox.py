@@ -53,16 +53,18 @@ from ...delivery import Retry
 from ...statuses import DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
 from ..shared import identity_problem
 from .base import PgStore
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .location import Target, parse
 from .outbox_sql import (
     APPEND,
+    BACKLOG,
     CONSUMERS,
     DELIVERIES,
     DELIVERY_COUNTS,
+    FIND_EVENT,
     LOCK_DELIVERIES,
     MARK_CONFLICT,
     MARK_DELIVERED,
@@ -93,11 +95,29 @@ class PgOutbox(PgTombstones):
     deliveries, the consumer registry, tombstones and pruning."""
 
     _TOMBSTONES = TombstoneSql(OUTBOX_TOMBSTONE, OUTBOX_FORGET, OUTBOX_BURY)
+    # The tombstone read with the last find_event that found no event, for
+    # the tombstone() call that follows it (advance asks for it next).
+    _looked_up: tuple[str, Tombstone | None] | None = None
 
     def find_event(self, event_id: str) -> StoredEvent | None:
+        # The lock, then the read: two statements (the read's snapshot
+        # follows the lock), sent together in a pipelined unit.
         self._lock("event", event_id)
-        row = self._one("SELECT pos, seq, body FROM outbox WHERE event_id = %s", (event_id,))
-        return None if row is None else rows.stored_event(row)
+        found = self._rows(FIND_EVENT, (event_id, event_id))
+        stored = [r for r in found if r[0]]
+        if stored:
+            self._looked_up = None
+            return rows.stored_event(stored[0][1:4])
+        tomb = [r for r in found if not r[0]]
+        self._looked_up = (event_id, rows.tombstone((tomb[0][4], tomb[0][2], tomb[0][5])) if tomb else None)
+        return None
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        looked_up, self._looked_up = self._looked_up, None
+        if looked_up is not None and looked_up[0] == event_id:
+            # Read in the same statement as the outbox, after the event's lock.
+            return looked_up[1]
+        return super().tombstone(event_id)
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
@@ -108,21 +128,22 @@ class PgOutbox(PgTombstones):
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
         self._lock("backlog")
-        if self._one("SELECT 1 FROM consumer LIMIT 1") is None:
-            row = self._one("SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT %s) t", (cap,))
-        else:
-            row = self._one(
-                "SELECT count(*) FROM (SELECT 1 FROM delivery WHERE state = 'pending' LIMIT %s) t", (cap,)
-            )
+        row = self._one(BACKLOG, (cap, cap))
         return 0 if row is None else int(row[0])
 
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
-        self._run(UPSERT_FLOW, (flow_id, seq, state, data))
+        self._looked_up = None
+        self._send(UPSERT_FLOW, (flow_id, seq, state, data))
 
     def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
-        """The event, pending for every consumer registered when it commits."""
+        """The event, pending for every consumer registered when it commits.
+
+        The registry lock and the insert stay two statements: the insert
+        reads the consumer table, and must see a registration that held the
+        lock exclusively while we waited (see the module's docstring)."""
+        self._looked_up = None
         self._lock(REGISTRY_LOCK, shared=True)
-        self._run(APPEND, (env.event_id, env.flow_id, env.seq, env.body, committed_at))
+        self._send(APPEND, (env.event_id, env.flow_id, env.seq, env.body, committed_at))
 
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
         """Positions and bodies of the oldest pending deliveries due at
@@ -137,7 +158,7 @@ class PgOutbox(PgTombstones):
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
         if positions:
-            self._run(
+            self._send(
                 "UPDATE delivery SET due_at = %s, lease_owner = %s, updated_at = %s "
                 "WHERE consumer = %s AND pos = ANY(%s)",
                 (until, owner, now, consumer, [int(p) for p in positions]),
@@ -153,7 +174,7 @@ class PgOutbox(PgTombstones):
         return None if row is None else int(row[0])
 
     def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
-        self._run(
+        self._send(
             "UPDATE delivery SET attempts = attempts + 1, failures = %s, due_at = %s, lease_owner = NULL, "
             "last_error = %s, updated_at = %s WHERE consumer = %s AND pos = %s",
             (retry.failures, retry.due_at, retry.error, now, consumer, pos),
@@ -162,7 +183,7 @@ class PgOutbox(PgTombstones):
     def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
              conflicts: Sequence[tuple[int, str]], now: float) -> None:
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
-        cur = self._conn.cursor()
+        cur = self._cursor()
         if delivered:
             cur.executemany(MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
         if conflicts:
@@ -332,4 +353,8 @@ class PgOutboxStore(PgStore[PgOutbox], BindingMemo):
             parse(location, PRODUCER.name, schema), PRODUCER, lock_timeout=busy_timeout, on_create=on_create,
             check_meta=check_meta, readonly=readonly,
         ), PgOutbox)
+
+    # advance: BEGIN + the event's lock and read, the flow's lock and read,
+    # the writes + COMMIT: three round trips (see Database.write_view).
+    _PIPELINED = True
 

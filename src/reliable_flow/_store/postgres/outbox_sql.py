@@ -9,9 +9,11 @@ from ...statuses import DeliveryState
 __all__ = [
     "ACCEPTED",
     "APPEND",
+    "BACKLOG",
     "CONSUMERS",
     "DELIVERIES",
     "DELIVERY_COUNTS",
+    "FIND_EVENT",
     "LOCK_DELIVERIES",
     "MARK_CONFLICT",
     "MARK_DELIVERED",
@@ -42,6 +44,21 @@ SET_ASIDE = DeliveryState.SET_ASIDE.value
 NEXT_DUE = (
     "SELECT d.pos, o.body FROM delivery d JOIN outbox o ON o.pos = d.pos "
     "WHERE d.consumer = %s AND d.state = 'pending' AND d.due_at <= %s ORDER BY d.pos LIMIT %s"
+)
+
+# An event id's stored event and its tombstone, in one read (one snapshot:
+# pruning moves an event from one to the other in one transaction, so the
+# read sees it in exactly one of them, or in neither).
+FIND_EVENT = (
+    "SELECT true, pos, seq, body, NULL, NULL FROM outbox WHERE event_id = %s "
+    "UNION ALL SELECT false, NULL, seq, NULL, flow_id, body_hash FROM outbox_tombstone WHERE event_id = %s"
+)
+
+# Pending deliveries summed over consumers, or events before any consumer; up to %s.
+BACKLOG = (
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM consumer) "
+    "THEN (SELECT count(*) FROM (SELECT 1 FROM delivery WHERE state = 'pending' LIMIT %s) t) "
+    "ELSE (SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT %s) t) END"
 )
 
 NEXT_DUE_AT = "SELECT min(due_at) FROM delivery WHERE consumer = %s AND state = 'pending'"

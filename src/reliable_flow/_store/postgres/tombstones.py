@@ -46,7 +46,7 @@ class PgTombstones(PgView):
         return gone
 
     def _bury(self, pruned: list[Candidate], now: float) -> None:
-        self._conn.cursor().executemany(
+        self._cursor().executemany(
             self._TOMBSTONES.bury,
             [(event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in pruned],
         )
