@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from . import _envelope as envelope
 from ._core.apply import ApplyRules
 from ._core.conflicts import rerun_on_conflict
-from ._core.receive import receive_in
+from ._core.receive import receive_in, receive_many_in
 from ._envelope import Envelope
 from ._observe import CONSUMER, INFO
 from .crash import crash_point
@@ -51,7 +51,7 @@ def receive_all(consumer: Consumer, envelopes: Sequence[dict[str, Any] | str | b
     def once() -> list[ReceiveResult]:
         with store.write() as unit:
             now = consumer.clock()
-            return [receive_in(unit, env, consumer.max_inbox, store.location, now, arrival) for env in parsed]
+            return receive_many_in(unit, parsed, consumer.max_inbox, store.location, now, arrival)
 
     results = rerun_on_conflict(once)
     if any(r.status == ReceiveStatus.ACCEPTED for r in results):

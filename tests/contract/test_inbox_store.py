@@ -167,6 +167,39 @@ def test_insert_new_refuses_a_taken_flow_and_seq(inbox):
     assert rows(inbox, "F") == [("E1", 1, PENDING, None), ("E3", 2, PENDING, None)]
 
 
+def test_insert_new_many_answers_insert_new_of_each_in_turn(inbox):
+    """A set with distinct ids and (flow, seq): each refused for the reason
+    insert_new would refuse it, the others stored pending, in that order."""
+    a1 = env("A1", "F", 1)
+    insert(inbox, a1, env("B1", "G", 1))
+    apply(inbox, a1)  # F's last applied seq is 1
+    batch = [
+        env("X1", "F", 1),  # at or before F's last applied seq
+        env("B1", "K", 5, kind="other"),  # a taken id
+        env("Y1", "G", 1),  # a taken (flow, seq)
+        env("Z2", "G", 2),
+        env("W1", "H", 1),
+        env("V2", "F", 2),
+    ]
+    with inbox.write() as unit:
+        assert unit.insert_new_many(batch) == [False, False, False, True, True, True]
+        assert unit.holder("G", 2) == "Z2" and unit.holder("K", 5) is None
+        assert unit.next_row("F", 2) == (2, "V2", batch[5].body)
+    assert rows(inbox, "G") == [("B1", 1, PENDING, None), ("Z2", 2, PENDING, None)]
+    assert rows(inbox, "H") == [("W1", 1, PENDING, None)]
+    assert body_of(inbox.latest, "X1") is None and body_of(inbox.latest, "Y1") is None
+    with inbox.write() as unit:
+        assert unit.insert_new_many([env("Z2", "G", 2), env("U3", "G", 3)]) == [False, True]
+        assert unit.insert_new_many([]) == []
+
+
+def test_insert_new_many_is_rolled_back_with_its_unit(inbox):
+    with pytest.raises(Boom), inbox.write() as unit:
+        assert unit.insert_new_many([env("E1", "F", 1), env("E2", "F", 2)]) == [True, True]
+        raise Boom
+    assert inbox.latest.flows() == []
+
+
 def test_insert_raises_on_a_taken_id_and_stores_nothing(inbox, integrity_error):
     first = env("E1", "F", 1)
     insert(inbox, first)
@@ -271,6 +304,29 @@ def test_next_row_is_the_first_row_at_or_after_seq(inbox):
         assert unit.next_row("F", 10) is None
         assert unit.next_row("G", 1) == (3, "G3", env("G3", "G", 3).body)
         assert unit.next_row("H", 1) is None
+
+
+def test_flow_and_next_row_answers_flow_state_then_next_row(inbox):
+    """One call for an apply's two first reads: the flow's state (None
+    before any apply) and its first row at or after last_seq + 1."""
+    f1, f2, f4, g3 = env("F1", "F", 1), env("F2", "F", 2), env("F4", "F", 4), env("G3", "G", 3)
+    insert(inbox, f4, f2, g3, f1)
+    with inbox.write() as unit:
+        assert unit.flow_and_next_row("F") == (None, (1, "F1", f1.body))
+        assert unit.flow_and_next_row("G") == (None, (3, "G3", g3.body))  # a gap: the core decides
+        assert unit.flow_and_next_row("H") == (None, None)
+    apply(inbox, f1)
+    apply(inbox, f2)
+    with inbox.write() as unit:
+        state, row = unit.flow_and_next_row("F")
+        assert state is not None and state.seq == 2 and row == (4, "F4", f4.body)
+        # What the same unit writes next is seen by its next reads.
+        unit.insert(env("F3", "F", 3))
+        assert unit.next_row("F", 3) == (3, "F3", env("F3", "F", 3).body)
+        unit.put_projection("F", "paid", 4, '{"n": 4}', "{}")
+        assert unit.flow_and_next_row("F") == (FlowState("paid", 4, {"n": 4}), None)
+    with inbox.read() as reads:
+        assert reads.flow_state("F") == FlowState("paid", 4, {"n": 4})
 
 
 def test_next_row_finds_rows_whatever_their_state(inbox):

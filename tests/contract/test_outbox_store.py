@@ -156,6 +156,27 @@ def test_find_event_gives_position_seq_and_canonical_body(outbox):
     assert outbox.latest.find_event("nope") is None
 
 
+def test_find_event_and_flow_answers_find_event_then_flow_state(outbox):
+    """One call for advance's two reads: the same answers as the two calls,
+    also for what the same unit wrote before it."""
+    a = env("A1", "A", 1)
+    [pos] = append(outbox, a)
+    with outbox.write() as unit:
+        unit.put_flow("A", 1, "created", '{"n": 1}')
+    with outbox.write() as unit:
+        assert unit.find_event_and_flow("A1", "A") == (StoredEvent(pos, 1, a.body), FlowState("created", 1, {"n": 1}))
+        assert unit.find_event_and_flow("A2", "A") == (None, FlowState("created", 1, {"n": 1}))
+        assert unit.find_event_and_flow("B1", "B") == (None, None)
+        unit.put_flow("B", 1, "created", "{}")
+        unit.append_event(env("B1", "B", 1))
+        stored, state = unit.find_event_and_flow("B1", "B")
+        assert stored is not None and stored.seq == 1 and state == FlowState("created", 1, {})
+        unit.put_flow("A", 2, "paid", '{"n": 2}')
+        assert unit.find_event_and_flow("A2", "A") == (None, FlowState("paid", 2, {"n": 2}))
+    with outbox.write() as unit:
+        assert unit.find_event_and_flow("A2", "A") == (None, FlowState("paid", 2, {"n": 2}))
+
+
 def test_positions_follow_commit_order_across_units_and_flows(outbox):
     [p1] = append(outbox, env("X1", "X", 1))
     [p2] = append(outbox, env("A1", "A", 1))

@@ -6,17 +6,25 @@ waiting for the server: each run of ``F`` lines followed by a ``B`` line.
 The method is checked on ``SELECT 1`` (one round trip) before it counts an
 ``advance``.
 
-An ``advance`` that commits is three: BEGIN + the event id's advisory lock
-+ the event / tombstone read; the flow's advisory lock + its row read
-``FOR UPDATE``; the flow and outbox writes + the registry lock + COMMIT
-(psycopg's pipeline mode).  It was ten, one per statement.  The locks stay
+An ``advance`` that commits is two: BEGIN + the event id's advisory lock +
+the event / tombstone read + the flow's advisory lock + its row read ``FOR
+UPDATE``; the flow and outbox writes + the registry lock + COMMIT (psycopg's
+pipeline mode).  It was ten, one per statement, then three.  The locks stay
 statements of their own, so each read's snapshot is taken after its lock was
 granted (``tests/test_races.py`` and ``tests/test_kill.py`` prove the races
 and the crashes on this engine).
+
+The consumer's units are pipelined too (issue 23; before, in round trips):
+``receive`` of a new event 2 (3): BEGIN + the INSERT, COMMIT; receive and
+apply 3: that, the flow's lock + its projection read, the writes + COMMIT;
+``apply_next`` 2 (8): BEGIN + the flow's lock + one statement reading its
+projection (locked) and next row, the writes + COMMIT; ``receive_many`` of
+independent events 2 whatever their number (one per event before).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -28,10 +36,11 @@ from pg_cluster import import_psycopg, pg_location
 
 psycopg = import_psycopg()
 
-from reliable_flow import Producer
+from reliable_flow import Consumer, Producer
 from reliable_flow._store.postgres.location import lock_key
 from reliable_flow.errors import CommitOutcomeUnknown, DatabaseBusy
 from reliable_flow.reservation import RESERVATION
+from support import envelope
 
 pytestmark = pytest.mark.postgres
 
@@ -72,8 +81,8 @@ def statements(lines: list[str]) -> int:
     return sum(1 for line in lines if line.split("\t")[2:3] in (["Execute"], ["Query"]))
 
 
-def connection_of(producer: Producer) -> Any:
-    return producer.store._db.conn  # type: ignore[attr-defined]
+def connection_of(side: Producer | Consumer) -> Any:
+    return side.store._db.conn  # type: ignore[attr-defined]
 
 
 def advance(producer: Producer, event_id: str, flow_id: str) -> Any:
@@ -88,25 +97,25 @@ def test_the_counting_method_sees_one_round_trip_for_select_1(pg_cluster: Any) -
     assert (round_trips(lines), statements(lines)) == (1, 1), lines
 
 
-def test_an_advance_that_commits_takes_at_most_three_round_trips(pg_cluster: Any) -> None:
+def test_an_advance_that_commits_takes_at_most_two_round_trips(pg_cluster: Any) -> None:
     with Producer(pg_location("rt_commit"), RESERVATION) as producer:
         conn = connection_of(producer)
         # Past psycopg's prepare threshold too: prepared statements must not add any.
         for n in range(8):
             result, lines = traced(conn, lambda n=n: advance(producer, f"A{n}", f"F{n}"))  # type: ignore[misc]
             assert result.status == "committed"
-            assert round_trips(lines) <= 3, (n, round_trips(lines), lines)
+            assert round_trips(lines) <= 2, (n, round_trips(lines), lines)
         assert statements(lines) <= 9, lines
         # The next step of a flow that has a row (an UPDATE of it) is no different.
         result, lines = traced(conn, lambda: producer.advance(
             "A0-2", "F0", expected_seq=1, kind="confirmed", payload={"amount": 3}))
         assert result.status == "committed"
-        assert round_trips(lines) <= 3, lines
+        assert round_trips(lines) <= 2, lines
         assert producer.flow("F0") == {"state": "confirmed", "seq": 2, "amount": 3}
         assert [e.event_id for e in producer.outbox("F0")] == ["A0", "A0-2"]
 
 
-def test_a_repeated_or_stale_advance_takes_at_most_three_round_trips(pg_cluster: Any) -> None:
+def test_a_repeated_or_stale_advance_takes_at_most_two_round_trips(pg_cluster: Any) -> None:
     with Producer(pg_location("rt_again"), RESERVATION) as producer:
         conn = connection_of(producer)
         assert advance(producer, "A1", "F").status == "committed"
@@ -115,7 +124,7 @@ def test_a_repeated_or_stale_advance_takes_at_most_three_round_trips(pg_cluster:
         assert round_trips(lines) <= 2, lines  # the event read answers it; nothing to write
         stale, lines = traced(conn, lambda: advance(producer, "B1", "F"))
         assert stale.status == "stale"
-        assert round_trips(lines) <= 3, lines
+        assert round_trips(lines) <= 2, lines
         differs, lines = traced(conn, lambda: producer.advance(
             "A1", "F", expected_seq=0, kind="reserved", payload={"amount": 4}))
         assert differs.status == "conflict"
@@ -142,3 +151,88 @@ def test_a_lock_timeout_in_the_commit_round_trip_is_database_busy_and_writes_not
         assert [e.event_id for e in producer.outbox()] == ["A1"]
         assert advance(producer, "B1", "B").status == "committed"
         assert [e.event_id for e in producer.outbox()] == ["A1", "B1"]
+
+
+def test_a_receive_of_a_new_event_takes_at_most_two_round_trips(pg_cluster: Any) -> None:
+    with Consumer(pg_location("rt_receive"), RESERVATION) as consumer:
+        conn = connection_of(consumer)
+        for n in range(8):  # past psycopg's prepare threshold too
+            result, lines = traced(conn, lambda n=n: consumer.receive(envelope(f"E{n}", f"F{n}", 1)))  # type: ignore[misc]
+            assert result.status == "accepted"
+            assert round_trips(lines) <= 2, (n, round_trips(lines), lines)
+        again, lines = traced(conn, lambda: consumer.receive(envelope("E0", "F0", 1)))
+        assert again.status == "duplicate"
+        assert round_trips(lines) <= 3, lines  # the INSERT; the event's lock + its row; COMMIT
+        assert [r.event_id for r in consumer.inbox("F0")] == ["E0"]
+
+
+def test_a_receive_and_apply_takes_at_most_three_round_trips(pg_cluster: Any) -> None:
+    with Consumer(pg_location("rt_receive_apply"), RESERVATION, apply_on_receive=True) as consumer:
+        conn = connection_of(consumer)
+        for n in range(8):
+            result, lines = traced(conn, lambda n=n: consumer.receive(envelope(f"E{n}", f"F{n}", 1)))  # type: ignore[misc]
+            assert result.status == "accepted" and result.applied
+            assert round_trips(lines) <= 3, (n, round_trips(lines), lines)
+        result, lines = traced(conn, lambda: consumer.receive(envelope("E0-2", "F0", 2)))
+        assert result.status == "accepted" and result.applied
+        assert round_trips(lines) <= 3, lines
+        projection = consumer.projection("F0")
+        assert projection is not None and (projection["state"], projection["last_seq"]) == ("confirmed", 2)
+
+
+def test_apply_next_takes_at_most_two_round_trips(pg_cluster: Any) -> None:
+    with Consumer(pg_location("rt_apply"), RESERVATION) as consumer:
+        conn = connection_of(consumer)
+        for n in range(8):
+            assert consumer.receive(envelope(f"E{n}", f"F{n}", 1)).status == "accepted"
+            assert consumer.receive(envelope(f"E{n}-2", f"F{n}", 2)).status == "accepted"
+        for n in range(8):
+            for seq in (1, 2):
+                result, lines = traced(conn, lambda n=n: consumer.apply_next(f"F{n}"))  # type: ignore[misc]
+                assert (result.status, result.seq) == ("applied", seq)
+                assert round_trips(lines) <= 2, (n, seq, round_trips(lines), lines)
+        idle, lines = traced(conn, lambda: consumer.apply_next("F0"))
+        assert idle.status == "idle"
+        assert round_trips(lines) <= 2, lines
+        assert consumer.receive(envelope("G3", "G", 3)).status == "accepted"
+        gap, lines = traced(conn, lambda: consumer.apply_next("G"))
+        assert gap.status == "gap"
+        assert round_trips(lines) <= 2, lines
+        assert consumer.receive(envelope("H1", "H", 1, schema=7)).status == "accepted"
+        blocked, lines = traced(conn, lambda: consumer.apply_next("H"))
+        assert blocked.status == "blocked"
+        assert round_trips(lines) <= 2, lines
+        projection = consumer.projection("F7")
+        assert projection is not None and (projection["state"], projection["last_seq"]) == ("confirmed", 2)
+        assert consumer.projection("G") is None
+
+
+def test_a_batch_of_receives_takes_two_round_trips_in_all(pg_cluster: Any) -> None:
+    with Consumer(pg_location("rt_receive_many"), RESERVATION) as consumer:
+        conn = connection_of(consumer)
+        assert consumer.receive(envelope("old", "F0", 1)).status == "accepted"
+        batch = [envelope(f"E{n}", f"F{n}", 1) for n in range(50)]
+        results, lines = traced(conn, lambda: consumer.receive_many(batch))
+        assert [r.status for r in results] == ["sequence_conflict"] + ["accepted"] * 49
+        # The INSERT; F0's refusal: the event's lock + its row and tombstone,
+        # the flow's lock + the slot's holder; COMMIT.
+        assert round_trips(lines) <= 4, lines
+        results, lines = traced(conn, lambda: consumer.receive_many(
+            [envelope(f"E{n}-2", f"F{n}", 2) for n in range(1, 50)]))
+        assert all(r.status == "accepted" for r in results)
+        assert round_trips(lines) <= 2, lines
+        # Drained in batches: one round trip per event (the next row's read,
+        # which carries the previous apply's writes), plus the first read and COMMIT.
+        drained, lines = traced(conn, lambda: consumer.drain("F1", batch_size=100))
+        assert drained.applied == 2
+        assert round_trips(lines) <= 2 + 2, lines
+
+
+def test_a_batch_of_receive_and_apply_takes_one_round_trip_per_event(pg_cluster: Any) -> None:
+    with Consumer(pg_location("rt_accept_many"), RESERVATION) as consumer:
+        conn = connection_of(consumer)
+        batch = [envelope(f"E{n}", f"F{n}", 1) for n in range(20)]
+        results, lines = traced(conn, lambda: consumer.applying().accept_many([json.dumps(e) for e in batch]))
+        assert all(r.status == "accepted" and r.applied for r in results)
+        # the INSERT; each flow's lock + projection read (carrying the writes before it); COMMIT
+        assert round_trips(lines) <= 1 + 20 + 1, lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from .. import _envelope as envelope
-from .._store import FlowState, OutboxUnit
+from .._store import FlowState, OutboxUnit, StoredEvent
 from ..crash import crash_point
 from ..protocol import Protocol, Rejected
 from ..statuses import AdvanceResult, AdvanceStatus, BlockReason
@@ -58,9 +58,8 @@ def _pruned(unit: OutboxUnit, env: envelope.Envelope) -> AdvanceResult | None:
     )
 
 
-def _answered(unit: OutboxUnit, env: envelope.Envelope) -> AdvanceResult | None:
-    """The answer for an event id already used (stored, or pruned), else None."""
-    stored = unit.find_event(env.event_id)
+def _answered(unit: OutboxUnit, env: envelope.Envelope, stored: StoredEvent | None) -> AdvanceResult | None:
+    """The answer for an event id already used (``stored``, or pruned), else None."""
     if stored is not None:
         if stored.body == env.body:
             return AdvanceResult(
@@ -79,10 +78,11 @@ def advance_in(
 ) -> AdvanceResult:
     """Decide and write one advance inside ``unit``'s transaction; a new event
     is stamped as committed at ``now``."""
-    answered = _answered(unit, env)
+    stored, flow = unit.find_event_and_flow(env.event_id, env.flow_id)
+    answered = _answered(unit, env, stored)
     if answered is not None:
         return answered
-    return _step(unit, protocol, env, unit.flow_state(env.flow_id), max_backlog, now)
+    return _step(unit, protocol, env, flow, max_backlog, now)
 
 
 def advance_at_current_in(
@@ -98,17 +98,16 @@ def advance_at_current_in(
     checked = build(event_id, flow_id, 0, kind, payload, schema, meta)
     # The event id first, then the flow, as advance_in reads (and on
     # PostgreSQL locks) them.
-    stored = unit.find_event(checked.event_id)
+    stored, flow = unit.find_event_and_flow(checked.event_id, checked.flow_id)
     used = stored.seq if stored is not None else None
     if used is None:
         tomb = unit.tombstone(checked.event_id)
         used = None if tomb is None else tomb.seq
     if used is not None:
         env = checked if used == 1 else build(event_id, flow_id, used - 1, kind, payload, schema, meta)
-        answered = _answered(unit, env)
+        answered = _answered(unit, env, stored)
         assert answered is not None
         return answered, env
-    flow = unit.flow_state(checked.flow_id)
     env = checked if flow is None else build(event_id, flow_id, flow.seq, kind, payload, schema, meta)
     return _step(unit, protocol, env, flow, max_backlog, now), env
 

@@ -61,9 +61,11 @@ def apply_in(
     """
     protocol, schemas = rules.protocol, rules.schemas
     if known is None:
-        known = unit.flow_state(flow_id) or FlowState(protocol.initial, 0, {})
+        stored, row = unit.flow_and_next_row(flow_id)
+        known = stored or FlowState(protocol.initial, 0, {})
+    else:
+        row = unit.next_row(flow_id, known.seq + 1)
     seq = known.seq + 1
-    row = unit.next_row(flow_id, seq)
     if row is None:
         return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known, None
     found_seq, event_id, body = row

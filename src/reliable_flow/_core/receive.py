@@ -3,13 +3,15 @@ unit of work."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .._envelope import Envelope, body_hash
 from .._store import InboxUnit
 from ..crash import crash_point
 from ..statuses import ReceiveResult, ReceiveStatus
 from .apply import ApplyRules, apply_arrived
 
-__all__ = ["receive_in"]
+__all__ = ["receive_in", "receive_many_in"]
 
 
 def receive_in(
@@ -29,6 +31,43 @@ def receive_in(
     # when a unique key refused it do we look at why.
     if max_inbox is None and unit.insert_new(env, now):
         return _stored(unit, env, apply)
+    return _refused(unit, env, max_inbox, location, now, apply)
+
+
+def receive_many_in(
+    unit: InboxUnit, envs: Sequence[Envelope], max_inbox: int | None, location: str, now: float | None = None,
+    apply: ApplyRules | None = None,
+) -> list[ReceiveResult]:
+    """:func:`receive_in` of each event in order, inside ``unit``'s transaction.
+
+    Where no event of the set can change another's answer (distinct ids and
+    distinct (flow, seq); no ``max_inbox``, whose count each stored event
+    changes; no handler, whose SQL could touch the inbox), they are stored
+    by a few statements, and then each is answered in order as
+    :func:`receive_in` would: the refused ones by the same reads, after which
+    the applies on arrival run one by one (an apply only raises a flow's
+    last seq, which could only have refused a later event of the set that
+    the stored state refused already)."""
+    if (len(envs) < 2 or max_inbox is not None
+            or (apply is not None and apply.handlers) or not _independent(envs)):
+        return [receive_in(unit, env, max_inbox, location, now, apply) for env in envs]
+    stored = unit.insert_new_many(envs, now)
+    return [_stored(unit, env, apply) if ok else _refused(unit, env, None, location, now, apply)
+            for env, ok in zip(envs, stored)]
+
+
+def _independent(envs: Sequence[Envelope]) -> bool:
+    """True when no two events share an id or a (flow, seq)."""
+    return (len({env.event_id for env in envs}) == len(envs)
+            and len({(env.flow_id, env.seq) for env in envs}) == len(envs))
+
+
+def _refused(
+    unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None,
+    apply: ApplyRules | None,
+) -> ReceiveResult:
+    """Why the event is not new (or, with ``max_inbox``, whether there is
+    room for it), storing it when it is new after all."""
     held = unit.inbox_row(env.event_id)
     if held is not None:
         if held.body == env.body:

@@ -7,6 +7,7 @@ holds each engine to every promise written here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._envelope import Envelope
@@ -70,6 +71,12 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
         tombstone, or its seq is at or before the flow's last applied seq;
         True if stored."""
 
+    def insert_new_many(self, envs: Sequence[Envelope], received_at: float | None = None) -> list[bool]:
+        """:meth:`insert_new` of each event, in order; for events with
+        distinct ids and distinct (flow, seq) only (so that none of them
+        decides another's fate), which an engine may store by a few
+        set-based statements."""
+
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
         """Store the event as pending, received at ``received_at``; a taken id
         or (flow, seq) raises the engine's integrity error."""
@@ -85,6 +92,10 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
         """The flow's first row at or after ``seq`` that is not replaced, or None."""
+
+    def flow_and_next_row(self, flow_id: str) -> tuple[FlowState | None, NextRow | None]:
+        """``flow_state(flow_id)`` and then ``next_row(flow_id, its last seq +
+        1)``: an apply asks both, and an engine may answer them in one statement."""
 
     def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
               now: float | None = None) -> None:

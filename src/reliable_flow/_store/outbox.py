@@ -85,6 +85,11 @@ class OutboxUnit(OutboxReads, Protocol):
 
     lost: BaseException | None
 
+    def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
+        """``(find_event(event_id), flow_state(flow_id))``, read (and on an
+        engine that locks, locked) in that order: advance asks both of every
+        event, and an engine may answer them in one statement."""
+
     def backlog(self, cap: int) -> int:
         """Pending deliveries over all consumers (events, before any consumer), up to ``cap``."""
 

@@ -6,12 +6,26 @@ it, a unit of work inside :meth:`PgInboxStore.write` or a snapshot inside
 
 What a unit locks, until it ends: a new event is stored by one ``INSERT
 ... ON CONFLICT DO NOTHING`` (a racing twin waits on the unique key, then
-stores nothing, and receive compares); when it was refused, receive's
-slower reads lock what they read: ``inbox_row`` the event id, ``holder`` the
-flow (advisory), ``unapplied`` the schema's room (so two receives never both
-take the last place under ``max_inbox``).  ``flow_state`` (apply) locks
-the flow and its projection row (``FOR UPDATE``), so two applies of one
-flow take turns and the second sees the first's result.
+stores nothing, and receive compares), a set of independent events by one
+such multi-row statement (``insert_new_many``, the same conditions per
+row); when it was refused, receive's slower reads lock what they read:
+``inbox_row`` the event id (advisory; its statement also reads the id's
+tombstone), ``holder`` the flow (advisory), ``unapplied`` the schema's room
+(so two receives never both take the last place under ``max_inbox``).
+``flow_state`` and ``flow_and_next_row`` (apply) lock the flow (advisory)
+and then its projection row (``FOR UPDATE``), so two applies of one flow
+take turns and the second sees the first's result.  Each advisory lock is a
+statement of its own, sent before the read it guards (see
+:meth:`~.base.PgView._lock`), in the same order as ever: event, then flow.
+
+Round trips: units run in pipeline mode (``PgInboxStore._PIPELINED``).
+Receive is BEGIN + the INSERT, then COMMIT; apply_next is BEGIN + the flow's
+lock + one read of its projection and next row, then the writes + COMMIT:
+the projection, effect record, inbox mark and block are only sent, and
+answered with the next read or the COMMIT (a failure there fails the unit
+and writes nothing).  The application's SQL (``user_execute``) waits for its
+own answer and everything sent before it, so it sees the apply's writes and
+its error is raised by its call.
 
 The statement texts live in :mod:`.inbox_sql`.  Besides receive and
 apply: the inbox as an operator sees and repairs it, the effect outbox and
@@ -26,6 +40,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from ..._envelope import Envelope
@@ -46,7 +61,7 @@ from ..rows import effect as effect_row
 from ..rows import effect_action, effect_transition
 from ..shared import effect_changes, identity_problem
 from .base import PgStore
-from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
+from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database, first_error
 from .inbox_sql import (
     ACTION,
     ADD_TRANSITION,
@@ -56,6 +71,7 @@ from .inbox_sql import (
     EFFECT_HISTORY,
     EFFECT_STARTS,
     EFFECTS_PRUNABLE,
+    FLOW_AND_NEXT_ROW,
     FORGET_HISTORY,
     GAPS,
     HELD_EFFECTS,
@@ -66,12 +82,14 @@ from .inbox_sql import (
     INBOX_TOMBSTONE,
     INSERT,
     INSERT_NEW,
+    INSERT_NEW_MANY,
     MAX_POS,
     NEXT_EFFECT_DUE,
     NEXT_ROW,
     OPEN_FLOWS,
     REPLACED,
     ROW,
+    ROW_OR_TOMBSTONE,
     SKIPPED,
     UPSERT_PROJECTION,
     Candidate,
@@ -127,12 +145,22 @@ class PgInbox(PgTombstones):
 
     engine = "postgres"
     _TOMBSTONES = TombstoneSql(INBOX_TOMBSTONE, INBOX_FORGET, INBOX_BURY)
-
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
         return bool(self._run(INSERT_NEW, {
             "id": env.event_id, "flow": env.flow_id, "seq": env.seq, "body": env.body, "at": received_at,
         }))
+
+    def insert_new_many(self, envs: Sequence[Envelope], received_at: float | None = None) -> list[bool]:
+        """:meth:`insert_new` of each event, in order, by one statement (the
+        caller passes distinct ids and distinct (flow, seq) only)."""
+        if len(envs) < 2:
+            return [self.insert_new(env, received_at) for env in envs]
+        stored = {str(r[0]) for r in self._rows(INSERT_NEW_MANY, (
+            received_at, [e.event_id for e in envs], [e.flow_id for e in envs], [e.seq for e in envs],
+            [e.body for e in envs],
+        ))}
+        return [env.event_id in stored for env in envs]
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
         self._run(INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
@@ -165,19 +193,32 @@ class PgInbox(PgTombstones):
         row = self._one(NEXT_ROW, (flow_id, seq))
         return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
 
+    def flow_and_next_row(self, flow_id: str) -> tuple[FlowState | None, NextRow | None]:
+        """In a unit: the flow's advisory lock, then one statement that locks
+        and reads its projection row and reads its next row (sent together
+        in a pipelined unit: one round trip)."""
+        if not self._writing:
+            known = self.flow_state(flow_id)
+            return known, self.next_row(flow_id, (0 if known is None else known.seq) + 1)
+        self._lock("flow", flow_id)
+        row = self._one(FLOW_AND_NEXT_ROW, (flow_id, flow_id))
+        assert row is not None  # one row always, NULLs where a part is missing
+        known = None if row[1] is None else rows.flow_state(row[:3])
+        return known, None if row[3] is None else (int(row[3]), str(row[4]), str(row[5]))
+
     def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
               now: float | None = None) -> None:
-        self._run(BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
+        self._send(BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
-        self._run(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
+        self._send(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
         """The event's one effect record, and its inbox row marked applied."""
-        self._run(
+        self._send(
             "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (%s, %s, %s, %s)", (event_id, flow_id, seq, kind)
         )
-        self._run(
+        self._send(
             f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = %s", (event_id,)
         )
 
@@ -214,10 +255,12 @@ class PgInbox(PgTombstones):
 
     def inbox_row(self, event_id: str) -> StoredRow | None:
         """In a unit, the event id is locked first: a receive racing another
-        receive of the same event waits, then finds it (``duplicate``)."""
+        receive of the same event waits, then finds it (``duplicate``).  The
+        same statement reads the id's tombstone, kept for the
+        ``tombstone(event_id)`` that receive asks next when there is no row."""
         self._lock("event", event_id)
-        found = self._one(ROW + "WHERE event_id = %s", (event_id,))
-        return None if found is None else rows.stored_row(found)
+        held = self._keep_tombstone(event_id, self._rows(ROW_OR_TOMBSTONE, (event_id, event_id)), (2, 3, 10))
+        return None if held is None else rows.stored_row(held[1:10])
 
     def set_skipped(self, event_id: str) -> None:
         self._run(f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = %s", (event_id,))
@@ -364,6 +407,22 @@ class PgInbox(PgTombstones):
         translated = pyformat(sql)
         text, args = (sql, tuple(params) or None) if translated is None else (translated, tuple(params))
         cur = self._conn.execute(text.encode(), args, prepare=False, binary=True)
+        if self._pipe is not None:
+            # In a pipelined unit, wait here for this statement and everything
+            # the unit sent before it (which the server ran first, so the
+            # statement saw it): its error is raised by this call, and the
+            # handler goes on only once it succeeded.  Had an earlier write
+            # of the unit failed, the server skipped this statement and that
+            # write's error is raised here instead, before any more of the
+            # handler runs, as a separate sync before the statement would.
+            try:
+                self._pipe.sync()
+            except psycopg.Error as exc:
+                failed = first_error(exc)
+                if failed is exc:
+                    raise
+                raise failed from None
+            self._answered = True
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
 
     def app_version(self, name: str) -> int:
@@ -390,6 +449,7 @@ class PgInbox(PgTombstones):
         ]
         records = 0
         if rows:
+            self._looked_up = None
             self._bury(rows, now)
             ids = [r[1] for r in rows]
             records = self._run("DELETE FROM effect WHERE event_id = ANY(%s)", (ids,))
@@ -437,4 +497,9 @@ class PgInboxStore(PgStore[PgInbox]):
             parse(location, CONSUMER.name, schema), CONSUMER, lock_timeout=busy_timeout, on_create=on_create,
             check_meta=check_meta, readonly=readonly,
         ), PgInbox)
+
+    # receive: BEGIN + the INSERT; COMMIT.  apply_next: BEGIN + the flow's
+    # lock + its projection and next row; the writes + COMMIT (see
+    # Database.write_view and PgInbox.user_execute).
+    _PIPELINED = True
 

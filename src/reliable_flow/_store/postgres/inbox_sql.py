@@ -17,6 +17,7 @@ __all__ = [
     "EFFECTS_PRUNABLE",
     "EFFECT_HISTORY",
     "EFFECT_STARTS",
+    "FLOW_AND_NEXT_ROW",
     "FORGET_HISTORY",
     "GAPS",
     "HELD_EFFECTS",
@@ -27,12 +28,14 @@ __all__ = [
     "INBOX_TOMBSTONE",
     "INSERT",
     "INSERT_NEW",
+    "INSERT_NEW_MANY",
     "MAX_POS",
     "NEXT_EFFECT_DUE",
     "NEXT_ROW",
     "OPEN_FLOWS",
     "REPLACED",
     "ROW",
+    "ROW_OR_TOMBSTONE",
     "SKIPPED",
     "UPSERT_PROJECTION",
     "WAITING_BEHIND",
@@ -47,6 +50,20 @@ NEXT_ROW = (
     "SELECT seq, event_id, body FROM inbox WHERE flow_id = %s AND seq >= %s AND live = 1 ORDER BY seq LIMIT 1"
 )
 
+# The flow's projection row, locked, and its first live row after the
+# projection's last seq (NEXT_ROW at last_seq + 1), in one statement.  It is
+# sent after the flow's advisory lock (a statement of its own, so this one's
+# snapshot is taken once the lock is granted); every writer of a projection
+# row holds that lock, so the row lock never waits and the inbox row is read
+# on the same snapshot as the projection.  One row, NULLs where either part
+# is missing.
+FLOW_AND_NEXT_ROW = (
+    "WITH p AS (SELECT state, last_seq, data FROM projection WHERE flow_id = %s FOR UPDATE) "
+    "SELECT p.state, p.last_seq, p.data, n.seq, n.event_id, n.body FROM (SELECT 1) AS one "
+    "LEFT JOIN p ON true LEFT JOIN LATERAL (SELECT seq, event_id, body FROM inbox "
+    "WHERE flow_id = %s AND seq >= coalesce(p.last_seq, 0) + 1 AND live = 1 ORDER BY seq LIMIT 1) n ON true"
+)
+
 OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
 
 INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (%s, %s, %s, %s, %s)"
@@ -55,6 +72,20 @@ INSERT_NEW = (
     "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT %(id)s, %(flow)s, %(seq)s, %(body)s, %(at)s "
     "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone WHERE event_id = %(id)s) "
     "AND %(seq)s > coalesce((SELECT last_seq FROM projection WHERE flow_id = %(flow)s), 0) ON CONFLICT DO NOTHING"
+)
+
+# INSERT_NEW for a set of events at once, with each of its conditions per
+# row (no tombstone of the id, a seq above the flow's last applied seq, and,
+# by ON CONFLICT, neither the id nor a live row of the (flow, seq) taken):
+# the ids stored come back.  Only for events with distinct ids and distinct
+# (flow, seq), so no row of the set decides another's fate; rows go in in
+# the order given (arrival follows it).
+INSERT_NEW_MANY = (
+    "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT n.id, n.flow, n.seq, n.body, %s::double precision "
+    "FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[]) WITH ORDINALITY AS n(id, flow, seq, body, i) "
+    "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone t WHERE t.event_id = n.id) "
+    "AND n.seq > coalesce((SELECT last_seq FROM projection p WHERE p.flow_id = n.flow), 0) "
+    "ORDER BY n.i ON CONFLICT DO NOTHING RETURNING event_id"
 )
 
 UPSERT_PROJECTION = (
@@ -83,6 +114,17 @@ SKIPPED = InboxState.SKIPPED.value
 REPLACED = InboxState.REPLACED.value
 
 ROW = "SELECT event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body FROM inbox "
+
+# An event id's inbox row or its tombstone, in one read (one snapshot:
+# pruning moves a row from one to the other in one transaction, so the read
+# sees it in exactly one of them, or in neither): a leading true and ROW's
+# columns, or false and the tombstone's flow_id, seq (where ROW has
+# them) and body_hash (last).
+ROW_OR_TOMBSTONE = (
+    "SELECT true, event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body, NULL "
+    "FROM inbox WHERE event_id = %s UNION ALL SELECT false, NULL, flow_id, seq, NULL, NULL, NULL, NULL, NULL, "
+    "NULL, body_hash FROM inbox_tombstone WHERE event_id = %s"
+)
 
 ACTION = (
     "SELECT at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id "

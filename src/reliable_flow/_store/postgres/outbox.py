@@ -10,6 +10,8 @@ What a unit locks (READ COMMITTED holds nothing by itself), all until it ends:
   waits and then finds it (``existing``), as on SQLite;
 * ``flow_state``: the flow (advisory, which also covers a flow's first
   event, when there is no row yet) and its row (``FOR UPDATE``);
+* ``find_event_and_flow`` (every advance): both of the above, in that
+  order, also for an event id already used (whose answer needs no flow);
 * ``backlog``: one advisory lock per schema, so two writers never both pass
   a ``max_backlog`` check that only one of them fits under;
 * ``append_event``: the registry lock in shared mode (see below);
@@ -46,6 +48,7 @@ given every committed event) while events disappear.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..._envelope import Envelope
 from ..._operations import ConsumerEntry
@@ -53,7 +56,7 @@ from ...delivery import Retry
 from ...statuses import DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent
 from ..shared import identity_problem
 from .base import PgStore
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
@@ -65,6 +68,8 @@ from .outbox_sql import (
     DELIVERIES,
     DELIVERY_COUNTS,
     FIND_EVENT,
+    FLOW,
+    FLOW_FOR_UPDATE,
     LOCK_DELIVERIES,
     MARK_CONFLICT,
     MARK_DELIVERED,
@@ -95,34 +100,37 @@ class PgOutbox(PgTombstones):
     deliveries, the consumer registry, tombstones and pruning."""
 
     _TOMBSTONES = TombstoneSql(OUTBOX_TOMBSTONE, OUTBOX_FORGET, OUTBOX_BURY)
-    # The tombstone read with the last find_event that found no event, for
-    # the tombstone() call that follows it (advance asks for it next).
-    _looked_up: tuple[str, Tombstone | None] | None = None
-
     def find_event(self, event_id: str) -> StoredEvent | None:
         # The lock, then the read: two statements (the read's snapshot
         # follows the lock), sent together in a pipelined unit.
         self._lock("event", event_id)
-        found = self._rows(FIND_EVENT, (event_id, event_id))
-        stored = [r for r in found if r[0]]
-        if stored:
-            self._looked_up = None
-            return rows.stored_event(stored[0][1:4])
-        tomb = [r for r in found if not r[0]]
-        self._looked_up = (event_id, rows.tombstone((tomb[0][4], tomb[0][2], tomb[0][5])) if tomb else None)
-        return None
+        return self._found(event_id, self._rows(FIND_EVENT, (event_id, event_id)))
 
-    def tombstone(self, event_id: str) -> Tombstone | None:
-        looked_up, self._looked_up = self._looked_up, None
-        if looked_up is not None and looked_up[0] == event_id:
-            # Read in the same statement as the outbox, after the event's lock.
-            return looked_up[1]
-        return super().tombstone(event_id)
+    def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
+        """:meth:`find_event` then :meth:`flow_state`, each lock before its
+        read and the event's before the flow's; in a pipelined unit the four
+        statements go out together and are answered in one round trip (each
+        read still a statement of its own, started once its lock is granted)."""
+        if self._pipe is None:
+            return self.find_event(event_id), self.flow_state(flow_id)
+        self._lock("event", event_id)
+        event = self._execute(FIND_EVENT, (event_id, event_id))
+        self._lock("flow", flow_id)
+        flow = self._execute(FLOW_FOR_UPDATE, (flow_id,))
+        found = event.fetchall()  # waits for all four
+        row = flow.fetchone()
+        self._answered = True
+        return self._found(event_id, found), None if row is None else rows.flow_state(row)
+
+    def _found(self, event_id: str, found: list[tuple[Any, ...]]) -> StoredEvent | None:
+        """The stored event among FIND_EVENT's rows; a tombstone among them is
+        kept for the ``tombstone(event_id)`` call that follows."""
+        stored = self._keep_tombstone(event_id, found, (4, 2, 5))
+        return None if stored is None else rows.stored_event(stored[1:4])
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
-        lock = " FOR UPDATE" if self._writing else ""
-        row = self._one("SELECT state, seq, data FROM flow WHERE flow_id = %s" + lock, (flow_id,))
+        row = self._one(FLOW_FOR_UPDATE if self._writing else FLOW, (flow_id,))
         return None if row is None else rows.flow_state(row)
 
     def backlog(self, cap: int) -> int:
@@ -354,7 +362,8 @@ class PgOutboxStore(PgStore[PgOutbox], BindingMemo):
             check_meta=check_meta, readonly=readonly,
         ), PgOutbox)
 
-    # advance: BEGIN + the event's lock and read, the flow's lock and read,
-    # the writes + COMMIT: three round trips (see Database.write_view).
+    # advance: BEGIN + the event's lock and read + the flow's lock and read
+    # (find_event_and_flow), then the writes + COMMIT: two round trips (see
+    # Database.write_view).
     _PIPELINED = True
 

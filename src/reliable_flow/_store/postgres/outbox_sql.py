@@ -14,6 +14,8 @@ __all__ = [
     "DELIVERIES",
     "DELIVERY_COUNTS",
     "FIND_EVENT",
+    "FLOW",
+    "FLOW_FOR_UPDATE",
     "LOCK_DELIVERIES",
     "MARK_CONFLICT",
     "MARK_DELIVERED",
@@ -53,6 +55,10 @@ FIND_EVENT = (
     "SELECT true, pos, seq, body, NULL, NULL FROM outbox WHERE event_id = %s "
     "UNION ALL SELECT false, NULL, seq, NULL, flow_id, body_hash FROM outbox_tombstone WHERE event_id = %s"
 )
+
+FLOW = "SELECT state, seq, data FROM flow WHERE flow_id = %s"
+
+FLOW_FOR_UPDATE = FLOW + " FOR UPDATE"
 
 # Pending deliveries summed over consumers, or events before any consumer; up to %s.
 BACKLOG = (

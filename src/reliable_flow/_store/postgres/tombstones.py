@@ -9,7 +9,8 @@ removes, skipping those another unit holds (``FOR UPDATE SKIP LOCKED``).
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from collections.abc import Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from ..._envelope import body_hash
 from .. import rows
@@ -35,8 +36,28 @@ class PgTombstones(PgView):
     """What stays of a pruned event (flow, seq, body hash), and forgetting it."""
 
     _TOMBSTONES: ClassVar[TombstoneSql]
+    # The tombstone read by the same statement as an id's own row (the
+    # outbox's find_event, the inbox's inbox_row), for the tombstone() call
+    # that follows it when there was no row.
+    _looked_up: tuple[str, Tombstone | None] | None = None
+
+    def _keep_tombstone(self, event_id: str, found: Sequence[Sequence[Any]],
+                        columns: tuple[int, int, int]) -> Sequence[Any] | None:
+        """The id's own row among ``found`` (those whose first column is
+        true), else None, keeping the tombstone among the others (its flow,
+        seq and body hash at ``columns``) for :meth:`tombstone`."""
+        held = [r for r in found if r[0]]
+        if held:
+            self._looked_up = None
+            return held[0]
+        tomb = [r for r in found if not r[0]]
+        self._looked_up = (event_id, rows.tombstone(tuple(tomb[0][i] for i in columns)) if tomb else None)
+        return None
 
     def tombstone(self, event_id: str) -> Tombstone | None:
+        looked_up, self._looked_up = self._looked_up, None
+        if looked_up is not None and looked_up[0] == event_id:
+            return looked_up[1]  # read with the id's row, after the event's lock
         row = self._one(self._TOMBSTONES.lookup, (event_id,))
         return None if row is None else rows.tombstone(row)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Generic, TypeVar
 
 from .connection import Database
@@ -30,8 +30,18 @@ class SqliteStore(Generic[View]):
         return self._db.path
 
     def write(self, *, durable: bool = True) -> AbstractContextManager[View]:
-        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`)."""
-        return self._db.write_view(self._view, durable=durable)
+        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`).
+        A view with a ``_before_commit`` method has it called when the block
+        ends normally, inside the transaction, before it commits."""
+        return self._write(durable)
+
+    @contextmanager
+    def _write(self, durable: bool) -> Iterator[View]:
+        with self._db.write_view(self._view, durable=durable) as view:
+            yield view
+            before_commit = getattr(view, "_before_commit", None)
+            if before_commit is not None:
+                before_commit()
 
     def read(self) -> AbstractContextManager[View]:
         """A consistent snapshot: every read inside sees the same commit (taken

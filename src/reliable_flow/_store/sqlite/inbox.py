@@ -48,6 +48,7 @@ from .inbox_sql import (
     EFFECT_HISTORY,
     EFFECT_STARTS,
     EFFECTS_PRUNABLE,
+    FLOW_AHEAD,
     FORGET_HISTORY,
     GAPS,
     HELD_EFFECTS,
@@ -58,13 +59,17 @@ from .inbox_sql import (
     INBOX_TOMBSTONE,
     INSERT,
     INSERT_NEW,
+    INSERT_NEW_RETURNING,
     NEXT_EFFECT_DUE,
     NEXT_ROW,
+    NEXT_ROW_AHEAD,
     OPEN_FLOWS,
     REPLACED,
+    RETURNING,
     ROW,
     SKIPPED,
     UPSERT_PROJECTION,
+    insert_chunks,
 )
 from .schema import CONSUMER
 from .tombstones import SqliteTombstones, TombstoneSql
@@ -88,15 +93,44 @@ class SqliteInbox(SqliteTombstones):
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        # (flow, seq, answer): what next_row(flow, seq) will answer, read
-        # ahead by the previous next_row of this unit (see NEXT_ROW).
-        self._ahead: tuple[str, int, NextRow | None] | None = None
+        # (flow, seq, rows, complete): what next_row(flow, seq) will answer,
+        # read ahead by an earlier next_row of this unit (see NEXT_ROW): the
+        # first of ``rows``, or, once they are used up, None if the read
+        # returned every row of the flow from there (``complete``).
+        self._ahead: tuple[str, int, list[NextRow], bool] | None = None
+        # Projection rows this unit knows as they are now, by flow (None: no
+        # row): those it wrote, and the one read with a stored event.  Only
+        # inside a transaction, which on SQLite holds the file's write lock.
+        self._known: dict[str, tuple[str, int, str] | None] = {}
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
-        """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
+        """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored.
+        Where SQLite has RETURNING, the same statement reads the flow's
+        projection, for the apply on arrival that may follow."""
         self._ahead = None
-        return bool(self._conn.execute(INSERT_NEW,
-                                       (env.event_id, env.flow_id, env.seq, env.body, received_at)).rowcount)
+        params = (env.event_id, env.flow_id, env.seq, env.body, received_at)
+        if not RETURNING or not self._conn.in_transaction:
+            return bool(self._conn.execute(INSERT_NEW, params).rowcount)
+        row = self._conn.execute(INSERT_NEW_RETURNING, params).fetchone()
+        if row is None:
+            return False
+        self._known[env.flow_id] = None if row[0] is None else (row[0], row[1], row[2])
+        return True
+
+    def insert_new_many(self, envs: Sequence[Envelope], received_at: float | None = None) -> list[bool]:
+        """:meth:`insert_new` of each event, as if one after the other, in a
+        few statements; only for events with distinct ids and distinct (flow,
+        seq), so that none of them decides another's fate."""
+        self._ahead = None
+        if not RETURNING:
+            return [self.insert_new(env, received_at) for env in envs]
+        stored: set[str] = set()
+        for chunk, sql in insert_chunks(envs):
+            params: list[object] = [received_at]
+            for env in chunk:
+                params += (env.event_id, env.flow_id, env.seq, env.body)
+            stored.update(r[0] for r in self._conn.execute(sql, params))
+        return [env.event_id in stored for env in envs]
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
         self._ahead = None
@@ -116,26 +150,52 @@ class SqliteInbox(SqliteTombstones):
         ).fetchone()[0])
 
     def last_seq(self, flow_id: str) -> int:
+        if flow_id in self._known:
+            known = self._known[flow_id]
+            return 0 if known is None else int(known[1])
         row = self._conn.execute("SELECT last_seq FROM projection WHERE flow_id = ?", (flow_id,)).fetchone()
         return int(row[0]) if row else 0
 
     def flow_state(self, flow_id: str) -> FlowState | None:
-        row = self._conn.execute(
-            "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
-        ).fetchone()
-        return None if row is None else rows.flow_state(row)
+        if flow_id in self._known:
+            known = self._known[flow_id]
+        else:
+            known = self._conn.execute(
+                "SELECT state, last_seq, data FROM projection WHERE flow_id = ?", (flow_id,)
+            ).fetchone()
+        return None if known is None else rows.flow_state(known)
+
+    def flow_and_next_row(self, flow_id: str) -> tuple[FlowState | None, NextRow | None]:
+        """In a transaction, one statement reads the flow's projection and its
+        next rows (the later ones kept for the ``next_row`` calls that follow)."""
+        if not self._conn.in_transaction:
+            known_state = self.flow_state(flow_id)
+            return known_state, self.next_row(flow_id, (0 if known_state is None else known_state.seq) + 1)
+        known: tuple[str, int, str] | None = None
+        rows_ahead: list[NextRow] = []
+        for kind, a, b, c in self._conn.execute(FLOW_AHEAD, (flow_id,)):
+            if kind == 0:
+                known = (a, b, c)
+            else:
+                rows_ahead.append((a, b, c))
+        self._known[flow_id] = known
+        seq = (0 if known is None else int(known[1])) + 1
+        self._ahead = (flow_id, seq, rows_ahead, len(rows_ahead) < NEXT_ROW_AHEAD)
+        return self.flow_state(flow_id), self.next_row(flow_id, seq)
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == flow_id and ahead[1] == seq:
-            return ahead[2]
-        rows: list[NextRow] = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchall()
+        if ahead is not None and ahead[0] == flow_id and ahead[1] == seq and (ahead[2] or ahead[3]):
+            rows, complete = ahead[2], ahead[3]
+        else:
+            rows = self._conn.execute(NEXT_ROW, (flow_id, seq)).fetchall()
+            complete = len(rows) < NEXT_ROW_AHEAD
         if not rows:
             return None
         first = rows[0]
         # Applying `first` (writes to its own row and the projection only)
         # leaves the rows after it as they are: the next question's answer.
-        self._ahead = (flow_id, first[0] + 1, rows[1] if len(rows) > 1 else None)
+        self._ahead = (flow_id, first[0] + 1, rows[1:], complete)
         return first
 
     def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
@@ -143,7 +203,10 @@ class SqliteInbox(SqliteTombstones):
         self._conn.execute(BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
+        self._known.pop(flow_id, None)
         self._conn.execute(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
+        if self._conn.in_transaction:
+            self._known[flow_id] = (state, seq, data)
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
         """The event's one effect record, and its inbox row marked applied."""
@@ -313,6 +376,7 @@ class SqliteInbox(SqliteTombstones):
         control (and ATTACH / DETACH): whatever its text looks like, it cannot
         commit or roll back part of the library's transaction."""
         self._ahead = None  # it may add, free or remove a flow's rows
+        self._known = {}  # or write a projection
         denied: list[int] = []
 
         def authorize(action: int, *_: object) -> int:
@@ -353,6 +417,7 @@ class SqliteInbox(SqliteTombstones):
         try:
             yield
         except BaseException:
+            self._ahead, self._known = None, {}  # what the step wrote may be undone
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO step")
                 conn.execute("RELEASE step")

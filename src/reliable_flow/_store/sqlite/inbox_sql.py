@@ -4,6 +4,10 @@ their status literals."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator, Sequence
+
+from ..._envelope import Envelope
 from ...statuses import (
     InboxState,
 )
@@ -11,9 +15,10 @@ from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
     "ACTION", "ADD_TRANSITION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE", "EFFECT_HISTORY",
-    "EFFECT_STARTS", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "INBOX_BURY",
-    "INBOX_COUNTS", "INBOX_FORGET", "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW", "NEXT_EFFECT_DUE",
-    "NEXT_ROW", "OPEN_FLOWS", "REPLACED", "ROW", "SKIPPED", "UPSERT_PROJECTION",
+    "EFFECT_STARTS", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "INBOX_BURY", "INBOX_COUNTS",
+    "INBOX_FORGET", "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW", "INSERT_NEW_RETURNING",
+    "NEXT_EFFECT_DUE", "NEXT_ROW", "NEXT_ROW_AHEAD", "OPEN_FLOWS", "REPLACED", "RETURNING", "ROW", "SKIPPED",
+    "UPSERT_PROJECTION", "insert_chunks",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
@@ -24,10 +29,25 @@ APPLIED = InboxState.APPLIED.value
 # NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
 # of the flow at or after last_seq + 1 (later rows exist only past a gap)
 # that holds its slot (live = 1: not replaced).
-# It reads two rows: after the first is applied, the flow's next question
-# (the row at or after its seq + 1) is already answered by the second, or by
-# its absence, as long as no row of the flow is added or freed meanwhile.
-NEXT_ROW = "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 ORDER BY seq LIMIT 2"
+# It reads up to NEXT_ROW_AHEAD rows: after the first is applied, the
+# flow's next question (the row at or after its seq + 1) is already
+# answered by the second, and so on, or by their absence when the read
+# returned fewer, as long as no row of the flow is added or freed meanwhile.
+NEXT_ROW_AHEAD = 4
+
+NEXT_ROW = (
+    "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND seq >= ? AND live = 1 "
+    f"ORDER BY seq LIMIT {NEXT_ROW_AHEAD}"
+)
+
+# An apply's first reads in one statement: the flow's projection (kind 0:
+# state, last_seq, data) and NEXT_ROW's answer at last_seq + 1 (kind 1).
+FLOW_AHEAD = (
+    "SELECT 0, state, last_seq, data FROM projection WHERE flow_id = ?1 UNION ALL "
+    "SELECT * FROM (SELECT 1, seq, event_id, body FROM inbox WHERE flow_id = ?1 "
+    "AND seq >= coalesce((SELECT last_seq FROM projection WHERE flow_id = ?1), 0) + 1 AND live = 1 "
+    f"ORDER BY seq LIMIT {NEXT_ROW_AHEAD})"
+)
 
 OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
 
@@ -42,6 +62,45 @@ INSERT_NEW = (
     "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone WHERE event_id = ?1) "
     "AND ?3 > coalesce((SELECT last_seq FROM projection WHERE flow_id = ?2), 0) ON CONFLICT DO NOTHING"
 )
+
+# SQLite 3.35 and later: INSERT ... RETURNING.
+RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+# INSERT_NEW, answering (when it stored the row) the flow's projection row
+# as it is (state, last_seq, data; NULLs when there is none), which the
+# apply on arrival reads next.
+INSERT_NEW_RETURNING = INSERT_NEW + (
+    " RETURNING (SELECT state FROM projection WHERE flow_id = ?2), "
+    "(SELECT last_seq FROM projection WHERE flow_id = ?2), (SELECT data FROM projection WHERE flow_id = ?2)"
+)
+
+# INSERT_NEW for many events at once: the same conditions per row, answering
+# the ids it stored.  Rows of at most INSERT_MAX events, in power-of-two
+# sizes, so only a few statement texts exist.
+INSERT_MAX = 128
+
+
+def _insert_many(size: int) -> str:
+    rows = ",".join(["(?,?,?,?)"] * size)
+    return (
+        "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) "
+        f"SELECT v.column1, v.column2, v.column3, v.column4, ?1 FROM (VALUES {rows}) v "
+        "WHERE NOT EXISTS (SELECT 1 FROM inbox_tombstone t WHERE t.event_id = v.column1) "
+        "AND v.column3 > coalesce((SELECT last_seq FROM projection p WHERE p.flow_id = v.column2), 0) "
+        "ON CONFLICT DO NOTHING RETURNING event_id"
+    )
+
+
+def insert_chunks(envs: Sequence[Envelope]) -> Iterator[tuple[Sequence[Envelope], str]]:
+    """The events in order, cut into power-of-two chunks, each with its statement."""
+    start = 0
+    while start < len(envs):
+        size = INSERT_MAX
+        while size > len(envs) - start:
+            size //= 2
+        yield envs[start:start + size], _insert_many(size)
+        start += size
+
 
 UPSERT_PROJECTION = (
     "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "

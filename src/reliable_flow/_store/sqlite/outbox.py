@@ -32,15 +32,19 @@ from ...errors import StorageError
 from ...statuses import DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent
+from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
 from ..shared import identity_problem
 from .base import SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
 from .outbox_sql import (
+    CLAIM,
     CONSUMERS,
+    DELIVER_FROM,
     DELIVERIES,
     DELIVERY_COUNTS,
+    FIND_EVENT,
+    FIND_EVENT_AND_FLOW,
     MARK_CONFLICT,
     MARK_DELIVERED,
     NEXT_DUE,
@@ -52,6 +56,8 @@ from .outbox_sql import (
     PENDING,
     UPSERT_FLOW,
     WAITING,
+    by_status,
+    in_chunks,
 )
 from .schema import PRODUCER
 from .tombstones import SqliteTombstones, TombstoneSql
@@ -68,17 +74,77 @@ class SqliteOutbox(SqliteTombstones):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self.lost: BaseException | None = None
+        # Answers this unit already holds (only inside a transaction, which
+        # on SQLite holds the file's write lock, so nobody else changes them):
+        # the tombstone read with the last find_event, for the tombstone()
+        # call that follows it; and the flow rows this unit wrote itself.
+        self._tomb: tuple[str, Tombstone | None] | None = None
+        self._flows: dict[str, tuple[str, int, str] | None] = {}
+        # In a batch (inside step()), the deliveries of appended events are
+        # written for all of them at once: from this position on (every
+        # event at or after it was appended by this unit), before anything
+        # reads or changes deliveries, and before the commit (_before_commit).
+        self._in_step = False
+        self._owed_from: int | None = None
 
     def find_event(self, event_id: str) -> StoredEvent | None:
-        row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
-        return None if row is None else rows.stored_event(row)
+        """The event; in a transaction its tombstone is read by the same statement,
+        for a ``tombstone(event_id)`` asked next (advance asks both of a new id)."""
+        self._tomb = None
+        if not self._conn.in_transaction:
+            row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
+            return None if row is None else rows.stored_event(row)
+        return self._find(FIND_EVENT, (event_id,), None)
+
+    def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
+        """:meth:`find_event` and :meth:`flow_state`; in a transaction one
+        statement reads the event, its tombstone and the flow's row (in place
+        of three), the tombstone kept for the ``tombstone(event_id)`` asked next."""
+        if not self._conn.in_transaction:
+            return self.find_event(event_id), self.flow_state(flow_id)
+        self._tomb = None
+        return self._find(FIND_EVENT_AND_FLOW, (event_id, flow_id), flow_id), self.flow_state(flow_id)
+
+    def _find(self, sql: str, params: tuple[str, ...], flow_id: str | None) -> StoredEvent | None:
+        found, tomb, flow = None, None, None
+        for kind, a, b, c in self._conn.execute(sql, params):
+            if kind == 0:
+                found = rows.stored_event((a, b, c))
+            elif kind == 1:
+                tomb = rows.tombstone((a, b, c))
+            else:
+                flow = (a, b, c)
+        self._tomb = (params[0], tomb)
+        if flow_id is not None:
+            self._flows[flow_id] = flow
+        return found
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        held, self._tomb = self._tomb, None
+        if held is not None and held[0] == event_id:
+            return held[1]
+        return super().tombstone(event_id)
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        self._tomb = None
+        return super().forget_tombstones(before, now, limit)
 
     def flow_state(self, flow_id: str) -> FlowState | None:
-        row = self._conn.execute("SELECT state, seq, data FROM flow WHERE flow_id = ?", (flow_id,)).fetchone()
+        if flow_id in self._flows:
+            row = self._flows[flow_id]
+        else:
+            row = self._conn.execute("SELECT state, seq, data FROM flow WHERE flow_id = ?", (flow_id,)).fetchone()
         return None if row is None else rows.flow_state(row)
+
+    def _before_commit(self) -> None:
+        """Write the deliveries owed by this unit's batch (see ``_owed_from``)."""
+        start, self._owed_from = self._owed_from, None
+        if start is not None:
+            self._conn.execute(DELIVER_FROM, (start,))
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
+        self._before_commit()
         if self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is None:
             return int(self._conn.execute("SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT ?)", (cap,)).fetchone()[0])
         return int(self._conn.execute(
@@ -86,7 +152,10 @@ class SqliteOutbox(SqliteTombstones):
         ).fetchone()[0])
 
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
+        self._flows.pop(flow_id, None)
         self._conn.execute(UPSERT_FLOW, (flow_id, seq, state, data))
+        if self._conn.in_transaction:  # a later flow_state of this unit reads it from here
+            self._flows[flow_id] = (state, seq, data)
 
     def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
         """The event, pending for every consumer already bound."""
@@ -94,6 +163,10 @@ class SqliteOutbox(SqliteTombstones):
             "INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (?, ?, ?, ?, ?)",
             (env.event_id, env.flow_id, env.seq, env.body, committed_at),
         )
+        if self._in_step:
+            if self._owed_from is None:
+                self._owed_from = cur.lastrowid
+            return
         self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT name, ? FROM consumer", (cur.lastrowid,))
 
     @contextmanager
@@ -102,15 +175,19 @@ class SqliteOutbox(SqliteTombstones):
         writes stay.  If the engine dropped the whole transaction instead,
         :attr:`lost` is set and the batch must not go on."""
         conn = self._conn
+        self._tomb = None
         if not conn.in_transaction:
             # A SAVEPOINT outside a transaction would silently start one that
             # RELEASE then commits on its own: never let the batch split.
             self.lost = StorageError("the batch's transaction is gone")
             raise self.lost
         conn.execute("SAVEPOINT advance")
+        self._in_step = True
         try:
             yield
         except BaseException as exc:
+            self._tomb, self._flows = None, {}  # what the step wrote may be undone
+            self._in_step = False
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO advance")
                 conn.execute("RELEASE advance")
@@ -122,6 +199,7 @@ class SqliteOutbox(SqliteTombstones):
                 if translated is not exc:
                     raise translated from exc
             raise
+        self._in_step = False
         conn.execute("RELEASE advance")
 
     def bound_uid(self, name: str) -> str | None:
@@ -130,20 +208,22 @@ class SqliteOutbox(SqliteTombstones):
 
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
         """Positions and bodies of the oldest pending deliveries due at ``horizon``."""
+        self._before_commit()
         return [(int(r[0]), str(r[1])) for r in self._conn.execute(NEXT_DUE, (consumer, horizon, limit))]
 
     def next_due_at(self, consumer: str) -> float | None:
+        self._before_commit()
         due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
         return None if due is None else float(due)
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
-        self._conn.executemany(
-            "UPDATE delivery SET due_at = ?, lease_owner = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
-            [(until, owner, now, consumer, pos) for pos in positions],
-        )
+        self._before_commit()
+        for chunk, sql in in_chunks(CLAIM, positions):
+            self._conn.execute(sql, (until, owner, now, consumer, *chunk))
 
     def pending_failures(self, consumer: str, pos: int) -> int | None:
         """Consecutive failures of a delivery that is still pending, else None."""
+        self._before_commit()
         row = self._conn.execute(
             "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = ?",
             (consumer, pos, PENDING),
@@ -151,6 +231,7 @@ class SqliteOutbox(SqliteTombstones):
         return None if row is None else int(row[0])
 
     def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
+        self._before_commit()
         self._conn.execute(
             "UPDATE delivery SET attempts = attempts + 1, failures = ?, due_at = ?, lease_owner = NULL, "
             "last_error = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
@@ -160,12 +241,18 @@ class SqliteOutbox(SqliteTombstones):
     def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
              conflicts: Sequence[tuple[int, str]], now: float) -> None:
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
-        if delivered:
-            self._conn.executemany(MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
-        if conflicts:
-            self._conn.executemany(MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
+        self._before_commit()
+        for sql, answers in ((MARK_DELIVERED, delivered), (MARK_CONFLICT, conflicts)):
+            if len(answers) == 1:
+                [(pos, status)] = answers
+                self._conn.execute(sql, (status, now, consumer, pos))
+            elif answers:
+                for status, positions in by_status(answers):
+                    for chunk, sql_in in in_chunks(sql, positions):
+                        self._conn.execute(sql_in, (status, now, consumer, *chunk))
 
     def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
+        self._before_commit()
         row = self._conn.execute(
             "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos "
             "WHERE o.event_id = ? AND d.consumer = ?",
@@ -175,6 +262,7 @@ class SqliteOutbox(SqliteTombstones):
 
     def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
         """An operator's decision: the delivery goes to ``state``, due at once, unclaimed."""
+        self._before_commit()
         self._conn.execute(
             "UPDATE delivery SET state = ?, due_at = 0, failures = 0, lease_owner = NULL, updated_at = ? "
             "WHERE consumer = ? AND pos = ?",
@@ -195,6 +283,7 @@ class SqliteOutbox(SqliteTombstones):
 
     def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
         """Outbox entries with their delivery state; call inside a read transaction."""
+        self._before_commit()
         where, params = ("WHERE o.flow_id = ?", (flow_id,)) if flow_id is not None else ("", ())
         events = self._conn.execute(
             f"SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o {where} ORDER BY o.pos", params
@@ -204,6 +293,7 @@ class SqliteOutbox(SqliteTombstones):
 
     def outbox_counts(self, now: float) -> OutboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
+        self._before_commit()
         groups = rows.delivery_counts(self._conn.execute(DELIVERY_COUNTS, (now,)))
         return OutboxCounts(
             int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]),
@@ -230,6 +320,7 @@ class SqliteOutbox(SqliteTombstones):
 
     def register_consumer(self, name: str, now: float, from_now: bool) -> None:
         """A name with no file yet: from now, after the last committed event; else from the first."""
+        self._before_commit()
         self._conn.execute(
             "INSERT INTO consumer(name, uid, registered_at, from_pos) "
             "SELECT ?, NULL, ?, CASE WHEN ? THEN (SELECT coalesce(max(pos), 0) FROM outbox) END",
@@ -242,6 +333,7 @@ class SqliteOutbox(SqliteTombstones):
         self._conn.execute("UPDATE consumer SET uid = ? WHERE name = ? AND uid IS NULL", (uid, name))
 
     def remove_consumer(self, name: str) -> None:
+        self._before_commit()
         self._conn.execute("DELETE FROM delivery WHERE consumer = ?", (name,))
         self._conn.execute("DELETE FROM consumer WHERE name = ?", (name,))
 
@@ -252,6 +344,7 @@ class SqliteOutbox(SqliteTombstones):
         )
 
     def consumers(self) -> list[ConsumerEntry]:
+        self._before_commit()
         return [rows.consumer_entry(r) for r in self._conn.execute(CONSUMERS)]
 
     def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
@@ -264,7 +357,9 @@ class SqliteOutbox(SqliteTombstones):
         ]
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+        self._before_commit()
         conn = self._conn
+        self._tomb = None
         names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
         # No consumer yet: every event is still owed to the first one.
         rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)).fetchall() if names else []

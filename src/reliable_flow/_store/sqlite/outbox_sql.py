@@ -4,12 +4,15 @@ their status literals."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 from ...statuses import DeliveryState
 
 __all__ = [
-    "ACCEPTED", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE",
-    "NEXT_DUE_AT", "OUTBOX_BURY", "OUTBOX_FORGET", "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING",
-    "SET_ASIDE", "UPSERT_FLOW", "WAITING",
+    "ACCEPTED", "CLAIM", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "DELIVER_FROM", "FIND_EVENT", "FIND_EVENT_AND_FLOW",
+    "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE", "NEXT_DUE_AT", "OUTBOX_BURY", "OUTBOX_FORGET",
+    "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING", "SET_ASIDE", "UPSERT_FLOW", "WAITING", "by_status",
+    "in_chunks",
 ]
 
 PENDING = DeliveryState.PENDING.value
@@ -29,6 +32,26 @@ NEXT_DUE = (
 )
 
 NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
+
+# An event id's stored event (kind 0: pos, seq, body) and its tombstone
+# (kind 1: flow, seq, body hash), in one read: advance asks both of a new id.
+FIND_EVENT = (
+    "SELECT 0, pos, seq, body FROM outbox WHERE event_id = ?1 "
+    "UNION ALL SELECT 1, flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?1"
+)
+
+# A batch's deliveries, written at once: every event at or after the first
+# the batch appended is the batch's (positions only grow), pending for
+# every registered consumer.
+DELIVER_FROM = (
+    "INSERT INTO delivery(consumer, pos) SELECT c.name, o.pos FROM outbox o CROSS JOIN consumer c WHERE o.pos >= ?"
+)
+
+CLAIM = "UPDATE delivery SET due_at = ?, lease_owner = ?, updated_at = ? WHERE consumer = ? AND pos = ?"
+
+# The same, and the flow's row (kind 2: state, seq, data): advance's reads
+# of a new event in one statement.
+FIND_EVENT_AND_FLOW = FIND_EVENT + " UNION ALL SELECT 2, state, seq, data FROM flow WHERE flow_id = ?2"
 
 UPSERT_FLOW = (
     "INSERT INTO flow(flow_id, seq, state, data) VALUES (?, ?, ?, ?) "
@@ -95,3 +118,31 @@ OUTBOX_FORGET = (
 
 OUTBOX_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
 
+
+
+# A batch's marks: one statement per status and up to IN_MAX positions
+# (``pos IN (...)``) rather than one per event.  The list is padded to a
+# power of two by repeating its last position (harmless in an IN list), so
+# only a few statement texts exist and each is prepared once.
+IN_MAX = 128
+
+
+def by_status(answers: Sequence[tuple[int, str]]) -> list[tuple[str, list[int]]]:
+    """Positions grouped by the status recorded for them, in first-seen order."""
+    groups: dict[str, list[int]] = {}
+    for pos, status in answers:
+        groups.setdefault(status, []).append(pos)
+    return list(groups.items())
+
+
+def in_chunks(sql: str, positions: Sequence[int]) -> Iterator[tuple[list[int], str]]:
+    """``sql`` (ending in ``pos = ?``) for sets of positions: each chunk, padded,
+    with its ``pos IN (?, ...)`` text."""
+    assert sql.endswith("pos = ?")
+    for start in range(0, len(positions), IN_MAX):
+        chunk = list(positions[start:start + IN_MAX])
+        size = 1
+        while size < len(chunk):
+            size *= 2
+        chunk += chunk[-1:] * (size - len(chunk))
+        yield chunk, sql[: -len("= ?")] + "IN (" + ",".join("?" * size) + ")"
