@@ -563,6 +563,42 @@ def test_with_opentelemetry_spans_wrap_advance_relay_apply_and_effects(tmp_path:
     assert named["reliable_flow.effect"]["reliable_flow.status"] == "succeeded"
 
 
+_LATE_PROVIDER_CHILD = """
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from reliable_flow import Producer, tracing
+from reliable_flow.reservation import RESERVATION
+
+made = []
+real = tracing._get_tracer
+tracing._get_tracer = lambda: made.append(1) or real()
+producer = Producer(sys.argv[1] + "/p.db", RESERVATION)
+producer.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+before = len(made)
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+producer.advance("A2", "A", expected_seq=1, kind="released", payload={})
+print(json.dumps([tracing.ACTIVE, before, len(made), [s.name for s in exporter.get_finished_spans()]]))
+"""
+
+
+def test_without_a_tracer_provider_no_span_is_made_and_a_later_one_is_followed(tmp_path: Path) -> None:
+    if not _otel_importable():
+        pytest.skip('opentelemetry-sdk is not installed: pip install -e ".[test]"')
+    script = tmp_path / "late.py"
+    script.write_text(_LATE_PROVIDER_CHILD, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=child_env(), capture_output=True,
+                          text=True, check=False, cwd=TESTS)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [True, 0, 1, ["reliable_flow.advance"]]
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_levels() -> Iterator[None]:
     yield

@@ -7,7 +7,8 @@ When ``opentelemetry`` (the API package) is importable, ``advance``,
 ``reliable_flow.flow_id``, ``reliable_flow.seq``, ``reliable_flow.status``
 (and ``reliable_flow.applied``, ``reliable_flow.effect_key`` where they
 apply).  The spans go wherever the application's tracer provider sends them
-(with the API alone, nowhere).  Set ``RELIABLE_FLOW_OTEL=0`` to turn them
+(with the API alone, nowhere; and while no provider is set, no span is
+made at all).  Set ``RELIABLE_FLOW_OTEL=0`` to turn them
 off even when the package is installed.
 
 Without the package, :func:`traced` returns the function itself: the
@@ -53,6 +54,17 @@ def _get_tracer() -> Any:
     return _tracer
 
 
+def _no_provider() -> bool:
+    """True while the application has set no tracer provider.  Every span
+    would then be a non-recording one carrying its parent's context, which
+    the code inside sees all the same without it: no span is made (it costs
+    about 15 µs a call).  Asked at each call: a provider set later is
+    followed from then on."""
+    from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
+
+    return isinstance(get_tracer_provider(), ProxyTracerProvider)
+
+
 _FIELDS = ("event_id", "flow_id", "seq", "applied", "key")
 
 
@@ -89,6 +101,8 @@ def traced(name: str, before: Callable[..., Mapping[str, Any]] | None = None) ->
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _no_provider():
+                return fn(*args, **kwargs)
             with _get_tracer().start_as_current_span(name) as span:
                 # Without an SDK the span records nothing: build no attributes.
                 recording = span.is_recording()
