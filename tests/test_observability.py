@@ -543,15 +543,20 @@ print(json.dumps([tracing.ACTIVE] + [[s.name, dict(s.attributes)] for s in expor
 """
 
 
-def test_with_opentelemetry_spans_wrap_advance_relay_apply_and_effects(tmp_path: Path) -> None:
+def _traced_child(tmp_path: Path, script_text: str) -> Any:
+    """Run ``script_text`` (with the SDK) in a child process on ``tmp_path``; what it printed, as JSON."""
     if not _otel_importable():
         pytest.skip('opentelemetry-sdk is not installed: pip install -e ".[test]"')
-    script = tmp_path / "spans.py"
-    script.write_text(_SPANS_CHILD, encoding="utf-8")
+    script = tmp_path / "traced_child.py"
+    script.write_text(script_text, encoding="utf-8")
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=child_env(), capture_output=True,
                           text=True, check=False, cwd=TESTS)
     assert done.returncode == 0, done.stderr
-    active, *spans = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_with_opentelemetry_spans_wrap_advance_relay_apply_and_effects(tmp_path: Path) -> None:
+    active, *spans = _traced_child(tmp_path, _SPANS_CHILD)
     assert active is True
     named = {name: attrs for name, attrs in spans}
     assert named["reliable_flow.advance"]["reliable_flow.status"] == "committed"
@@ -589,14 +594,7 @@ print(json.dumps([tracing.ACTIVE, before, len(made), [s.name for s in exporter.g
 
 
 def test_without_a_tracer_provider_no_span_is_made_and_a_later_one_is_followed(tmp_path: Path) -> None:
-    if not _otel_importable():
-        pytest.skip('opentelemetry-sdk is not installed: pip install -e ".[test]"')
-    script = tmp_path / "late.py"
-    script.write_text(_LATE_PROVIDER_CHILD, encoding="utf-8")
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=child_env(), capture_output=True,
-                          text=True, check=False, cwd=TESTS)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [True, 0, 1, ["reliable_flow.advance"]]
+    assert _traced_child(tmp_path, _LATE_PROVIDER_CHILD) == [True, 0, 1, ["reliable_flow.advance"]]
 
 
 @pytest.fixture(autouse=True)

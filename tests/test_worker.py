@@ -583,3 +583,68 @@ def test_cli_run_stops_cleanly_on_sigterm(tmp_path: Path, at: At, cli_files: lis
     stats = stopped_stats(first + rest)
     assert stats["passes"] >= 1 and stats["errors"] == 0
     assert check_files_agree(at)["effects"] == stats["applied"]
+
+
+# A protocol module whose import waits for a file "go" in the current directory: the command
+# that imports it (--protocol held_protocol:RESERVATION) is still loading its options, before
+# any store is open and before its loop installs its own signal handlers.
+HELD_PROTOCOL = ("import pathlib, time\n"
+                 "pathlib.Path('loading').touch()\n"
+                 "while not pathlib.Path('go').exists():\n"
+                 "    time.sleep(0.01)\n"
+                 "from reliable_flow.reservation import RESERVATION\n")
+
+
+@pytest.mark.parametrize(("command", "sig"), [
+    ("run", signal.SIGTERM), ("run", signal.SIGINT), ("run --async", signal.SIGTERM),
+    ("run --to", signal.SIGTERM), ("bridge", signal.SIGTERM),
+], ids=["run-SIGTERM", "run-SIGINT", "run-async-SIGTERM", "run-to-SIGTERM", "bridge-SIGTERM"])
+def test_cli_stops_cleanly_on_a_signal_before_its_loop_starts(
+    tmp_path: Path, at: At, cli_files: list[str], request: pytest.FixtureRequest, command: str, sig: signal.Signals,
+) -> None:
+    """A signal right after start (here: while --protocol is imported) stops the command
+    before its loop's first pass, as one during the loop does: ``stopped:``, exit 0; it
+    used to kill the process (-15, or a KeyboardInterrupt traceback)."""
+    url = request.getfixturevalue("redis_url") if command in ("run --to", "bridge") else ""
+    argv = {"run": ["run", *cli_files], "run --async": ["run", "--async", *cli_files],
+            "run --to": ["run", "--producer", at("producer"), "--to", url, "--consumer", "projection"],
+            "bridge": ["bridge", at("projection"), "--redis", url]}[command]
+    (tmp_path / "held_protocol.py").write_text(HELD_PROTOCOL)
+    with child_process([sys.executable, "-m", "reliable_flow", *argv, "--protocol", "held_protocol:RESERVATION"],
+                       env=worker_env(), cwd=tmp_path) as proc:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while not (tmp_path / "loading").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / "loading").exists() and proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        (tmp_path / "go").touch()
+        _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    prefix = f"{command.split()[0]}: stopped: "
+    assert last.startswith(prefix), err
+    assert json.loads(last[len(prefix):])["passes"] == 0  # stopped before its first pass
+    with Producer(at("producer"), RESERVATION) as producer:
+        assert not any(e.deliveries for e in producer.outbox())  # nothing was relayed
+
+
+def test_a_second_signal_while_starting_ends_the_command(tmp_path: Path, cli_files: list[str]) -> None:
+    """The first SIGTERM while the command is still starting is kept for its loop; a
+    second one acts as without the handler (an operator can always end a command stuck
+    opening a store), here ending the process by SIGTERM."""
+    (tmp_path / "held_protocol.py").write_text(HELD_PROTOCOL)
+    with child_process([sys.executable, "-m", "reliable_flow", "run", *cli_files, "--protocol",
+                        "held_protocol:RESERVATION"], env=worker_env(), cwd=tmp_path) as proc:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while not (tmp_path / "loading").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / "loading").exists() and proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()  # kept, not acted on
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM)  # repeated: two signals in a row may arrive as one
+            time.sleep(0.2)
+        proc.communicate(timeout=CHILD_TIMEOUT)
+    assert proc.returncode == -signal.SIGTERM

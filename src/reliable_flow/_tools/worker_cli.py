@@ -8,16 +8,25 @@ prefixed by the command's name.  See docs/worker.md and docs/effects.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 from ..delivery import DEFAULT_LEASE_SECONDS
 from ..errors import ReliableFlowError
-from .loading import DEFAULT_PROTOCOL, OptionError, load
+from ._cli_common import (
+    Caught,
+    EarlySignals,
+    add_shared,
+    command,
+    opening,
+    reporter,
+    schemas_option,
+    serve,
+    stopped,
+)
+from .loading import OptionError, load
 
 __all__ = ["add_worker_commands", "execute_command", "load_option", "run_command"]
 
@@ -44,8 +53,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     run.add_argument("--send-timeout", type=seconds(False), metavar="SECONDS",
                      help="with --to: how long a request waits for the bridge's answer before it counts as a "
                           "failed send, retried after backoff (default 10; keep it below --lease)")
-    run.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
-                     help="the protocol object to import (default: %(default)s)")
+    add_shared(run, seconds, "--protocol")
     run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
     each = " (NAME=MODULE:ATTR: for that consumer only, repeatable; MODULE:ATTR: for every other consumer)"
     run.add_argument("--handlers", action="append", metavar="[NAME=]MODULE:ATTR",
@@ -61,10 +69,7 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                      help=f"effect lease, longer than any effect function's own timeout (default {lease})")
     run.add_argument("--concurrency", type=_count, default=1, metavar="N",
                      help="effect calls in flight at once per consumer, off the worker's thread (default 1)")
-    run.add_argument("--idle-sleep", type=seconds(True), default=0.5, metavar="SECONDS",
-                     help="how long to sleep after a pass that found nothing (default 0.5)")
-    run.add_argument("--report-every", type=seconds(True), default=10.0, metavar="SECONDS",
-                     help="print progress counts to stderr this often (0: only at exit)")
+    add_shared(run, seconds, "--idle-sleep", "--report-every")
     run.add_argument("--register", action="store_true",
                      help="register consumer names the producer does not know yet (each gets every event "
                           "from the first one); without it an unknown name is refused, except the first "
@@ -91,17 +96,14 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     execute.add_argument("consumer", metavar="CONSUMER", help="the consumer's store")
     execute.add_argument("--effects", required=True, metavar="MODULE:ATTR",
                          help="the EffectRegistry to run (only its names are claimed)")
-    execute.add_argument("--producer", metavar="PATH", help="where results of effects with feedback= are advanced")
-    execute.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
-                         help="the protocol object to import (default: %(default)s)")
+    add_shared(execute, seconds, "--producer", "--protocol")
     execute.add_argument("--lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                          help=f"effect lease, longer than any effect function's own timeout (default {lease})")
     execute.add_argument("--concurrency", type=_count, default=1, metavar="N",
                          help="effect calls in flight at once (default 1: one at a time, in the executor's "
                               "own thread); plain functions run on threads, async def ones on the "
                               "executor's event loop")
-    execute.add_argument("--idle-sleep", type=seconds(True), default=0.5, metavar="SECONDS",
-                         help="how long to sleep after a pass that found nothing (default 0.5)")
+    add_shared(execute, seconds, "--idle-sleep")
     execute.add_argument("--until-idle", action="store_true",
                          help="exit 0 once nothing is pending, running or in doubt (waiting out leases and "
                               "backoffs); what waits for a person (unknown, dead) does not count")
@@ -179,22 +181,19 @@ def _apps(args: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any
 
 def run_command(args: argparse.Namespace) -> int:
     """``reliable-flow run``: 0 when stopped (signal, --once, --until-idle), 2 on an error."""
-    try:
-        return _run(args)
-    except OptionError as exc:
-        print(f"run: {exc}", file=sys.stderr)
-        return 2
+    with EarlySignals() as signals:
+        return command("run", lambda: _run(args, signals))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, signals: EarlySignals) -> int:
     from .._consumer import Consumer
     from .._executor import EffectExecutor
     from .._producer import Producer
     from .._relay import DeliveryPolicy
-    from .._worker import Worker, WorkerStats
+    from .._worker import Worker
 
     if args.to is not None:
-        return _run_remote(args)
+        return _run_remote(args, signals)
     if args.send_timeout is not None:
         raise OptionError("--send-timeout is for run --to (a consumer on another host)")
     pairs = []
@@ -206,29 +205,22 @@ def _run(args: argparse.Namespace) -> int:
     names = [name for name, _ in pairs]
     protocol = _load_one("protocol", args.protocol)
     apps = _apps(args, names)
-    schemas = None
-    if args.schemas:
-        try:
-            schemas = {int(x) for x in args.schemas.split(",")}
-        except ValueError:
-            raise OptionError(f"--schemas must be comma-separated ints, got {args.schemas!r}") from None
+    schemas = schemas_option(args.schemas)
     if args.use_async:
         import asyncio
 
-        return asyncio.run(_run_async(args, pairs, protocol, apps, schemas))
+        return asyncio.run(_run_async(args, signals, pairs, protocol, apps, schemas))
     consumers: list[Consumer] = []
-    try:
+    with opening():
         producer = Producer(args.producer, protocol)
-    except (ReliableFlowError, ValueError) as exc:
-        raise OptionError(str(exc)) from None
-    last = [time.monotonic()]
+    report = reporter("run", args.report_every)
 
-    def report(stats: WorkerStats) -> None:
-        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
-            last[0] = time.monotonic()
-            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    def close() -> None:
+        for c in consumers:
+            c.close()
+        producer.close()
 
-    try:
+    with opening(close):
         for name, path in pairs:
             consumers.append(Consumer(path, protocol, name=name, schemas=schemas, **apps[name]))
         effect_policy = DeliveryPolicy(lease_seconds=args.effect_lease)  # each executor claims as itself
@@ -237,33 +229,17 @@ def _run(args: argparse.Namespace) -> int:
         # ReliableFlowError: e.g. a consumer name the producer has not registered
         worker = Worker(producer, consumers, policy=DeliveryPolicy(lease_seconds=args.lease),
                         idle_sleep=args.idle_sleep, on_pass=report, executors=executors, register=args.register)
-    except (ReliableFlowError, ValueError) as exc:
-        for c in consumers:
-            c.close()
-        producer.close()
-        raise OptionError(str(exc)) from None
-    failure: ReliableFlowError | None = None
-    try:
-        worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
-    except ReliableFlowError as exc:  # the worker raises only what retrying cannot heal
-        failure = exc
-    finally:
-        for c in consumers:
-            c.close()
-        producer.close()
-    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-    if failure is not None:
-        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    signals.watch(worker)
+    return serve("run", worker, lambda: worker.run(max_passes=1 if args.once else None,
+                                                   until_idle=args.until_idle), close)
 
 
-def _run_remote(args: argparse.Namespace) -> int:
+def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
     """``run --to URL``: a relay-only :class:`Worker` whose consumers are
     :class:`~reliable_flow.transport.redis.RedisReceiver` objects."""
     from .._producer import Producer
     from .._relay import DeliveryPolicy
-    from .._worker import Worker, WorkerStats
+    from .._worker import Worker
 
     for option in ("handlers", "effects", "app_schema", "schemas"):
         if getattr(args, option):
@@ -278,7 +254,12 @@ def _run_remote(args: argparse.Namespace) -> int:
         raise OptionError(str(exc)) from None
     protocol = _load_one("protocol", args.protocol)
     receivers: list[RedisReceiver] = []
-    try:
+
+    def close_receivers() -> None:
+        for r in receivers:
+            r.close()
+
+    with opening(close_receivers):
         for name in args.consumer:
             if "=" in name:
                 raise OptionError(f"with --to, --consumer is a consumer's NAME only, got {name!r}")
@@ -287,64 +268,35 @@ def _run_remote(args: argparse.Namespace) -> int:
             else:
                 receivers.append(RedisReceiver(args.to, name, timeout=args.send_timeout))
         talking(args.to, "run --to", receivers[0]._client.ping)
-    except (ReliableFlowError, ValueError) as exc:
-        for r in receivers:
-            r.close()
-        raise OptionError(str(exc)) from None
-    try:
+    with opening():
         producer = Producer(args.producer, protocol)
-    except (ReliableFlowError, ValueError) as exc:
-        raise OptionError(str(exc)) from None
-    last = [time.monotonic()]
-
-    def report(stats: WorkerStats) -> None:
-        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
-            last[0] = time.monotonic()
-            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-
-    try:
+    report = reporter("run", args.report_every)
+    with opening(producer.close):
         worker = Worker(producer, receivers, policy=DeliveryPolicy(lease_seconds=args.lease),
                         idle_sleep=args.idle_sleep, on_pass=report, register=args.register)
-    except (ReliableFlowError, ValueError) as exc:
-        producer.close()
-        raise OptionError(str(exc)) from None
+    signals.watch(worker)
     print(f"run: relaying to {', '.join(args.consumer)} through {shown(args.to)}", file=sys.stderr, flush=True)
-    failure: ReliableFlowError | None = None
-    try:
-        worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
-    except ReliableFlowError as exc:
-        failure = exc
-    finally:
-        for r in receivers:
-            r.close()
+
+    def close() -> None:
+        close_receivers()
         producer.close()
-    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-    if failure is not None:
-        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+
+    return serve("run", worker, lambda: worker.run(max_passes=1 if args.once else None,
+                                                   until_idle=args.until_idle), close)
 
 
-async def _run_async(args: argparse.Namespace, pairs: list[tuple[str, str]], protocol: Any,
+async def _run_async(args: argparse.Namespace, signals: EarlySignals, pairs: list[tuple[str, str]], protocol: Any,
                      apps: dict[str, dict[str, Any]], schemas: set[int] | None) -> int:
     """``run --async``: :func:`_run` with the aio face, on the running loop."""
     from .._relay import DeliveryPolicy
-    from .._worker import WorkerStats
     from ..aio import AsyncConsumer, AsyncProducer
     from ..aio._executor import AsyncEffectExecutor
     from ..aio._worker import AsyncWorker
 
     consumers: list[AsyncConsumer] = []
-    try:
+    with opening():
         producer = await AsyncProducer.open(args.producer, protocol)
-    except (ReliableFlowError, ValueError) as exc:
-        raise OptionError(str(exc)) from None
-    last = [time.monotonic()]
-
-    def report(stats: WorkerStats) -> None:
-        if args.report_every > 0 and time.monotonic() - last[0] >= args.report_every:
-            last[0] = time.monotonic()
-            print(f"run: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    report = reporter("run", args.report_every)
 
     async def close_all() -> None:
         for c in consumers:
@@ -363,18 +315,14 @@ async def _run_async(args: argparse.Namespace, pairs: list[tuple[str, str]], pro
     except (ReliableFlowError, ValueError) as exc:
         await close_all()
         raise OptionError(str(exc)) from None
-    failure: ReliableFlowError | None = None
+    signals.watch(worker)
+    caught = Caught()
     try:
-        await worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
-    except ReliableFlowError as exc:  # the worker raises only what retrying cannot heal
-        failure = exc
+        with caught:
+            await worker.run(max_passes=1 if args.once else None, until_idle=args.until_idle)
     finally:
         await close_all()
-    print(f"run: stopped: {json.dumps(worker.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-    if failure is not None:
-        print(f"run: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return stopped("run", worker.stats, caught.failure)
 
 
 # -- execute -----------------------------------------------------------------------------
@@ -382,11 +330,7 @@ async def _run_async(args: argparse.Namespace, pairs: list[tuple[str, str]], pro
 
 def execute_command(args: argparse.Namespace) -> int:
     """``reliable-flow execute``: 0 when stopped (signal, --until-idle), 2 on an error."""
-    try:
-        return _execute(args)
-    except OptionError as exc:
-        print(f"execute: {exc}", file=sys.stderr)
-        return 2
+    return command("execute", lambda: _execute(args))
 
 
 def _execute(args: argparse.Namespace) -> int:
@@ -401,7 +345,12 @@ def _execute(args: argparse.Namespace) -> int:
     if not is_postgres(args.consumer) and not os.path.isfile(args.consumer):
         raise OptionError(f"no consumer file at {args.consumer!r}")  # executing creates nothing
     opened: list[Any] = []
-    try:
+
+    def close() -> None:
+        for thing in reversed(opened):
+            thing.close()
+
+    with opening(close):
         consumer = Consumer(args.consumer, protocol, effects=effects)
         opened.append(consumer)
         producer = None
@@ -410,20 +359,5 @@ def _execute(args: argparse.Namespace) -> int:
             opened.append(producer)
         executor = EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease), producer=producer,
                                   concurrency=args.concurrency)
-    except (ReliableFlowError, ValueError) as exc:
-        for thing in reversed(opened):
-            thing.close()
-        raise OptionError(str(exc)) from None
-    failure: ReliableFlowError | None = None
-    try:
-        executor.run(until_idle=args.until_idle, idle_sleep=args.idle_sleep)
-    except ReliableFlowError as exc:  # run() raises only what retrying cannot heal
-        failure = exc
-    finally:
-        for thing in reversed(opened):
-            thing.close()
-    print(f"execute: stopped: {json.dumps(executor.stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
-    if failure is not None:
-        print(f"execute: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return serve("execute", executor, lambda: executor.run(until_idle=args.until_idle,
+                                                           idle_sleep=args.idle_sleep), close)
