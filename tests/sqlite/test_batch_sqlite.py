@@ -107,6 +107,7 @@ def test_relay_batch_is_one_transaction_on_each_side(new_store: Any) -> None:
         # statements: the trace shows each statement once, its values inline).
         inserts = [s for s in c_tx if s.strip().upper().startswith("INSERT INTO INBOX")]
         assert inserts and all(any(f"'{f}1'" in s for s in inserts) for f in "ABCDEF"), inserts
+        assert [[e.event_id for e in consumer.inbox(f)] for f in "ABCDEF"] == [[f"{f}1"] for f in "ABCDEF"]
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Connection.setlimit needs Python 3.11")

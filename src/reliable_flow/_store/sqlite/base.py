@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
 from .connection import Database
@@ -21,27 +21,21 @@ class SqliteStore(Generic[View]):
     is valid only inside its with-block (:attr:`latest`: until the next
     ``close`` or ``reopen``)."""
 
-    def __init__(self, db: Database, view: Callable[[sqlite3.Connection], View]) -> None:
+    def __init__(self, db: Database, view: Callable[[sqlite3.Connection], View],
+                 before_commit: Callable[[View], None] | None = None) -> None:
+        # ``before_commit(unit)``: what a unit of work writes last, inside its
+        # transaction (the producer's batch: its delivery rows at once).
         self._db = db
         self._view = view
+        self._before_commit = before_commit
 
     @property
     def location(self) -> str:
         return self._db.path
 
     def write(self, *, durable: bool = True) -> AbstractContextManager[View]:
-        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`).
-        A view with a ``_before_commit`` method has it called when the block
-        ends normally, inside the transaction, before it commits."""
-        return self._write(durable)
-
-    @contextmanager
-    def _write(self, durable: bool) -> Iterator[View]:
-        with self._db.write_view(self._view, durable=durable) as view:
-            yield view
-            before_commit = getattr(view, "_before_commit", None)
-            if before_commit is not None:
-                before_commit()
+        """A unit of work: one ``BEGIN IMMEDIATE`` transaction (see :meth:`Database.write`)."""
+        return self._db.write_view(self._view, durable=durable, before_commit=self._before_commit)
 
     def read(self) -> AbstractContextManager[View]:
         """A consistent snapshot: every read inside sees the same commit (taken

@@ -275,20 +275,26 @@ class Database:
         """
         return self._write(durable, _as_is)
 
-    def write_view(self, view: Callable[[sqlite3.Connection], View], *, durable: bool = True
-                   ) -> AbstractContextManager[View]:
-        """:meth:`write`, yielding ``view(conn)`` (one context manager, not two)."""
-        return self._write(durable, view)
+    def write_view(self, view: Callable[[sqlite3.Connection], View], *, durable: bool = True,
+                   before_commit: Callable[[View], None] | None = None) -> AbstractContextManager[View]:
+        """:meth:`write`, yielding ``view(conn)`` (one context manager, not two);
+        ``before_commit(view)`` runs when the block ends normally, inside the
+        transaction, just before it commits."""
+        return self._write(durable, view, before_commit)
 
     @contextmanager
-    def _write(self, durable: bool, view: Callable[[sqlite3.Connection], View]) -> Iterator[View]:
+    def _write(self, durable: bool, view: Callable[[sqlite3.Connection], View],
+               before_commit: Callable[[View], None] | None = None) -> Iterator[View]:
         conn = self.conn
         check_outside_transaction(conn, self.kind.name, self.path)
         try:
             if not durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
             with _transaction(conn):
-                yield view(conn)
+                unit = view(conn)
+                yield unit
+                if before_commit is not None:
+                    before_commit(unit)
         except CommitOutcomeUnknown:
             self._discard()
             raise

@@ -43,7 +43,6 @@ from .outbox_sql import (
     DELIVER_FROM,
     DELIVERIES,
     DELIVERY_COUNTS,
-    FIND_EVENT,
     FIND_EVENT_AND_FLOW,
     MARK_CONFLICT,
     MARK_DELIVERED,
@@ -76,8 +75,9 @@ class SqliteOutbox(SqliteTombstones):
         self.lost: BaseException | None = None
         # Answers this unit already holds (only inside a transaction, which
         # on SQLite holds the file's write lock, so nobody else changes them):
-        # the tombstone read with the last find_event, for the tombstone()
-        # call that follows it; and the flow rows this unit wrote itself.
+        # the tombstone read with the last find_event_and_flow, for the
+        # tombstone() call that follows it; and the flow rows this unit read
+        # or wrote itself.
         self._tomb: tuple[str, Tombstone | None] | None = None
         self._flows: dict[str, tuple[str, int, str] | None] = {}
         # In a batch (inside step()), the deliveries of appended events are
@@ -88,13 +88,8 @@ class SqliteOutbox(SqliteTombstones):
         self._owed_from: int | None = None
 
     def find_event(self, event_id: str) -> StoredEvent | None:
-        """The event; in a transaction its tombstone is read by the same statement,
-        for a ``tombstone(event_id)`` asked next (advance asks both of a new id)."""
-        self._tomb = None
-        if not self._conn.in_transaction:
-            row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
-            return None if row is None else rows.stored_event(row)
-        return self._find(FIND_EVENT, (event_id,), None)
+        row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
+        return None if row is None else rows.stored_event(row)
 
     def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
         """:meth:`find_event` and :meth:`flow_state`; in a transaction one
@@ -102,22 +97,17 @@ class SqliteOutbox(SqliteTombstones):
         of three), the tombstone kept for the ``tombstone(event_id)`` asked next."""
         if not self._conn.in_transaction:
             return self.find_event(event_id), self.flow_state(flow_id)
-        self._tomb = None
-        return self._find(FIND_EVENT_AND_FLOW, (event_id, flow_id), flow_id), self.flow_state(flow_id)
-
-    def _find(self, sql: str, params: tuple[str, ...], flow_id: str | None) -> StoredEvent | None:
         found, tomb, flow = None, None, None
-        for kind, a, b, c in self._conn.execute(sql, params):
+        for kind, a, b, c in self._conn.execute(FIND_EVENT_AND_FLOW, (event_id, flow_id)):
             if kind == 0:
                 found = rows.stored_event((a, b, c))
             elif kind == 1:
                 tomb = rows.tombstone((a, b, c))
             else:
                 flow = (a, b, c)
-        self._tomb = (params[0], tomb)
-        if flow_id is not None:
-            self._flows[flow_id] = flow
-        return found
+        self._tomb = (event_id, tomb)
+        self._flows[flow_id] = flow
+        return found, self.flow_state(flow_id)
 
     def tombstone(self, event_id: str) -> Tombstone | None:
         held, self._tomb = self._tomb, None
@@ -402,5 +392,5 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):
         super().__init__(Database(
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
-        ), SqliteOutbox)
+        ), SqliteOutbox, SqliteOutbox._before_commit)
 

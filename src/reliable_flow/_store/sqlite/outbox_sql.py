@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from ...statuses import DeliveryState
 
 __all__ = [
-    "ACCEPTED", "CLAIM", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "DELIVER_FROM", "FIND_EVENT", "FIND_EVENT_AND_FLOW",
+    "ACCEPTED", "CLAIM", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "DELIVER_FROM", "FIND_EVENT_AND_FLOW",
     "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE", "NEXT_DUE_AT", "OUTBOX_BURY", "OUTBOX_FORGET",
     "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING", "SET_ASIDE", "UPSERT_FLOW", "WAITING", "by_status",
     "in_chunks",
@@ -33,11 +33,13 @@ NEXT_DUE = (
 
 NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
 
-# An event id's stored event (kind 0: pos, seq, body) and its tombstone
-# (kind 1: flow, seq, body hash), in one read: advance asks both of a new id.
-FIND_EVENT = (
+# Advance's reads of an event in one statement: the event id's stored event
+# (kind 0: pos, seq, body), its tombstone (kind 1: flow, seq, body hash) and
+# the flow's row (kind 2: state, seq, data).
+FIND_EVENT_AND_FLOW = (
     "SELECT 0, pos, seq, body FROM outbox WHERE event_id = ?1 "
-    "UNION ALL SELECT 1, flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?1"
+    "UNION ALL SELECT 1, flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?1 "
+    "UNION ALL SELECT 2, state, seq, data FROM flow WHERE flow_id = ?2"
 )
 
 # A batch's deliveries, written at once: every event at or after the first
@@ -48,10 +50,6 @@ DELIVER_FROM = (
 )
 
 CLAIM = "UPDATE delivery SET due_at = ?, lease_owner = ?, updated_at = ? WHERE consumer = ? AND pos = ?"
-
-# The same, and the flow's row (kind 2: state, seq, data): advance's reads
-# of a new event in one statement.
-FIND_EVENT_AND_FLOW = FIND_EVENT + " UNION ALL SELECT 2, state, seq, data FROM flow WHERE flow_id = ?2"
 
 UPSERT_FLOW = (
     "INSERT INTO flow(flow_id, seq, state, data) VALUES (?, ?, ?, ?) "
