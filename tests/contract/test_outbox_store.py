@@ -882,3 +882,31 @@ def test_the_binding_memo_is_not_stored(outbox):
     outbox.remember_binding("c1", "uid-1")
     with outbox.write() as unit:
         assert unit.bound_uid("c1") is None
+
+
+def test_every_read_in_a_unit_sees_the_deliveries_of_events_its_steps_appended(outbox):
+    """An engine may write a batch's deliveries late; no read of the same
+    unit may tell (each read here is the first after an append)."""
+    bind(outbox, "c")
+    with outbox.write() as unit:
+        with unit.step():
+            unit.append_event(env("E1", "F", 1))
+        assert unit.backlog(10) == 1
+        with unit.step():
+            unit.append_event(env("E2", "F", 2))
+        assert [pos for pos, _ in unit.next_due("c", float("inf"), 10)] == [
+            unit.find_event("E1").pos, unit.find_event("E2").pos]
+        with unit.step():
+            unit.append_event(env("E3", "F", 3))
+        assert unit.delivery_state("E3", "c") == (unit.find_event("E3").pos, PENDING)
+        with unit.step():
+            unit.append_event(env("E4", "F", 4))
+        assert unit.pending_failures("c", unit.find_event("E4").pos) == 0
+        with unit.step():
+            unit.append_event(env("E5", "F", 5))
+        assert [d.state for e in unit.outbox() for d in e.deliveries.values()] == [PENDING] * 5
+        with unit.step():
+            unit.append_event(env("E6", "F", 6))
+        assert unit.next_due_at("c") is not None
+        assert [c.backlog for c in unit.consumers()] == [6]
+    assert outbox.latest.backlog(10) == 6

@@ -3,15 +3,50 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .connection import Database
 
-__all__ = ["SqliteStore"]
+__all__ = ["SqliteStore", "Statements"]
 
 View = TypeVar("View")
+
+
+class Statements:
+    """How a view runs its statements: every statement that ``keeps`` does
+    not accept first calls ``changing()``.
+
+    A view keeps answers it read ahead or writes it owes (a batch's
+    deliveries, the rows a drain read ahead); ``changing`` settles them
+    (writes what is owed, forgets what may be stale).  Doing it here, for
+    every statement not known to leave them valid, means no method has to
+    remember it: a new statement settles them by default."""
+
+    __slots__ = ("_changing", "_keeps", "conn")
+
+    def __init__(self, conn: sqlite3.Connection, keeps: Callable[[str], bool], changing: Callable[[], None]) -> None:
+        self.conn = conn
+        self._keeps = keeps
+        self._changing = changing
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside a transaction of the connection."""
+        return self.conn.in_transaction
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run one statement (after ``changing()`` unless it keeps the view's state)."""
+        if not self._keeps(sql):
+            self._changing()
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> sqlite3.Cursor:
+        """Run one statement for each parameter set (after ``changing()``, as :meth:`execute`)."""
+        if not self._keeps(sql):
+            self._changing()
+        return self.conn.executemany(sql, params)
 
 
 class SqliteStore(Generic[View]):

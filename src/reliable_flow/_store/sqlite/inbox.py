@@ -37,14 +37,15 @@ from ..rows import EFFECT_SELECT as _COLUMNS
 from ..rows import effect as effect_row
 from ..rows import effect_action, effect_transition
 from ..shared import effect_changes, identity_problem
-from .base import SqliteStore
+from .base import SqliteStore, Statements
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .inbox_sql import (
     ACTION,
+    ADD_EFFECT,
     ADD_TRANSITION,
-    APPLIED,
     BLOCK,
     DUE_EFFECTS,
+    EFFECT_ACTION,
     EFFECT_HISTORY,
     EFFECT_STARTS,
     EFFECTS_PRUNABLE,
@@ -60,13 +61,16 @@ from .inbox_sql import (
     INSERT,
     INSERT_NEW,
     INSERT_NEW_RETURNING,
+    MARK_APPLIED,
     NEXT_EFFECT_DUE,
     NEXT_ROW,
     NEXT_ROW_AHEAD,
     OPEN_FLOWS,
+    RECORD_EFFECT,
     REPLACED,
     RETURNING,
     ROW,
+    SET_APP_VERSION,
     SKIPPED,
     UPSERT_PROJECTION,
     insert_chunks,
@@ -84,6 +88,20 @@ def _allow_all(*_: object) -> int:
     return sqlite3.SQLITE_OK
 
 
+# The writes of an apply and of the effect outbox: none adds, frees or
+# removes an inbox row (its slot), nor writes a projection behind
+# put_projection's back, so what a unit read ahead stays true.
+_APPLY_WRITES = frozenset({
+    BLOCK, UPSERT_PROJECTION, RECORD_EFFECT, MARK_APPLIED, ADD_EFFECT, ADD_TRANSITION, EFFECT_ACTION,
+    SET_APP_VERSION, "SAVEPOINT step", "RELEASE step",
+})
+
+
+def _keeps(sql: str) -> bool:
+    """Whether ``sql`` leaves a unit's read-ahead true: a read, or one of an apply's writes."""
+    return sql.startswith("SELECT") or sql in _APPLY_WRITES
+
+
 class SqliteInbox(SqliteTombstones):
     """The consumer file's tables, seen through one connection: receive,
     apply, the operator's repairs, the effect outbox, tombstones and pruning."""
@@ -92,7 +110,7 @@ class SqliteInbox(SqliteTombstones):
     _TOMBSTONES = TombstoneSql(INBOX_TOMBSTONE, INBOX_FORGET, INBOX_BURY)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+        self._conn = Statements(conn, _keeps, self._settle)
         # (flow, seq, rows, complete): what next_row(flow, seq) will answer,
         # read ahead by an earlier next_row of this unit (see NEXT_ROW): the
         # first of ``rows``, or, once they are used up, None if the read
@@ -103,11 +121,15 @@ class SqliteInbox(SqliteTombstones):
         # inside a transaction, which on SQLite holds the file's write lock.
         self._known: dict[str, tuple[str, int, str] | None] = {}
 
+    def _settle(self) -> None:
+        """Before a statement that may add, free or remove a flow's rows, or
+        write a projection (see :func:`_keeps`): forget what was read ahead."""
+        self._ahead, self._known = None, {}
+
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored.
         Where SQLite has RETURNING, the same statement reads the flow's
         projection, for the apply on arrival that may follow."""
-        self._ahead = None
         params = (env.event_id, env.flow_id, env.seq, env.body, received_at)
         if not RETURNING or not self._conn.in_transaction:
             return bool(self._conn.execute(INSERT_NEW, params).rowcount)
@@ -121,7 +143,6 @@ class SqliteInbox(SqliteTombstones):
         """:meth:`insert_new` of each event, as if one after the other, in a
         few statements; only for events with distinct ids and distinct (flow,
         seq), so that none of them decides another's fate."""
-        self._ahead = None
         if not RETURNING:
             return [self.insert_new(env, received_at) for env in envs]
         stored: set[str] = set()
@@ -133,7 +154,6 @@ class SqliteInbox(SqliteTombstones):
         return [env.event_id in stored for env in envs]
 
     def insert(self, env: Envelope, received_at: float | None = None) -> None:
-        self._ahead = None
         self._conn.execute(INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
 
     def holder(self, flow_id: str, seq: int) -> str | None:
@@ -210,12 +230,8 @@ class SqliteInbox(SqliteTombstones):
 
     def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
         """The event's one effect record, and its inbox row marked applied."""
-        self._conn.execute(
-            "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)", (event_id, flow_id, seq, kind)
-        )
-        self._conn.execute(
-            f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = ?", (event_id,)
-        )
+        self._conn.execute(RECORD_EFFECT, (event_id, flow_id, seq, kind))
+        self._conn.execute(MARK_APPLIED, (event_id,))
 
     def open_flows(self) -> list[str]:
         return [r[0] for r in self._conn.execute(OPEN_FLOWS)]
@@ -255,12 +271,10 @@ class SqliteInbox(SqliteTombstones):
         return None if found is None else rows.stored_row(found)
 
     def set_skipped(self, event_id: str) -> None:
-        self._ahead = None  # it may add, free or remove a flow's rows
         self._conn.execute(f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = ?", (event_id,))
 
     def set_replaced(self, event_id: str) -> None:
         """The row gives up its (flow, seq) slot: live NULL, which the CHECK ties to 'replaced'."""
-        self._ahead = None  # it may add, free or remove a flow's rows
         self._conn.execute(f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = ?", (event_id,))
 
     def record_inbox_action(self, action: OperatorAction) -> None:
@@ -280,9 +294,7 @@ class SqliteInbox(SqliteTombstones):
 
     def add_effect(self, new: NewEffect) -> ScheduledEffect | None:
         stored = self._conn.execute(
-            "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
-            "version, fed, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(key) DO NOTHING",
+            ADD_EFFECT,
             (new.key, new.name, new.payload, new.event_id, new.flow_id, new.seq, new.meta, int(new.ordered),
              new.deadline, new.version, None if new.fed is None else int(new.fed), new.created_at,
              new.created_at),
@@ -367,7 +379,7 @@ class SqliteInbox(SqliteTombstones):
 
     def record_effect_action(self, action: OperatorAction) -> None:
         self._conn.execute(
-            "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)",
+            EFFECT_ACTION,
             (action.at, action.key, action.action, action.actor, action.reason),
         )
 
@@ -375,8 +387,6 @@ class SqliteInbox(SqliteTombstones):
         """The statement runs under an authorizer that refuses transaction
         control (and ATTACH / DETACH): whatever its text looks like, it cannot
         commit or roll back part of the library's transaction."""
-        self._ahead = None  # it may add, free or remove a flow's rows
-        self._known = {}  # or write a projection
         denied: list[int] = []
 
         def authorize(action: int, *_: object) -> int:
@@ -385,7 +395,7 @@ class SqliteInbox(SqliteTombstones):
                 return sqlite3.SQLITE_DENY
             return sqlite3.SQLITE_OK
 
-        self._conn.set_authorizer(authorize)
+        self._conn.conn.set_authorizer(authorize)
         try:
             return [tuple(r) for r in self._conn.execute(sql, tuple(params))]
         except sqlite3.DatabaseError:
@@ -397,18 +407,14 @@ class SqliteInbox(SqliteTombstones):
             raise
         finally:
             # Python 3.10 cannot remove an authorizer; a permissive one is the same.
-            self._conn.set_authorizer(None if sys.version_info >= (3, 11) else _allow_all)
+            self._conn.conn.set_authorizer(None if sys.version_info >= (3, 11) else _allow_all)
 
     def app_version(self, name: str) -> int:
         row = self._conn.execute("SELECT version FROM app_schema WHERE name = ?", (name,)).fetchone()
         return 0 if row is None else int(row[0])
 
     def set_app_version(self, name: str, version: int) -> None:
-        self._conn.execute(
-            "INSERT INTO app_schema(name, version) VALUES (?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET version = excluded.version",
-            (name, version),
-        )
+        self._conn.execute(SET_APP_VERSION, (name, version))
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -417,7 +423,6 @@ class SqliteInbox(SqliteTombstones):
         try:
             yield
         except BaseException:
-            self._ahead, self._known = None, {}  # what the step wrote may be undone
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO step")
                 conn.execute("RELEASE step")
@@ -425,7 +430,6 @@ class SqliteInbox(SqliteTombstones):
         conn.execute("RELEASE step")
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
-        self._ahead = None  # it may add, free or remove a flow's rows
         conn = self._conn
         rows = conn.execute(INBOX_PRUNABLE, (horizon, limit)).fetchall()
         records = 0

@@ -14,11 +14,12 @@ from ...statuses import (
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "ACTION", "ADD_TRANSITION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE", "EFFECT_HISTORY",
-    "EFFECT_STARTS", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "INBOX_BURY", "INBOX_COUNTS",
-    "INBOX_FORGET", "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW", "INSERT_NEW_RETURNING",
-    "NEXT_EFFECT_DUE", "NEXT_ROW", "NEXT_ROW_AHEAD", "OPEN_FLOWS", "REPLACED", "RETURNING", "ROW", "SKIPPED",
-    "UPSERT_PROJECTION", "insert_chunks",
+    "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE",
+    "EFFECT_ACTION", "EFFECT_HISTORY", "EFFECT_STARTS", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS",
+    "INBOX_BURY", "INBOX_COUNTS", "INBOX_FORGET", "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW",
+    "INSERT_NEW_RETURNING", "MARK_APPLIED", "NEXT_EFFECT_DUE", "NEXT_ROW", "NEXT_ROW_AHEAD", "OPEN_FLOWS",
+    "RECORD_EFFECT", "REPLACED", "RETURNING", "ROW", "SET_APP_VERSION", "SKIPPED", "UPSERT_PROJECTION",
+    "insert_chunks",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
@@ -101,6 +102,18 @@ def insert_chunks(envs: Sequence[Envelope]) -> Iterator[tuple[Sequence[Envelope]
         yield envs[start:start + size], _insert_many(size)
         start += size
 
+
+RECORD_EFFECT = "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)"
+MARK_APPLIED = f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = ?"
+ADD_EFFECT = (
+    "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
+    "version, fed, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(key) DO NOTHING"
+)
+EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
+SET_APP_VERSION = (
+    "INSERT INTO app_schema(name, version) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET version = excluded.version"
+)
 
 UPSERT_PROJECTION = (
     "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "

@@ -34,16 +34,19 @@ from .. import rows
 from ..binding import BindingMemo
 from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
 from ..shared import identity_problem
-from .base import SqliteStore
+from .base import SqliteStore, Statements
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
 from .outbox_sql import (
+    APPEND,
     CLAIM,
     CONSUMERS,
     DELIVER_FROM,
     DELIVERIES,
     DELIVERY_COUNTS,
+    FIND_EVENT,
     FIND_EVENT_AND_FLOW,
+    FLOW,
     MARK_CONFLICT,
     MARK_DELIVERED,
     NEXT_DUE,
@@ -63,6 +66,14 @@ from .tombstones import SqliteTombstones, TombstoneSql
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
 
+# The statements of an advance, which neither read nor change deliveries nor
+# a tombstone: in a batch they leave its owed deliveries owed.  Every other
+# statement first writes them (see Statements).
+_ADVANCE = frozenset({
+    FIND_EVENT, FIND_EVENT_AND_FLOW, FLOW, UPSERT_FLOW, APPEND, OUTBOX_TOMBSTONE,
+    "SAVEPOINT advance", "RELEASE advance", "ROLLBACK TO advance",
+})
+
 
 class SqliteOutbox(SqliteTombstones):
     """The producer file's tables, seen through one connection: advance,
@@ -71,7 +82,7 @@ class SqliteOutbox(SqliteTombstones):
     _TOMBSTONES = TombstoneSql(OUTBOX_TOMBSTONE, OUTBOX_FORGET, OUTBOX_BURY)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+        self._conn = Statements(conn, _ADVANCE.__contains__, self._settle)
         self.lost: BaseException | None = None
         # Answers this unit already holds (only inside a transaction, which
         # on SQLite holds the file's write lock, so nobody else changes them):
@@ -82,13 +93,13 @@ class SqliteOutbox(SqliteTombstones):
         self._flows: dict[str, tuple[str, int, str] | None] = {}
         # In a batch (inside step()), the deliveries of appended events are
         # written for all of them at once: from this position on (every
-        # event at or after it was appended by this unit), before anything
-        # reads or changes deliveries, and before the commit (_before_commit).
+        # event at or after it was appended by this unit), before any other
+        # statement than an advance's runs, and before the commit (_settle).
         self._in_step = False
         self._owed_from: int | None = None
 
     def find_event(self, event_id: str) -> StoredEvent | None:
-        row = self._conn.execute("SELECT pos, seq, body FROM outbox WHERE event_id = ?", (event_id,)).fetchone()
+        row = self._conn.execute(FIND_EVENT, (event_id,)).fetchone()
         return None if row is None else rows.stored_event(row)
 
     def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
@@ -115,26 +126,24 @@ class SqliteOutbox(SqliteTombstones):
             return held[1]
         return super().tombstone(event_id)
 
-    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
-        self._tomb = None
-        return super().forget_tombstones(before, now, limit)
-
     def flow_state(self, flow_id: str) -> FlowState | None:
         if flow_id in self._flows:
             row = self._flows[flow_id]
         else:
-            row = self._conn.execute("SELECT state, seq, data FROM flow WHERE flow_id = ?", (flow_id,)).fetchone()
+            row = self._conn.execute(FLOW, (flow_id,)).fetchone()
         return None if row is None else rows.flow_state(row)
 
-    def _before_commit(self) -> None:
-        """Write the deliveries owed by this unit's batch (see ``_owed_from``)."""
+    def _settle(self) -> None:
+        """Before a statement other than an advance's, and before the commit:
+        write the deliveries owed by this unit's batch (see ``_owed_from``)
+        and forget the tombstone read ahead."""
+        self._tomb = None
         start, self._owed_from = self._owed_from, None
         if start is not None:
-            self._conn.execute(DELIVER_FROM, (start,))
+            self._conn.conn.execute(DELIVER_FROM, (start,))
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
-        self._before_commit()
         if self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is None:
             return int(self._conn.execute("SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT ?)", (cap,)).fetchone()[0])
         return int(self._conn.execute(
@@ -149,10 +158,7 @@ class SqliteOutbox(SqliteTombstones):
 
     def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
         """The event, pending for every consumer already bound."""
-        cur = self._conn.execute(
-            "INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (?, ?, ?, ?, ?)",
-            (env.event_id, env.flow_id, env.seq, env.body, committed_at),
-        )
+        cur = self._conn.execute(APPEND, (env.event_id, env.flow_id, env.seq, env.body, committed_at))
         if self._in_step:
             if self._owed_from is None:
                 self._owed_from = cur.lastrowid
@@ -198,22 +204,18 @@ class SqliteOutbox(SqliteTombstones):
 
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
         """Positions and bodies of the oldest pending deliveries due at ``horizon``."""
-        self._before_commit()
         return [(int(r[0]), str(r[1])) for r in self._conn.execute(NEXT_DUE, (consumer, horizon, limit))]
 
     def next_due_at(self, consumer: str) -> float | None:
-        self._before_commit()
         due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
         return None if due is None else float(due)
 
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
-        self._before_commit()
         for chunk, sql in in_chunks(CLAIM, positions):
             self._conn.execute(sql, (until, owner, now, consumer, *chunk))
 
     def pending_failures(self, consumer: str, pos: int) -> int | None:
         """Consecutive failures of a delivery that is still pending, else None."""
-        self._before_commit()
         row = self._conn.execute(
             "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = ?",
             (consumer, pos, PENDING),
@@ -221,7 +223,6 @@ class SqliteOutbox(SqliteTombstones):
         return None if row is None else int(row[0])
 
     def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
-        self._before_commit()
         self._conn.execute(
             "UPDATE delivery SET attempts = attempts + 1, failures = ?, due_at = ?, lease_owner = NULL, "
             "last_error = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
@@ -231,7 +232,6 @@ class SqliteOutbox(SqliteTombstones):
     def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
              conflicts: Sequence[tuple[int, str]], now: float) -> None:
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
-        self._before_commit()
         for sql, answers in ((MARK_DELIVERED, delivered), (MARK_CONFLICT, conflicts)):
             if len(answers) == 1:
                 [(pos, status)] = answers
@@ -242,7 +242,6 @@ class SqliteOutbox(SqliteTombstones):
                         self._conn.execute(sql_in, (status, now, consumer, *chunk))
 
     def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
-        self._before_commit()
         row = self._conn.execute(
             "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos "
             "WHERE o.event_id = ? AND d.consumer = ?",
@@ -252,7 +251,6 @@ class SqliteOutbox(SqliteTombstones):
 
     def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
         """An operator's decision: the delivery goes to ``state``, due at once, unclaimed."""
-        self._before_commit()
         self._conn.execute(
             "UPDATE delivery SET state = ?, due_at = 0, failures = 0, lease_owner = NULL, updated_at = ? "
             "WHERE consumer = ? AND pos = ?",
@@ -273,7 +271,6 @@ class SqliteOutbox(SqliteTombstones):
 
     def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
         """Outbox entries with their delivery state; call inside a read transaction."""
-        self._before_commit()
         where, params = ("WHERE o.flow_id = ?", (flow_id,)) if flow_id is not None else ("", ())
         events = self._conn.execute(
             f"SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o {where} ORDER BY o.pos", params
@@ -283,7 +280,6 @@ class SqliteOutbox(SqliteTombstones):
 
     def outbox_counts(self, now: float) -> OutboxCounts:
         """Counts for metrics; call inside a read transaction for one snapshot."""
-        self._before_commit()
         groups = rows.delivery_counts(self._conn.execute(DELIVERY_COUNTS, (now,)))
         return OutboxCounts(
             int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]),
@@ -310,7 +306,6 @@ class SqliteOutbox(SqliteTombstones):
 
     def register_consumer(self, name: str, now: float, from_now: bool) -> None:
         """A name with no file yet: from now, after the last committed event; else from the first."""
-        self._before_commit()
         self._conn.execute(
             "INSERT INTO consumer(name, uid, registered_at, from_pos) "
             "SELECT ?, NULL, ?, CASE WHEN ? THEN (SELECT coalesce(max(pos), 0) FROM outbox) END",
@@ -323,7 +318,6 @@ class SqliteOutbox(SqliteTombstones):
         self._conn.execute("UPDATE consumer SET uid = ? WHERE name = ? AND uid IS NULL", (uid, name))
 
     def remove_consumer(self, name: str) -> None:
-        self._before_commit()
         self._conn.execute("DELETE FROM delivery WHERE consumer = ?", (name,))
         self._conn.execute("DELETE FROM consumer WHERE name = ?", (name,))
 
@@ -334,7 +328,6 @@ class SqliteOutbox(SqliteTombstones):
         )
 
     def consumers(self) -> list[ConsumerEntry]:
-        self._before_commit()
         return [rows.consumer_entry(r) for r in self._conn.execute(CONSUMERS)]
 
     def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
@@ -347,9 +340,7 @@ class SqliteOutbox(SqliteTombstones):
         ]
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
-        self._before_commit()
         conn = self._conn
-        self._tomb = None
         names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
         # No consumer yet: every event is still owed to the first one.
         rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)).fetchall() if names else []
@@ -392,5 +383,5 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):
         super().__init__(Database(
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
-        ), SqliteOutbox, SqliteOutbox._before_commit)
+        ), SqliteOutbox, SqliteOutbox._settle)
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator, Sequence
 from ...statuses import DeliveryState
 
 __all__ = [
-    "ACCEPTED", "CLAIM", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "DELIVER_FROM", "FIND_EVENT_AND_FLOW",
+    "ACCEPTED", "APPEND", "CLAIM", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "DELIVER_FROM", "FIND_EVENT",
+    "FIND_EVENT_AND_FLOW", "FLOW",
     "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE", "NEXT_DUE_AT", "OUTBOX_BURY", "OUTBOX_FORGET",
     "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING", "SET_ASIDE", "UPSERT_FLOW", "WAITING", "by_status",
     "in_chunks",
@@ -48,6 +49,10 @@ FIND_EVENT_AND_FLOW = (
 DELIVER_FROM = (
     "INSERT INTO delivery(consumer, pos) SELECT c.name, o.pos FROM outbox o CROSS JOIN consumer c WHERE o.pos >= ?"
 )
+
+FIND_EVENT = "SELECT pos, seq, body FROM outbox WHERE event_id = ?"
+FLOW = "SELECT state, seq, data FROM flow WHERE flow_id = ?"
+APPEND = "INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (?, ?, ?, ?, ?)"
 
 CLAIM = "UPDATE delivery SET due_at = ?, lease_owner = ?, updated_at = ? WHERE consumer = ? AND pos = ?"
 

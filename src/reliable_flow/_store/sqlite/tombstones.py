@@ -8,12 +8,12 @@ own ``_record`` of a pruning transaction.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import ClassVar, NamedTuple
 
 from ..._envelope import body_hash
 from .. import rows
 from ..records import PruneStep, Tombstone
+from .base import Statements
 
 __all__ = ["Candidate", "SqliteTombstones", "TombstoneSql"]
 
@@ -33,7 +33,7 @@ class TombstoneSql(NamedTuple):
 class SqliteTombstones:
     """What stays of a pruned event (flow, seq, body hash), and forgetting it."""
 
-    _conn: sqlite3.Connection
+    _conn: Statements
     _TOMBSTONES: ClassVar[TombstoneSql]
 
     def tombstone(self, event_id: str) -> Tombstone | None:
