@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -10,6 +10,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from ...errors import StorageError
+from .. import rows
+from ..repository.dialect import Dialect
 from .connection import Conn, Database
 from .connection import first_error as _first_error
 from .errors import reraise, storage_error
@@ -21,7 +23,7 @@ View = TypeVar("View")
 Row = tuple[Any, ...]
 
 
-class PgView:
+class PgView(Dialect):
     """The connection as the engine's query classes see it: a unit of work
     (``writing``: its guarding reads take locks), a snapshot, or autocommit
     reads.  Locks are transaction-scoped: they end at COMMIT or ROLLBACK.
@@ -34,6 +36,8 @@ class PgView:
     server runs them in the order sent, each statement on its own snapshot
     (READ COMMITTED), exactly as when each was its own round trip; a failed
     one aborts the transaction and the rest are skipped."""
+
+    _PARAM: ClassVar[str] = "%s"
 
     def __init__(self, conn: Conn, schema: str, writing: bool) -> None:
         self._conn = conn
@@ -79,6 +83,27 @@ class PgView:
             # to end: a lost connection is a StorageError here, and the
             # store's next call opens a new connection (Database.conn).
             reraise(exc, "a read", self._conn)
+
+    def _many(self, query: str, params: Iterable[Sequence[Any]]) -> int:
+        cur = self._cursor()
+        cur.executemany(query, params)
+        return cur.rowcount
+
+    def _guarded(self, plain: str, locked: str) -> str:
+        return locked if self._writing else plain
+
+    def _keep_tombstone(self, event_id: str, found: Sequence[Sequence[Any]],
+                        columns: tuple[int, int, int]) -> Sequence[Any] | None:
+        """The id's own row among ``found`` (those whose first column is
+        true), else None, keeping the tombstone among the others (its flow,
+        seq and body hash at ``columns``) for :meth:`tombstone`."""
+        held = [r for r in found if r[0]]
+        if held:
+            self._looked_up = None
+            return held[0]
+        tomb = [r for r in found if not r[0]]
+        self._looked_up = (event_id, rows.tombstone(tuple(tomb[0][i] for i in columns)) if tomb else None)
+        return None
 
     def _run(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
         """Execute a write; the number of rows it touched (in a pipeline,

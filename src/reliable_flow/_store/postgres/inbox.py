@@ -37,67 +37,44 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import Any, ClassVar
 
 import psycopg
-from psycopg import sql
 
 from ..._envelope import Envelope
-from ...statuses import (
-    AppliedEvent,
-    BlockReason,
-    EffectState,
-    EffectTransition,
-    InboxState,
-    OperatorAction,
-    ScheduledEffect,
-)
+from ...statuses import ScheduledEffect
 from .. import rows
-from ..effects import NewEffect
-from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow
-from ..rows import EFFECT_SELECT as _COLUMNS
-from ..rows import effect as effect_row
-from ..rows import effect_action, effect_transition
-from ..shared import effect_changes, identity_problem
-from .base import PgStore
+from ..records import FlowState, NextRow, PruneStep, StoredRow
+from ..repository.inbox import InboxRepository, InboxSql
+from ..shared import identity_problem
+from . import inbox_sql
+from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database, first_error
 from .inbox_sql import (
-    ACTION,
-    ADD_TRANSITION,
-    APPLIED,
-    BLOCK,
+    DELETE_EFFECT_RECORDS,
+    DELETE_EFFECTS,
+    DELETE_ROWS,
     DUE_EFFECTS,
-    EFFECT_HISTORY,
-    EFFECT_STARTS,
     EFFECTS_PRUNABLE,
+    FLOW,
     FLOW_AND_NEXT_ROW,
+    FLOW_FOR_UPDATE,
     FORGET_HISTORY,
-    GAPS,
     HELD_EFFECTS,
-    INBOX_BURY,
-    INBOX_COUNTS,
-    INBOX_FORGET,
     INBOX_PRUNABLE,
-    INBOX_TOMBSTONE,
-    INSERT,
     INSERT_NEW,
     INSERT_NEW_MANY,
     MAX_POS,
     NEXT_EFFECT_DUE,
     NEXT_ROW,
     OPEN_FLOWS,
-    REPLACED,
-    ROW,
     ROW_OR_TOMBSTONE,
-    SKIPPED,
-    UPSERT_PROJECTION,
     Candidate,
 )
 from .location import Target, parse
 from .placeholders import pyformat
 from .schema import CONSUMER
-from .tombstones import PgTombstones, TombstoneSql
 
 __all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "PgInbox", "PgInboxStore"]
 
@@ -139,12 +116,15 @@ def first_keyword(text: str) -> str:
     return ""
 
 
-class PgInbox(PgTombstones):
-    """The consumer's tables, seen through one connection: receive, apply,
-    the operator's repairs, the effect outbox, tombstones and pruning."""
+class PgInbox(PgView, InboxRepository):
+    """The consumer's tables, seen through one connection: receive and apply
+    (their locks and pipelined reads), the effect outbox's claims, the
+    application's SQL and pruning here; the rest is
+    :class:`~reliable_flow._store.repository.inbox.InboxRepository`'s."""
 
     engine = "postgres"
-    _TOMBSTONES = TombstoneSql(INBOX_TOMBSTONE, INBOX_FORGET, INBOX_BURY)
+    _SQL: ClassVar[InboxSql] = inbox_sql
+
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
         return bool(self._run(INSERT_NEW, {
@@ -162,31 +142,9 @@ class PgInbox(PgTombstones):
         ))}
         return [env.event_id in stored for env in envs]
 
-    def insert(self, env: Envelope, received_at: float | None = None) -> None:
-        self._run(INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
-
-    def holder(self, flow_id: str, seq: int) -> str | None:
-        """The event id holding (flow, seq), if any (a replaced row does not)."""
-        self._lock("flow", flow_id)
-        row = self._one("SELECT event_id FROM inbox WHERE flow_id = %s AND seq = %s AND live = 1", (flow_id, seq))
-        return None if row is None else str(row[0])
-
-    def unapplied(self, cap: int) -> int:
-        """Rows still waiting (pending or blocked), counted up to ``cap``."""
-        self._lock("room")
-        row = self._one(
-            "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state IN ('pending','blocked') LIMIT %s) t", (cap,)
-        )
-        return 0 if row is None else int(row[0])
-
-    def last_seq(self, flow_id: str) -> int:
-        row = self._one("SELECT last_seq FROM projection WHERE flow_id = %s", (flow_id,))
-        return int(row[0]) if row else 0
-
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
-        lock = " FOR UPDATE" if self._writing else ""
-        row = self._one("SELECT state, last_seq, data FROM projection WHERE flow_id = %s" + lock, (flow_id,))
+        row = self._one(self._guarded(FLOW, FLOW_FOR_UPDATE), (flow_id,))
         return None if row is None else rows.flow_state(row)
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
@@ -206,53 +164,6 @@ class PgInbox(PgTombstones):
         known = None if row[1] is None else rows.flow_state(row[:3])
         return known, None if row[3] is None else (int(row[3]), str(row[4]), str(row[5]))
 
-    def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
-              now: float | None = None) -> None:
-        self._send(BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
-
-    def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
-        self._send(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
-
-    def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
-        """The event's one effect record, and its inbox row marked applied."""
-        self._send(
-            "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (%s, %s, %s, %s)", (event_id, flow_id, seq, kind)
-        )
-        self._send(
-            f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = %s", (event_id,)
-        )
-
-    def open_flows(self) -> list[str]:
-        return [str(r[0]) for r in self._rows(OPEN_FLOWS)]
-
-    def meta(self) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self._rows("SELECT key, value FROM meta")}
-
-    def projection(self, flow_id: str) -> dict[str, Any] | None:
-        row = self._one("SELECT state, last_seq, view FROM projection WHERE flow_id = %s", (flow_id,))
-        return None if row is None else rows.projection(row)
-
-    def effects(self, flow_id: str) -> list[AppliedEvent]:
-        return [rows.effect_record(r) for r in self._rows(
-            "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = %s ORDER BY id", (flow_id,)
-        )]
-
-    def flows(self) -> list[str]:
-        return [str(r[0]) for r in self._rows("SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id")]
-
-    def projected_flows(self) -> list[str]:
-        return [str(r[0]) for r in self._rows("SELECT flow_id FROM projection ORDER BY flow_id")]
-
-    def inbox_counts(self) -> InboxCounts:
-        """Counts for metrics; call inside a read transaction for one snapshot."""
-        gaps = self._one(GAPS)
-        return rows.inbox_counts(self._rows(INBOX_COUNTS), 0 if gaps is None else int(gaps[0]))
-
-    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[StoredRow]:
-        return [rows.stored_row(r) for r in self._rows(
-            ROW + "WHERE flow_id = %s AND seq >= %s ORDER BY seq, live NULLS FIRST", (flow_id, from_seq)
-        )]
-
     def inbox_row(self, event_id: str) -> StoredRow | None:
         """In a unit, the event id is locked first: a receive racing another
         receive of the same event waits, then finds it (``duplicate``).  The
@@ -262,70 +173,6 @@ class PgInbox(PgTombstones):
         held = self._keep_tombstone(event_id, self._rows(ROW_OR_TOMBSTONE, (event_id, event_id)), (2, 3, 10))
         return None if held is None else rows.stored_row(held[1:10])
 
-    def set_skipped(self, event_id: str) -> None:
-        self._run(f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = %s", (event_id,))
-
-    def set_replaced(self, event_id: str) -> None:
-        """The row gives up its (flow, seq) slot: live NULL, which the CHECK ties to 'replaced'."""
-        self._run(f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = %s", (event_id,))
-
-    def record_inbox_action(self, action: OperatorAction) -> None:
-        self._run(
-            "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
-            "replacement_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (action.at, action.event_id, action.flow_id, action.seq, action.action,
-             InboxState(action.previous_state).value, action.actor, action.reason, action.replacement_event_id),
-        )
-
-    def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        if event_id is None:
-            return [rows.inbox_action(r) for r in self._rows(ACTION + "ORDER BY id")]
-        return [rows.inbox_action(r) for r in self._rows(
-            ACTION + "WHERE event_id = %s OR replacement_event_id = %s ORDER BY id", (event_id, event_id)
-        )]
-
-    def add_effect(self, new: NewEffect) -> ScheduledEffect | None:
-        stored = self._run(
-            "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
-            "version, fed, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT(key) DO NOTHING",
-            (new.key, new.name, new.payload, new.event_id, new.flow_id, new.seq, new.meta, int(new.ordered),
-             new.deadline, new.version, None if new.fed is None else int(new.fed), new.created_at,
-             new.created_at),
-        )
-        return None if stored else self.effect(new.key)
-
-    def effect(self, key: str) -> ScheduledEffect | None:
-        row = self._one(f"SELECT {_COLUMNS} FROM effect_outbox WHERE key = %s", (key,))
-        return None if row is None else effect_row(row)
-
-    def effect_list(
-        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
-    ) -> list[ScheduledEffect]:
-        where: list[str] = []
-        params: list[Any] = []
-        if state is not None:
-            where.append("state = %s")
-            params.append(EffectState(state).value)
-        if flow_id is not None:
-            where.append("flow_id = %s")
-            params.append(flow_id)
-        clause = ("WHERE " + " AND ".join(where)) if where else ""
-        return [effect_row(r) for r in self._rows(
-            f"SELECT {_COLUMNS} FROM effect_outbox {clause} ORDER BY id LIMIT %s", (*params, limit)
-        )]
-
-    def effect_counts(self) -> dict[str, int]:
-        return {str(s): int(n) for s, n in self._rows(
-            "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
-        )}
-
-    def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
-        where, params = ("WHERE key = %s", (key,)) if key is not None else ("", ())
-        return [effect_action(r) for r in self._rows(
-            f"SELECT at, key, action, actor, reason FROM effect_action {where} ORDER BY id", params
-        )]
-
     def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
         """In a unit, the effects returned are locked and those another unit
         holds (being claimed) are skipped: two executors never take one."""
@@ -333,7 +180,7 @@ class PgInbox(PgTombstones):
         if not chosen:
             return []
         lock = " FOR UPDATE OF e SKIP LOCKED" if self._writing else ""
-        return [effect_row(r) for r in self._rows(DUE_EFFECTS + lock, (now, chosen, limit))]
+        return [rows.effect(r) for r in self._rows(DUE_EFFECTS + lock, (now, chosen, limit))]
 
     def next_effect_due_at(self, names: Collection[str]) -> float | None:
         chosen = sorted(names)
@@ -342,51 +189,11 @@ class PgInbox(PgTombstones):
         row = self._one(NEXT_EFFECT_DUE, (chosen,))
         return None if row is None else float(row[0])
 
-    def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
-        columns, values = effect_changes(changes)
-        assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
-        self._conn.execute(
-            sql.SQL("UPDATE effect_outbox SET {}, updated_at = %s WHERE key = %s").format(assignments),
-            (*values, now, key),
-        )
-
-    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
-        return [effect_row(r) for r in self._rows(
-            f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND state = 'succeeded' ORDER BY id LIMIT %s",
-            (limit,),
-        )]
-
-    def effect_history(self, key: str) -> list[EffectTransition]:
-        return [effect_transition(r) for r in self._rows(EFFECT_HISTORY, (key,))]
-
-    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
-        row = self._one(EFFECT_STARTS, (name, since))
-        assert row is not None
-        return int(row[0]), None if row[1] is None else float(row[1])
-
     def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
         chosen = sorted(names)
         if not chosen:
             return {}
         return {name: int(count) for name, count in self._rows(HELD_EFFECTS, (now, chosen))}
-
-    def add_transitions(self, rows: Sequence[EffectTransition]) -> None:
-        self._conn.cursor().executemany(ADD_TRANSITION, [
-            (t.key, t.name, t.at, t.transition.value, t.attempt, t.owner, t.detail) for t in rows
-        ])
-
-    def lock_effect_names(self, names: Collection[str]) -> None:
-        """Claimers of these names queue here until the transaction ends, so
-        a cap or a rate limit is counted and used by one claimer at a time
-        (READ COMMITTED alone would let two count the same free slot)."""
-        for name in sorted(names):
-            self._lock("effect_name", name)
-
-    def record_effect_action(self, action: OperatorAction) -> None:
-        self._run(
-            "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (%s, %s, %s, %s, %s)",
-            (action.at, action.key, action.action, action.actor, action.reason),
-        )
 
     def user_execute(self, sql: str,  # the contract's name (shadows psycopg.sql here only)
                      params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -425,49 +232,25 @@ class PgInbox(PgTombstones):
             self._answered = True
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
 
-    def app_version(self, name: str) -> int:
-        # In a unit of work, the caller migrates on what it reads here: take the
-        # app-schema lock first, so two consumers opening at once migrate one
-        # after the other and the second reads the first's version (READ
-        # COMMITTED: the SELECT after the lock sees its commit), as SQLite's
-        # write lock does.
-        self._lock("app_schema")
-        row = self._one("SELECT version FROM app_schema WHERE name = %s", (name,))
-        return 0 if row is None else int(row[0])
-
-    def set_app_version(self, name: str, version: int) -> None:
-        self._run(
-            "INSERT INTO app_schema(name, version) VALUES (%s, %s) "
-            "ON CONFLICT(name) DO UPDATE SET version = excluded.version",
-            (name, version),
-        )
-
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
-        rows: list[Candidate] = [
+        found: list[Candidate] = [
             (int(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4]))
             for r in self._rows(INBOX_PRUNABLE, (horizon, MAX_POS, limit))
         ]
         records = 0
-        if rows:
+        if found:
             self._looked_up = None
-            self._bury(rows, now)
-            ids = [r[1] for r in rows]
-            records = self._run("DELETE FROM effect WHERE event_id = ANY(%s)", (ids,))
-            self._run("DELETE FROM inbox WHERE event_id = ANY(%s)", (ids,))
+            self._bury(found, now)
+            ids = [r[1] for r in found]
+            records = self._run(DELETE_EFFECT_RECORDS, (ids,))
+            self._run(DELETE_ROWS, (ids,))
         finished = [int(r[0]) for r in self._rows(EFFECTS_PRUNABLE, (horizon, limit))]
         if finished:  # an effect's history goes with it
             self._run(FORGET_HISTORY, (finished,))
-        effect_rows = self._run("DELETE FROM effect_outbox WHERE id = ANY(%s)", (finished,)) if finished else 0
-        step = PruneStep(len(rows), effect_records=records, effect_rows=effect_rows)
+        effect_rows = self._run(DELETE_EFFECTS, (finished,)) if finished else 0
+        step = PruneStep(len(found), effect_records=records, effect_rows=effect_rows)
         self._record(now, horizon, step)  # also a pass that found nothing
         return step
-
-    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
-        self._run(
-            "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) "
-            "VALUES (%s, %s, %s, %s, %s)",
-            (now, horizon, step.events, step.effect_records, step.effect_rows),
-        )
 
 
 class PgInboxStore(PgStore[PgInbox]):

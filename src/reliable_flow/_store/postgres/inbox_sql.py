@@ -8,38 +8,16 @@ from ...statuses import InboxState
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "ACTION",
-    "ADD_TRANSITION",
-    "APPLIED",
-    "BLOCK",
-    "BLOCKED",
-    "DUE_EFFECTS",
-    "EFFECTS_PRUNABLE",
-    "EFFECT_HISTORY",
-    "EFFECT_STARTS",
-    "FLOW_AND_NEXT_ROW",
-    "FORGET_HISTORY",
-    "GAPS",
-    "HELD_EFFECTS",
-    "INBOX_BURY",
-    "INBOX_COUNTS",
-    "INBOX_FORGET",
-    "INBOX_PRUNABLE",
-    "INBOX_TOMBSTONE",
-    "INSERT",
-    "INSERT_NEW",
-    "INSERT_NEW_MANY",
-    "MAX_POS",
-    "NEXT_EFFECT_DUE",
-    "NEXT_ROW",
-    "OPEN_FLOWS",
-    "REPLACED",
-    "ROW",
-    "ROW_OR_TOMBSTONE",
-    "SKIPPED",
-    "UPSERT_PROJECTION",
-    "WAITING_BEHIND",
-    "Candidate",
+    "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DELETE_EFFECTS",
+    "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "DUE_EFFECTS", "EFFECT", "EFFECTS_PRUNABLE", "EFFECT_ACTIONS",
+    "EFFECT_ACTIONS_OF", "EFFECT_COUNTS", "EFFECT_HISTORY", "EFFECT_LIST", "EFFECT_RECORDS", "EFFECT_STARTS",
+    "FLOW", "FLOW_AND_NEXT_ROW", "FLOW_FOR_UPDATE", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "HOLDER",
+    "INBOX_ACTIONS", "INBOX_ACTIONS_OF_EVENT", "INBOX_COUNTS", "INBOX_FLOWS", "INBOX_PRUNABLE", "INSERT",
+    "INSERT_NEW", "INSERT_NEW_MANY", "LAST_SEQ", "MARK_APPLIED", "MAX_POS", "META", "NEXT_EFFECT_DUE", "NEXT_ROW",
+    "OPEN_FLOWS", "PROJECTED_FLOWS", "PROJECTION", "RECORD_EFFECT", "RECORD_EFFECT_ACTION", "RECORD_INBOX_ACTION",
+    "RECORD_PRUNE", "REPLACED", "ROW", "ROWS_OF_FLOW", "ROW_OF_EVENT", "ROW_OR_TOMBSTONE", "SET_APP_VERSION",
+    "SET_REPLACED", "SET_SKIPPED", "SKIPPED", "TOMBSTONE", "TOMBSTONE_BURY", "TOMBSTONE_FORGET", "UNAPPLIED",
+    "UNFED", "UPDATE_EFFECT", "UPSERT_PROJECTION", "WAITING_BEHIND", "Candidate",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
@@ -167,14 +145,14 @@ EFFECTS_PRUNABLE = (
 
 Candidate = tuple[int, str, str, int, str]
 
-INBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = %s"
+TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = %s"
 
-INBOX_FORGET = (
+TOMBSTONE_FORGET = (
     "DELETE FROM inbox_tombstone WHERE event_id IN "
     "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
 )
 
-INBOX_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
+TOMBSTONE_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
 
 # The effect history (issue 20): one row per transition, read per key in
 # order; rate limits count the starts (``claimed``) of a name in a window
@@ -194,3 +172,52 @@ HELD_EFFECTS = (
     "AND due_at > %s AND name = ANY(%s) GROUP BY name"
 )
 FORGET_HISTORY = "DELETE FROM effect_history WHERE key IN (SELECT key FROM effect_outbox WHERE id = ANY(%s))"
+
+RECORD_PRUNE = (
+    "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (%s, %s, %s, %s, %s)"
+)
+
+# The plain reads and writes (the shared repository's: see
+# reliable_flow._store.repository.inbox.InboxSql).
+META = "SELECT key, value FROM meta"
+PROJECTION = "SELECT state, last_seq, view FROM projection WHERE flow_id = %s"
+LAST_SEQ = "SELECT last_seq FROM projection WHERE flow_id = %s"
+FLOW_FOR_UPDATE = "SELECT state, last_seq, data FROM projection WHERE flow_id = %s FOR UPDATE"
+FLOW = "SELECT state, last_seq, data FROM projection WHERE flow_id = %s"
+EFFECT_RECORDS = "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = %s ORDER BY id"
+INBOX_FLOWS = "SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id"
+PROJECTED_FLOWS = "SELECT flow_id FROM projection ORDER BY flow_id"
+ROWS_OF_FLOW = ROW + "WHERE flow_id = %s AND seq >= %s ORDER BY seq, live NULLS FIRST"
+ROW_OF_EVENT = ROW + "WHERE event_id = %s"
+HOLDER = "SELECT event_id FROM inbox WHERE flow_id = %s AND seq = %s AND live = 1"
+UNAPPLIED = "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state IN ('pending','blocked') LIMIT %s) t"
+RECORD_EFFECT = "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (%s, %s, %s, %s)"
+MARK_APPLIED = f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = %s"
+SET_SKIPPED = f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = %s"
+SET_REPLACED = f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = %s"
+RECORD_INBOX_ACTION = (
+    "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
+    "replacement_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+INBOX_ACTIONS = ACTION + "ORDER BY id"
+INBOX_ACTIONS_OF_EVENT = ACTION + "WHERE event_id = %s OR replacement_event_id = %s ORDER BY id"
+ADD_EFFECT = (
+    "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
+    "version, fed, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT(key) DO NOTHING"
+)
+EFFECT = f"SELECT {_COLUMNS} FROM effect_outbox WHERE key = %s"
+EFFECT_LIST = f"SELECT {_COLUMNS} FROM effect_outbox {{where}} ORDER BY id"
+EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
+EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
+EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = %s ORDER BY id"
+RECORD_EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (%s, %s, %s, %s, %s)"
+UNFED = f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND state = 'succeeded' ORDER BY id LIMIT %s"
+UPDATE_EFFECT = "UPDATE effect_outbox SET {assignments}, updated_at = %s WHERE key = %s"
+APP_VERSION = "SELECT version FROM app_schema WHERE name = %s"
+SET_APP_VERSION = (
+    "INSERT INTO app_schema(name, version) VALUES (%s, %s) ON CONFLICT(name) DO UPDATE SET version = excluded.version"
+)
+DELETE_EFFECT_RECORDS = "DELETE FROM effect WHERE event_id = ANY(%s)"
+DELETE_ROWS = "DELETE FROM inbox WHERE event_id = ANY(%s)"
+DELETE_EFFECTS = "DELETE FROM effect_outbox WHERE id = ANY(%s)"

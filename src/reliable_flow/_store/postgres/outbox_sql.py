@@ -7,34 +7,15 @@ from __future__ import annotations
 from ...statuses import DeliveryState
 
 __all__ = [
-    "ACCEPTED",
-    "APPEND",
-    "BACKLOG",
-    "CONSUMERS",
-    "DELIVERIES",
-    "DELIVERY_COUNTS",
-    "FIND_EVENT",
-    "FLOW",
-    "FLOW_FOR_UPDATE",
-    "LOCK_DELIVERIES",
-    "MARK_CONFLICT",
-    "MARK_DELIVERED",
-    "MAX_POS",
-    "NEXT_DUE",
-    "NEXT_DUE_AT",
-    "OUTBOX_BURY",
-    "OUTBOX_FORGET",
-    "OUTBOX_PRUNABLE",
-    "OUTBOX_TOMBSTONE",
-    "PENDING",
-    "PENDING_FOR_ALL",
-    "REGISTER",
-    "REGISTRY_LOCK",
-    "SET_ASIDE",
-    "STILL_WAITING",
-    "UPSERT_FLOW",
-    "WAITING",
-    "Candidate",
+    "ACCEPTED", "ANY_CONSUMER", "APPEND", "BACKLOG", "BIND", "BOUND_UID", "CLAIM", "CONSUMERS", "CONSUMER_NAMES",
+    "COUNT_EVENTS", "COUNT_FLOWS", "DELIVERIES", "DELIVERIES_OF_FLOW", "DELIVERY_COUNTS", "DELIVERY_STATE",
+    "DELIVERY_STATE_LOCKED", "EVENTS", "EVENTS_OF_FLOW", "FIND_EVENT", "FLOW", "FLOWS", "FLOW_FOR_UPDATE",
+    "FORGET_DELIVERIES_OF", "IS_REGISTERED", "LOCK_DELIVERIES", "MARK_CONFLICT", "MARK_DELIVERED", "MAX_POS",
+    "NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_LOCKED", "OPERATOR_ACTIONS", "OPERATOR_ACTIONS_OF_EVENT",
+    "OUTBOX_PRUNABLE", "PENDING", "PENDING_FAILURES", "PENDING_FAILURES_LOCKED", "PENDING_FOR_ALL", "PROTOCOL",
+    "RECORD_ACTION", "RECORD_PRUNE", "RECORD_REGISTRY_ACTION", "REGISTER", "REGISTRY_ACTIONS",
+    "REGISTRY_ACTIONS_OF", "REMOVE_CONSUMER", "RESOLVE", "SET_ASIDE", "SET_RETRY", "STILL_WAITING", "TOMBSTONE",
+    "TOMBSTONE_BURY", "TOMBSTONE_FORGET", "UPSERT_FLOW", "WAITING", "Candidate",
 ]
 
 PENDING = DeliveryState.PENDING.value
@@ -98,12 +79,12 @@ DELIVERY_COUNTS = (
     "FROM delivery GROUP BY consumer, state ORDER BY consumer, state"
 )
 
-DELIVERIES = (
+_DELIVERIES = (
     "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
     "FROM outbox o JOIN delivery d ON d.pos = o.pos "
 )
-
-REGISTRY_LOCK = "registry"
+DELIVERIES = _DELIVERIES + "ORDER BY d.pos, d.consumer"
+DELIVERIES_OF_FLOW = _DELIVERIES + "WHERE o.flow_id = %s ORDER BY d.pos, d.consumer"
 
 CONSUMERS = (
     "SELECT c.name, c.uid, c.registered_at, c.from_pos, "
@@ -140,12 +121,63 @@ LOCK_DELIVERIES = "SELECT 1 FROM delivery WHERE pos = ANY(%s) ORDER BY consumer,
 
 Candidate = tuple[int, str, str, int, str]
 
-OUTBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = %s"
+TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = %s"
 
-OUTBOX_FORGET = (
+TOMBSTONE_FORGET = (
     "DELETE FROM outbox_tombstone WHERE event_id IN "
     "(SELECT event_id FROM outbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
 )
 
-OUTBOX_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
+TOMBSTONE_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
 
+RECORD_PRUNE = "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (%s, %s, %s, %s)"
+
+# The plain reads and writes (the shared repository's: see
+# reliable_flow._store.repository.outbox.OutboxSql).
+PROTOCOL = "SELECT value FROM meta WHERE key = 'protocol'"
+FLOWS = "SELECT flow_id FROM flow ORDER BY flow_id"
+EVENTS = "SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o ORDER BY o.pos"
+EVENTS_OF_FLOW = "SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o WHERE o.flow_id = %s ORDER BY o.pos"
+COUNT_EVENTS = "SELECT count(*) FROM outbox"
+COUNT_FLOWS = "SELECT count(*) FROM flow"
+CONSUMER_NAMES = "SELECT name FROM consumer ORDER BY name"
+OPERATOR_ACTIONS = "SELECT at, consumer, event_id, action, actor, reason FROM operator_action ORDER BY id"
+OPERATOR_ACTIONS_OF_EVENT = (
+    "SELECT at, consumer, event_id, action, actor, reason FROM operator_action WHERE event_id = %s ORDER BY id"
+)
+RECORD_ACTION = (
+    "INSERT INTO operator_action(at, consumer, event_id, action, actor, reason) VALUES (%s, %s, %s, %s, %s, %s)"
+)
+REGISTRY_ACTIONS = "SELECT at, consumer, action, actor, reason FROM registry_action ORDER BY id"
+REGISTRY_ACTIONS_OF = (
+    "SELECT at, consumer, action, actor, reason FROM registry_action WHERE consumer = %s ORDER BY id"
+)
+RECORD_REGISTRY_ACTION = (
+    "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (%s, %s, %s, %s, %s)"
+)
+ANY_CONSUMER = "SELECT 1 FROM consumer LIMIT 1"
+IS_REGISTERED = "SELECT 1 FROM consumer WHERE name = %s"
+BOUND_UID = "SELECT uid FROM consumer WHERE name = %s"
+BIND = "UPDATE consumer SET uid = %s WHERE name = %s AND uid IS NULL"
+FORGET_DELIVERIES_OF = "DELETE FROM delivery WHERE consumer = %s"
+REMOVE_CONSUMER = "DELETE FROM consumer WHERE name = %s"
+SET_RETRY = (
+    "UPDATE delivery SET attempts = attempts + 1, failures = %s, due_at = %s, lease_owner = NULL, "
+    "last_error = %s, updated_at = %s WHERE consumer = %s AND pos = %s"
+)
+RESOLVE = (
+    "UPDATE delivery SET state = %s, due_at = 0, failures = 0, lease_owner = NULL, updated_at = %s "
+    "WHERE consumer = %s AND pos = %s"
+)
+CLAIM = (
+    "UPDATE delivery SET due_at = %s, lease_owner = %s, updated_at = %s WHERE consumer = %s AND pos = ANY(%s)"
+)
+# In a unit the guarding reads lock their rows (READ COMMITTED holds nothing
+# by itself): a relay's claim skips the deliveries another claim holds.
+NEXT_DUE_LOCKED = NEXT_DUE + " FOR UPDATE OF d SKIP LOCKED"
+PENDING_FAILURES = "SELECT failures FROM delivery WHERE consumer = %s AND pos = %s AND state = %s"
+PENDING_FAILURES_LOCKED = PENDING_FAILURES + " FOR UPDATE"
+DELIVERY_STATE = (
+    "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos WHERE o.event_id = %s AND d.consumer = %s"
+)
+DELIVERY_STATE_LOCKED = DELIVERY_STATE + " FOR UPDATE OF d"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
+from ..repository.dialect import Dialect, Row
 from .connection import Database
 
-__all__ = ["SqliteStore", "Statements"]
+__all__ = ["SqliteDialect", "SqliteStore", "Statements"]
 
 View = TypeVar("View")
 
@@ -47,6 +48,44 @@ class Statements:
         if not self._keeps(sql):
             self._changing()
         return self.conn.executemany(sql, params)
+
+
+class SqliteDialect(Dialect):
+    """How a statement runs on SQLite, for a view over one connection.
+
+    A unit of work holds the file's write lock from its first statement
+    (``BEGIN IMMEDIATE``), so there is no lock to take and no row to lock:
+    :meth:`_lock` does nothing and :meth:`_guarded` picks the plain read."""
+
+    _PARAM: ClassVar[str] = "?"
+
+    def __init__(self, conn: sqlite3.Connection, keeps: Callable[[str], bool]) -> None:
+        self._conn = Statements(conn, keeps, self._settle)
+
+    def _settle(self) -> None:
+        """Settle what the view holds before a statement that ``keeps`` does not accept (see :class:`Statements`)."""
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        row: Row | None = self._conn.execute(sql, params).fetchone()
+        return row
+
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(self._conn.execute(sql, params).rowcount)
+
+    def _send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._conn.execute(sql, params)
+
+    def _many(self, sql: str, params: Iterable[Sequence[Any]]) -> int:
+        return int(self._conn.executemany(sql, params).rowcount)
+
+    def _lock(self, what: str, name: str = "", *, shared: bool = False) -> None:
+        pass
+
+    def _guarded(self, plain: str, locked: str) -> str:
+        return plain
 
 
 class SqliteStore(Generic[View]):

@@ -14,12 +14,15 @@ from ...statuses import (
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECTS_PRUNABLE",
-    "EFFECT_ACTION", "EFFECT_HISTORY", "EFFECT_STARTS", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS",
-    "INBOX_BURY", "INBOX_COUNTS", "INBOX_FORGET", "INBOX_PRUNABLE", "INBOX_TOMBSTONE", "INSERT", "INSERT_NEW",
-    "INSERT_NEW_RETURNING", "MARK_APPLIED", "NEXT_EFFECT_DUE", "NEXT_ROW", "NEXT_ROW_AHEAD", "OPEN_FLOWS",
-    "RECORD_EFFECT", "REPLACED", "RETURNING", "ROW", "SET_APP_VERSION", "SKIPPED", "UPSERT_PROJECTION",
-    "insert_chunks",
+    "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECT",
+    "EFFECTS_PRUNABLE", "EFFECT_ACTIONS", "EFFECT_ACTIONS_OF", "EFFECT_COUNTS", "EFFECT_HISTORY", "EFFECT_LIST",
+    "EFFECT_RECORDS", "EFFECT_STARTS", "FLOW", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "HOLDER",
+    "INBOX_ACTIONS", "INBOX_ACTIONS_OF_EVENT", "INBOX_COUNTS", "INBOX_FLOWS", "INBOX_PRUNABLE", "INSERT",
+    "INSERT_MAX", "INSERT_NEW", "INSERT_NEW_RETURNING", "LAST_SEQ", "MARK_APPLIED", "META", "NEXT_EFFECT_DUE",
+    "NEXT_ROW", "NEXT_ROW_AHEAD", "OPEN_FLOWS", "PROJECTED_FLOWS", "PROJECTION", "RECORD_EFFECT",
+    "RECORD_EFFECT_ACTION", "RECORD_INBOX_ACTION", "RECORD_PRUNE", "REPLACED", "RETURNING", "ROW", "ROWS_OF_FLOW",
+    "ROW_OF_EVENT", "SET_APP_VERSION", "SET_REPLACED", "SET_SKIPPED", "SKIPPED", "TOMBSTONE", "TOMBSTONE_BURY",
+    "TOMBSTONE_FORGET", "UNAPPLIED", "UNFED", "UPDATE_EFFECT", "UPSERT_PROJECTION", "insert_chunks",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
@@ -110,7 +113,7 @@ ADD_EFFECT = (
     "version, fed, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(key) DO NOTHING"
 )
-EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
+RECORD_EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
 SET_APP_VERSION = (
     "INSERT INTO app_schema(name, version) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET version = excluded.version"
 )
@@ -182,15 +185,15 @@ INBOX_PRUNABLE = (
     "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.rowid LIMIT ?"
 )
 
-INBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = ?"
+TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = ?"
 
 # A scan, but of a table that forgetting keeps to the window's size.
-INBOX_FORGET = (
+TOMBSTONE_FORGET = (
     "DELETE FROM inbox_tombstone WHERE event_id IN "
     "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < ? LIMIT ?)"
 )
 
-INBOX_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
+TOMBSTONE_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
 
 # Finished effect-outbox rows (final, and fed when feedback was asked for),
 # last written before the horizon; through the index by state.  ``dead`` and
@@ -219,3 +222,40 @@ HELD_EFFECTS = (
     "AND due_at > ? AND name IN ({names}) GROUP BY name"
 )
 FORGET_HISTORY = "DELETE FROM effect_history WHERE key = (SELECT key FROM effect_outbox WHERE id = ?)"
+
+RECORD_PRUNE = (
+    "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (?, ?, ?, ?, ?)"
+)
+
+# The plain reads and writes (the shared repository's: see
+# reliable_flow._store.repository.inbox.InboxSql).
+META = "SELECT key, value FROM meta"
+PROJECTION = "SELECT state, last_seq, view FROM projection WHERE flow_id = ?"
+LAST_SEQ = "SELECT last_seq FROM projection WHERE flow_id = ?"
+FLOW = "SELECT state, last_seq, data FROM projection WHERE flow_id = ?"
+EFFECT_RECORDS = "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = ? ORDER BY id"
+INBOX_FLOWS = "SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id"
+PROJECTED_FLOWS = "SELECT flow_id FROM projection ORDER BY flow_id"
+ROWS_OF_FLOW = ROW + "WHERE flow_id = ? AND seq >= ? ORDER BY seq, live"
+ROW_OF_EVENT = ROW + "WHERE event_id = ?"
+HOLDER = "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ? AND live = 1"
+UNAPPLIED = "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state IN ('pending','blocked') LIMIT ?)"
+SET_SKIPPED = f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = ?"
+SET_REPLACED = f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = ?"
+RECORD_INBOX_ACTION = (
+    "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
+    "replacement_event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INBOX_ACTIONS = ACTION + "ORDER BY id"
+INBOX_ACTIONS_OF_EVENT = ACTION + "WHERE event_id = ? OR replacement_event_id = ? ORDER BY id"
+EFFECT = f"SELECT {_COLUMNS} FROM effect_outbox WHERE key = ?"
+EFFECT_LIST = f"SELECT {_COLUMNS} FROM effect_outbox {{where}} ORDER BY id"
+EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
+EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
+EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = ? ORDER BY id"
+UNFED = (
+    f"SELECT {_COLUMNS} FROM effect_outbox INDEXED BY effect_unfed WHERE fed = 0 "
+    "AND state = 'succeeded' ORDER BY id LIMIT ?"
+)
+UPDATE_EFFECT = "UPDATE effect_outbox SET {assignments}, updated_at = ? WHERE key = ?"
+APP_VERSION = "SELECT version FROM app_schema WHERE name = ?"

@@ -24,26 +24,26 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import ClassVar
 
 from ..._envelope import Envelope
-from ..._operations import ConsumerEntry
-from ...delivery import Retry
 from ...errors import StorageError
-from ...statuses import DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from ..records import FlowState, PruneStep, StoredEvent
+from ..repository.outbox import OutboxRepository, OutboxSql
 from ..shared import identity_problem
-from .base import SqliteStore, Statements
+from . import outbox_sql
+from .base import SqliteDialect, SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
 from .outbox_sql import (
+    ANY_CONSUMER,
     APPEND,
+    BACKLOG,
+    BACKLOG_BEFORE_CONSUMERS,
     CLAIM,
-    CONSUMERS,
     DELIVER_FROM,
-    DELIVERIES,
-    DELIVERY_COUNTS,
     FIND_EVENT,
     FIND_EVENT_AND_FLOW,
     FLOW,
@@ -51,18 +51,14 @@ from .outbox_sql import (
     MARK_DELIVERED,
     NEXT_DUE,
     NEXT_DUE_AT,
-    OUTBOX_BURY,
-    OUTBOX_FORGET,
     OUTBOX_PRUNABLE,
-    OUTBOX_TOMBSTONE,
-    PENDING,
+    TOMBSTONE,
     UPSERT_FLOW,
     WAITING,
     by_status,
     in_chunks,
 )
 from .schema import PRODUCER
-from .tombstones import SqliteTombstones, TombstoneSql
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
 
@@ -70,26 +66,24 @@ __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
 # a tombstone: in a batch they leave its owed deliveries owed.  Every other
 # statement first writes them (see Statements).
 _ADVANCE = frozenset({
-    FIND_EVENT, FIND_EVENT_AND_FLOW, FLOW, UPSERT_FLOW, APPEND, OUTBOX_TOMBSTONE,
+    FIND_EVENT, FIND_EVENT_AND_FLOW, FLOW, UPSERT_FLOW, APPEND, TOMBSTONE,
     "SAVEPOINT advance", "RELEASE advance", "ROLLBACK TO advance",
 })
 
 
-class SqliteOutbox(SqliteTombstones):
-    """The producer file's tables, seen through one connection: advance,
-    deliveries, the consumer registry, tombstones and pruning."""
+class SqliteOutbox(SqliteDialect, OutboxRepository):
+    """The producer file's tables, seen through one connection: advance and
+    a batch's deliveries, claims, marks and pruning here; the rest is
+    :class:`~reliable_flow._store.repository.outbox.OutboxRepository`'s."""
 
-    _TOMBSTONES = TombstoneSql(OUTBOX_TOMBSTONE, OUTBOX_FORGET, OUTBOX_BURY)
+    _SQL: ClassVar[OutboxSql] = outbox_sql
 
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = Statements(conn, _ADVANCE.__contains__, self._settle)
+        super().__init__(conn, _ADVANCE.__contains__)
         self.lost: BaseException | None = None
-        # Answers this unit already holds (only inside a transaction, which
-        # on SQLite holds the file's write lock, so nobody else changes them):
-        # the tombstone read with the last find_event_and_flow, for the
-        # tombstone() call that follows it; and the flow rows this unit read
-        # or wrote itself.
-        self._tomb: tuple[str, Tombstone | None] | None = None
+        # The flow rows this unit read or wrote itself (only inside a
+        # transaction, which on SQLite holds the file's write lock, so nobody
+        # else changes them).
         self._flows: dict[str, tuple[str, int, str] | None] = {}
         # In a batch (inside step()), the deliveries of appended events are
         # written for all of them at once: from this position on (every
@@ -98,8 +92,17 @@ class SqliteOutbox(SqliteTombstones):
         self._in_step = False
         self._owed_from: int | None = None
 
+    def _settle(self) -> None:
+        """Before a statement other than an advance's, and before the commit:
+        write the deliveries owed by this unit's batch (see ``_owed_from``)
+        and forget the tombstone read ahead."""
+        self._looked_up = None
+        start, self._owed_from = self._owed_from, None
+        if start is not None:
+            self._conn.conn.execute(DELIVER_FROM, (start,))
+
     def find_event(self, event_id: str) -> StoredEvent | None:
-        row = self._conn.execute(FIND_EVENT, (event_id,)).fetchone()
+        row = self._one(FIND_EVENT, (event_id,))
         return None if row is None else rows.stored_event(row)
 
     def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
@@ -109,46 +112,26 @@ class SqliteOutbox(SqliteTombstones):
         if not self._conn.in_transaction:
             return self.find_event(event_id), self.flow_state(flow_id)
         found, tomb, flow = None, None, None
-        for kind, a, b, c in self._conn.execute(FIND_EVENT_AND_FLOW, (event_id, flow_id)):
+        for kind, a, b, c in self._rows(FIND_EVENT_AND_FLOW, (event_id, flow_id)):
             if kind == 0:
                 found = rows.stored_event((a, b, c))
             elif kind == 1:
                 tomb = rows.tombstone((a, b, c))
             else:
                 flow = (a, b, c)
-        self._tomb = (event_id, tomb)
+        self._looked_up = (event_id, tomb)
         self._flows[flow_id] = flow
         return found, self.flow_state(flow_id)
 
-    def tombstone(self, event_id: str) -> Tombstone | None:
-        held, self._tomb = self._tomb, None
-        if held is not None and held[0] == event_id:
-            return held[1]
-        return super().tombstone(event_id)
-
     def flow_state(self, flow_id: str) -> FlowState | None:
-        if flow_id in self._flows:
-            row = self._flows[flow_id]
-        else:
-            row = self._conn.execute(FLOW, (flow_id,)).fetchone()
+        row = self._flows[flow_id] if flow_id in self._flows else self._one(FLOW, (flow_id,))
         return None if row is None else rows.flow_state(row)
-
-    def _settle(self) -> None:
-        """Before a statement other than an advance's, and before the commit:
-        write the deliveries owed by this unit's batch (see ``_owed_from``)
-        and forget the tombstone read ahead."""
-        self._tomb = None
-        start, self._owed_from = self._owed_from, None
-        if start is not None:
-            self._conn.conn.execute(DELIVER_FROM, (start,))
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
-        if self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is None:
-            return int(self._conn.execute("SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT ?)", (cap,)).fetchone()[0])
-        return int(self._conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM delivery WHERE state = 'pending' LIMIT ?)", (cap,)
-        ).fetchone()[0])
+        if self._one(ANY_CONSUMER) is None:
+            return int(self._conn.execute(BACKLOG_BEFORE_CONSUMERS, (cap,)).fetchone()[0])
+        return int(self._conn.execute(BACKLOG, (cap,)).fetchone()[0])
 
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
         self._flows.pop(flow_id, None)
@@ -171,7 +154,7 @@ class SqliteOutbox(SqliteTombstones):
         writes stay.  If the engine dropped the whole transaction instead,
         :attr:`lost` is set and the batch must not go on."""
         conn = self._conn
-        self._tomb = None
+        self._looked_up = None
         if not conn.in_transaction:
             # A SAVEPOINT outside a transaction would silently start one that
             # RELEASE then commits on its own: never let the batch split.
@@ -182,7 +165,7 @@ class SqliteOutbox(SqliteTombstones):
         try:
             yield
         except BaseException as exc:
-            self._tomb, self._flows = None, {}  # what the step wrote may be undone
+            self._looked_up, self._flows = None, {}  # what the step wrote may be undone
             self._in_step = False
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO advance")
@@ -198,36 +181,9 @@ class SqliteOutbox(SqliteTombstones):
         self._in_step = False
         conn.execute("RELEASE advance")
 
-    def bound_uid(self, name: str) -> str | None:
-        row = self._conn.execute("SELECT uid FROM consumer WHERE name = ?", (name,)).fetchone()
-        return None if row is None or row[0] is None else str(row[0])
-
-    def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
-        """Positions and bodies of the oldest pending deliveries due at ``horizon``."""
-        return [(int(r[0]), str(r[1])) for r in self._conn.execute(NEXT_DUE, (consumer, horizon, limit))]
-
-    def next_due_at(self, consumer: str) -> float | None:
-        due = self._conn.execute(NEXT_DUE_AT, (consumer,)).fetchone()[0]
-        return None if due is None else float(due)
-
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
         for chunk, sql in in_chunks(CLAIM, positions):
             self._conn.execute(sql, (until, owner, now, consumer, *chunk))
-
-    def pending_failures(self, consumer: str, pos: int) -> int | None:
-        """Consecutive failures of a delivery that is still pending, else None."""
-        row = self._conn.execute(
-            "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = ?",
-            (consumer, pos, PENDING),
-        ).fetchone()
-        return None if row is None else int(row[0])
-
-    def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
-        self._conn.execute(
-            "UPDATE delivery SET attempts = attempts + 1, failures = ?, due_at = ?, lease_owner = NULL, "
-            "last_error = ?, updated_at = ? WHERE consumer = ? AND pos = ?",
-            (retry.failures, retry.due_at, retry.error, now, consumer, pos),
-        )
 
     def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
              conflicts: Sequence[tuple[int, str]], now: float) -> None:
@@ -241,125 +197,20 @@ class SqliteOutbox(SqliteTombstones):
                     for chunk, sql_in in in_chunks(sql, positions):
                         self._conn.execute(sql_in, (status, now, consumer, *chunk))
 
-    def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
-        row = self._conn.execute(
-            "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos "
-            "WHERE o.event_id = ? AND d.consumer = ?",
-            (event_id, consumer),
-        ).fetchone()
-        return None if row is None else (int(row[0]), DeliveryState(row[1]))
-
-    def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
-        """An operator's decision: the delivery goes to ``state``, due at once, unclaimed."""
-        self._conn.execute(
-            "UPDATE delivery SET state = ?, due_at = 0, failures = 0, lease_owner = NULL, updated_at = ? "
-            "WHERE consumer = ? AND pos = ?",
-            (state.value, now, consumer, pos),
-        )
-
-    def record_action(self, action: OperatorAction) -> None:
-        self._conn.execute(
-            "INSERT INTO operator_action(at, consumer, event_id, action, actor, reason) VALUES (?, ?, ?, ?, ?, ?)",
-            (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason),
-        )
-
-    def protocol_name(self) -> str | None:
-        return dict(self._conn.execute("SELECT key, value FROM meta").fetchall()).get("protocol")
-
-    def flows(self) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT flow_id FROM flow ORDER BY flow_id")]
-
-    def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
-        """Outbox entries with their delivery state; call inside a read transaction."""
-        where, params = ("WHERE o.flow_id = ?", (flow_id,)) if flow_id is not None else ("", ())
-        events = self._conn.execute(
-            f"SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o {where} ORDER BY o.pos", params
-        ).fetchall()
-        deliveries = self._conn.execute(f"{DELIVERIES}{where} ORDER BY d.pos, d.consumer", params)
-        return rows.outbox_entries(events, deliveries, consumer)
-
-    def outbox_counts(self, now: float) -> OutboxCounts:
-        """Counts for metrics; call inside a read transaction for one snapshot."""
-        groups = rows.delivery_counts(self._conn.execute(DELIVERY_COUNTS, (now,)))
-        return OutboxCounts(
-            int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]),
-            int(self._conn.execute("SELECT count(*) FROM flow").fetchone()[0]),
-            tuple(r[0] for r in self._conn.execute("SELECT name FROM consumer ORDER BY name")),
-            groups,
-        )
-
-    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        where, params = ("WHERE event_id = ?", (event_id,)) if event_id is not None else ("", ())
-        return [
-            rows.delivery_action(r)
-            for r in self._conn.execute(
-                f"SELECT at, consumer, event_id, action, actor, reason FROM operator_action {where} ORDER BY id",
-                params,
-            )
-        ]
-
-    def has_consumers(self) -> bool:
-        return self._conn.execute("SELECT 1 FROM consumer LIMIT 1").fetchone() is not None
-
-    def is_registered(self, name: str) -> bool:
-        return self._conn.execute("SELECT 1 FROM consumer WHERE name = ?", (name,)).fetchone() is not None
-
-    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
-        """A name with no file yet: from now, after the last committed event; else from the first."""
-        self._conn.execute(
-            "INSERT INTO consumer(name, uid, registered_at, from_pos) "
-            "SELECT ?, NULL, ?, CASE WHEN ? THEN (SELECT coalesce(max(pos), 0) FROM outbox) END",
-            (name, now, from_now),
-        )
-        if not from_now:
-            self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT ?, pos FROM outbox", (name,))
-
-    def bind_consumer(self, name: str, uid: str) -> None:
-        self._conn.execute("UPDATE consumer SET uid = ? WHERE name = ? AND uid IS NULL", (uid, name))
-
-    def remove_consumer(self, name: str) -> None:
-        self._conn.execute("DELETE FROM delivery WHERE consumer = ?", (name,))
-        self._conn.execute("DELETE FROM consumer WHERE name = ?", (name,))
-
-    def record_registry_action(self, action: OperatorAction) -> None:
-        self._conn.execute(
-            "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)",
-            (action.at, action.consumer, action.action, action.actor, action.reason),
-        )
-
-    def consumers(self) -> list[ConsumerEntry]:
-        return [rows.consumer_entry(r) for r in self._conn.execute(CONSUMERS)]
-
-    def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
-        where, params = ("WHERE consumer = ?", (consumer,)) if consumer is not None else ("", ())
-        return [
-            rows.registry_action(r)
-            for r in self._conn.execute(
-                f"SELECT at, consumer, action, actor, reason FROM registry_action {where} ORDER BY id", params
-            )
-        ]
-
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
-        conn = self._conn
-        names = [r[0] for r in conn.execute("SELECT name FROM consumer")]
+        names = [r[0] for r in self._rows("SELECT name FROM consumer")]
         # No consumer yet: every event is still owed to the first one.
-        rows = conn.execute(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)).fetchall() if names else []
+        found = self._rows(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)) if names else []
         step = PruneStep(0)
-        if rows:
-            self._bury(rows, now)
-            deliveries = conn.executemany(
-                "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in rows for n in names]
-            ).rowcount
-            conn.executemany("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in rows])
-            step = PruneStep(len(rows), deliveries=deliveries)
+        if found:
+            self._bury(found, now)
+            deliveries = self._many(
+                "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in found for n in names]
+            )
+            self._many("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in found])
+            step = PruneStep(len(found), deliveries=deliveries)
         self._record(now, horizon, step)  # also a pass that found nothing
         return step
-
-    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
-        self._conn.execute(
-            "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (?, ?, ?, ?)",
-            (now, horizon, step.events, step.deliveries),
-        )
 
 
 class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):

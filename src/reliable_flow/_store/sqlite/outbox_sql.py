@@ -9,11 +9,15 @@ from collections.abc import Iterator, Sequence
 from ...statuses import DeliveryState
 
 __all__ = [
-    "ACCEPTED", "APPEND", "CLAIM", "CONSUMERS", "DELIVERIES", "DELIVERY_COUNTS", "DELIVER_FROM", "FIND_EVENT",
-    "FIND_EVENT_AND_FLOW", "FLOW",
-    "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE", "NEXT_DUE_AT", "OUTBOX_BURY", "OUTBOX_FORGET",
-    "OUTBOX_PRUNABLE", "OUTBOX_TOMBSTONE", "PENDING", "SET_ASIDE", "UPSERT_FLOW", "WAITING", "by_status",
-    "in_chunks",
+    "ACCEPTED", "ANY_CONSUMER", "APPEND", "BACKLOG", "BACKLOG_BEFORE_CONSUMERS", "BIND", "BOUND_UID", "CLAIM",
+    "CONSUMERS", "CONSUMER_NAMES", "COUNT_EVENTS", "COUNT_FLOWS", "DELIVERIES", "DELIVERIES_OF_FLOW",
+    "DELIVERY_COUNTS", "DELIVERY_STATE", "DELIVERY_STATE_LOCKED", "DELIVER_FROM", "EVENTS", "EVENTS_OF_FLOW",
+    "FIND_EVENT", "FIND_EVENT_AND_FLOW", "FLOW", "FLOWS", "FORGET_DELIVERIES_OF", "IN_MAX", "IS_REGISTERED",
+    "MARK_CONFLICT", "MARK_DELIVERED", "NEXT_DUE", "NEXT_DUE_AT", "NEXT_DUE_LOCKED", "OPERATOR_ACTIONS",
+    "OPERATOR_ACTIONS_OF_EVENT", "OUTBOX_PRUNABLE", "PENDING", "PENDING_FAILURES", "PENDING_FAILURES_LOCKED",
+    "PENDING_FOR_ALL", "PROTOCOL", "RECORD_ACTION", "RECORD_PRUNE", "RECORD_REGISTRY_ACTION", "REGISTER",
+    "REGISTRY_ACTIONS", "REGISTRY_ACTIONS_OF", "REMOVE_CONSUMER", "RESOLVE", "SET_ASIDE", "SET_RETRY", "TOMBSTONE",
+    "TOMBSTONE_BURY", "TOMBSTONE_FORGET", "UPSERT_FLOW", "WAITING", "by_status", "in_chunks",
 ]
 
 PENDING = DeliveryState.PENDING.value
@@ -83,10 +87,12 @@ DELIVERY_COUNTS = (
 
 # Through the consumer table, so each (consumer, pos) is a key lookup rather
 # than a scan of every delivery.
-DELIVERIES = (
+_DELIVERIES = (
     "SELECT d.pos, d.consumer, d.state, d.last_status, d.attempts, d.last_error, d.due_at, d.lease_owner "
     "FROM outbox o CROSS JOIN consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
 )
+DELIVERIES = _DELIVERIES + "ORDER BY d.pos, d.consumer"
+DELIVERIES_OF_FLOW = _DELIVERIES + "WHERE o.flow_id = ? ORDER BY d.pos, d.consumer"
 
 # Pending through the partial index of due work; set-aside rows are few but
 # not indexed by state, so that count walks the consumer's deliveries.
@@ -111,17 +117,67 @@ OUTBOX_PRUNABLE = (
     "WHERE d.state IN (?, ?)) ORDER BY o.pos LIMIT ?"
 )
 
-OUTBOX_TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?"
+TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?"
 
 # A scan, but of a table that forgetting keeps to the window's size.
-OUTBOX_FORGET = (
+TOMBSTONE_FORGET = (
     "DELETE FROM outbox_tombstone WHERE event_id IN "
     "(SELECT event_id FROM outbox_tombstone WHERE pruned_at < ? LIMIT ?)"
 )
 
-OUTBOX_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
+TOMBSTONE_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
 
 
+RECORD_PRUNE = "INSERT INTO prune_action(at, horizon, events, deliveries) VALUES (?, ?, ?, ?)"
+
+# The plain reads and writes (the shared repository's: see
+# reliable_flow._store.repository.outbox.OutboxSql).
+PROTOCOL = "SELECT value FROM meta WHERE key = 'protocol'"
+FLOWS = "SELECT flow_id FROM flow ORDER BY flow_id"
+EVENTS = "SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o ORDER BY o.pos"
+EVENTS_OF_FLOW = "SELECT o.pos, o.event_id, o.flow_id, o.seq FROM outbox o WHERE o.flow_id = ? ORDER BY o.pos"
+COUNT_EVENTS = "SELECT count(*) FROM outbox"
+COUNT_FLOWS = "SELECT count(*) FROM flow"
+CONSUMER_NAMES = "SELECT name FROM consumer ORDER BY name"
+OPERATOR_ACTIONS = "SELECT at, consumer, event_id, action, actor, reason FROM operator_action ORDER BY id"
+OPERATOR_ACTIONS_OF_EVENT = (
+    "SELECT at, consumer, event_id, action, actor, reason FROM operator_action WHERE event_id = ? ORDER BY id"
+)
+RECORD_ACTION = (
+    "INSERT INTO operator_action(at, consumer, event_id, action, actor, reason) VALUES (?, ?, ?, ?, ?, ?)"
+)
+REGISTRY_ACTIONS = "SELECT at, consumer, action, actor, reason FROM registry_action ORDER BY id"
+REGISTRY_ACTIONS_OF = "SELECT at, consumer, action, actor, reason FROM registry_action WHERE consumer = ? ORDER BY id"
+RECORD_REGISTRY_ACTION = "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
+ANY_CONSUMER = "SELECT 1 FROM consumer LIMIT 1"
+IS_REGISTERED = "SELECT 1 FROM consumer WHERE name = ?"
+REGISTER = (
+    "INSERT INTO consumer(name, uid, registered_at, from_pos) "
+    "SELECT ?, NULL, ?, CASE WHEN ? THEN (SELECT coalesce(max(pos), 0) FROM outbox) END"
+)
+PENDING_FOR_ALL = "INSERT INTO delivery(consumer, pos) SELECT ?, pos FROM outbox"
+BOUND_UID = "SELECT uid FROM consumer WHERE name = ?"
+BIND = "UPDATE consumer SET uid = ? WHERE name = ? AND uid IS NULL"
+FORGET_DELIVERIES_OF = "DELETE FROM delivery WHERE consumer = ?"
+REMOVE_CONSUMER = "DELETE FROM consumer WHERE name = ?"
+SET_RETRY = (
+    "UPDATE delivery SET attempts = attempts + 1, failures = ?, due_at = ?, lease_owner = NULL, "
+    "last_error = ?, updated_at = ? WHERE consumer = ? AND pos = ?"
+)
+RESOLVE = (
+    "UPDATE delivery SET state = ?, due_at = 0, failures = 0, lease_owner = NULL, updated_at = ? "
+    "WHERE consumer = ? AND pos = ?"
+)
+# A unit holds the file's write lock: a read in it needs no lock of its own.
+NEXT_DUE_LOCKED = NEXT_DUE
+PENDING_FAILURES = "SELECT failures FROM delivery WHERE consumer = ? AND pos = ? AND state = ?"
+PENDING_FAILURES_LOCKED = PENDING_FAILURES
+DELIVERY_STATE = (
+    "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos WHERE o.event_id = ? AND d.consumer = ?"
+)
+DELIVERY_STATE_LOCKED = DELIVERY_STATE
+BACKLOG_BEFORE_CONSUMERS = "SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT ?)"
+BACKLOG = "SELECT count(*) FROM (SELECT 1 FROM delivery WHERE state = 'pending' LIMIT ?)"
 
 # A batch's marks: one statement per status and up to IN_MAX positions
 # (``pos IN (...)``) rather than one per event.  The list is padded to a

@@ -1,0 +1,94 @@
+"""The engine seam: what an engine's view supplies to the repositories."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Protocol
+
+from ..._envelope import body_hash
+from .. import rows as _rows
+from ..records import PruneStep, Tombstone
+
+__all__ = ["Dialect", "Row", "TombstoneSql"]
+
+Row = tuple[Any, ...]
+
+
+class TombstoneSql(Protocol):
+    """A side's tombstone statements, in its engine's statement table."""
+
+    #: The tombstone of an event id (flow, seq, body hash).
+    TOMBSTONE: str
+    #: Forget tombstones stamped before ``?``, at most ``?``.
+    TOMBSTONE_FORGET: str
+    #: Bury a pruned row (event id, flow, seq, body hash, stamp).
+    TOMBSTONE_BURY: str
+
+
+class Dialect:
+    """How one statement runs on an engine, and its lock syntax.
+
+    A repository method picks the engine's statement text from its table and
+    runs it through one of these; nothing else of the engine is seen.  The
+    tombstone methods, the same on every engine, are written here once."""
+
+    #: The engine's parameter placeholder (``?`` or ``%s``).
+    _PARAM: ClassVar[str]
+    #: The engine's statement table for this side.
+    _SQL: ClassVar[TombstoneSql]
+    # The tombstone read by the same statement as an id's own row, for the
+    # tombstone() call that follows it when there was no row.
+    _looked_up: tuple[str, Tombstone | None] | None = None
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run a read; all its rows."""
+        raise NotImplementedError
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        """Run a read; its first row, or None."""
+        raise NotImplementedError
+
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a write and wait for it (its error is raised here); the rows it touched."""
+        raise NotImplementedError
+
+    def _send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run a write nobody reads the result of (an engine may only send it:
+        its error then surfaces from the unit's next wait, and fails the unit)."""
+        raise NotImplementedError
+
+    def _many(self, sql: str, params: Iterable[Sequence[Any]]) -> int:
+        """Run a write once per parameter set; the rows they touched."""
+        raise NotImplementedError
+
+    def _lock(self, what: str, name: str = "", *, shared: bool = False) -> None:
+        """In a unit of work, hold the lock ``what``/``name`` until it ends
+        (an engine whose unit already holds everything does nothing)."""
+        raise NotImplementedError
+
+    def _guarded(self, plain: str, locked: str) -> str:
+        """``locked`` (the read that also locks its rows) in a unit of an
+        engine that locks rows, else ``plain``."""
+        raise NotImplementedError
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        """Record a pruning transaction (each side's own prune_action columns)."""
+        raise NotImplementedError
+
+    def tombstone(self, event_id: str) -> Tombstone | None:
+        looked_up, self._looked_up = self._looked_up, None
+        if looked_up is not None and looked_up[0] == event_id:
+            return looked_up[1]  # read with the id's row (after its lock)
+        row = self._one(self._SQL.TOMBSTONE, (event_id,))
+        return None if row is None else _rows.tombstone(row)
+
+    def forget_tombstones(self, before: float, now: float, limit: int) -> int:
+        gone = self._run(self._SQL.TOMBSTONE_FORGET, (before, limit))
+        self._record(now, before, PruneStep(0))  # every pruning transaction is recorded
+        return gone
+
+    def _bury(self, pruned: Sequence[tuple[int, str, str, int, str]], now: float) -> None:
+        """Leave a tombstone stamped ``now`` for each pruned row (position, event id, flow, seq, body)."""
+        self._many(self._SQL.TOMBSTONE_BURY, [
+            (event_id, flow_id, seq, body_hash(body), now) for _, event_id, flow_id, seq, body in pruned
+        ])

@@ -1,0 +1,245 @@
+"""The consumer side's methods that every engine runs the same way, written
+once: the inbox as receive, apply and an operator read and repair it, the
+effect outbox, and the application's schema versions.
+
+Each picks its statement from the engine's table (:class:`InboxSql`, the
+engine's ``inbox_sql`` module) and runs it through the engine's
+:class:`~.dialect.Dialect`.  On PostgreSQL ``holder`` locks the flow,
+``unapplied`` the schema's room, ``app_version`` the application's schema
+and ``lock_effect_names`` each name (advisory, until the unit ends); on
+SQLite a unit holds the file's write lock and these take nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+from ..._envelope import Envelope
+from ...statuses import (
+    AppliedEvent,
+    BlockReason,
+    EffectState,
+    EffectTransition,
+    InboxState,
+    OperatorAction,
+    ScheduledEffect,
+)
+from .. import rows
+from ..effects import NewEffect
+from ..records import InboxCounts, PruneStep, StoredRow
+from ..shared import effect_changes
+from .dialect import Dialect, TombstoneSql
+
+__all__ = ["InboxRepository", "InboxSql"]
+
+
+class InboxSql(TombstoneSql, Protocol):
+    """The consumer side's statements an engine's table names (see each engine's ``inbox_sql``)."""
+
+    META: str
+    PROJECTION: str
+    LAST_SEQ: str
+    EFFECT_RECORDS: str
+    INBOX_FLOWS: str
+    PROJECTED_FLOWS: str
+    OPEN_FLOWS: str
+    INBOX_COUNTS: str
+    GAPS: str
+    ROWS_OF_FLOW: str
+    ROW_OF_EVENT: str
+    HOLDER: str
+    UNAPPLIED: str
+    INSERT: str
+    BLOCK: str
+    UPSERT_PROJECTION: str
+    RECORD_EFFECT: str
+    MARK_APPLIED: str
+    SET_SKIPPED: str
+    SET_REPLACED: str
+    RECORD_INBOX_ACTION: str
+    INBOX_ACTIONS: str
+    INBOX_ACTIONS_OF_EVENT: str
+    ADD_EFFECT: str
+    EFFECT: str
+    EFFECT_LIST: str
+    EFFECT_COUNTS: str
+    EFFECT_ACTIONS: str
+    EFFECT_ACTIONS_OF: str
+    RECORD_EFFECT_ACTION: str
+    UNFED: str
+    EFFECT_HISTORY: str
+    EFFECT_STARTS: str
+    ADD_TRANSITION: str
+    UPDATE_EFFECT: str
+    APP_VERSION: str
+    SET_APP_VERSION: str
+    RECORD_PRUNE: str
+
+
+class InboxRepository(Dialect):
+    """The consumer side's reads and writes that need no engine of their own."""
+
+    _SQL: ClassVar[InboxSql]
+
+    def meta(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self._rows(self._SQL.META)}
+
+    def projection(self, flow_id: str) -> dict[str, Any] | None:
+        row = self._one(self._SQL.PROJECTION, (flow_id,))
+        return None if row is None else rows.projection(row)
+
+    def last_seq(self, flow_id: str) -> int:
+        row = self._one(self._SQL.LAST_SEQ, (flow_id,))
+        return int(row[0]) if row else 0
+
+    def effects(self, flow_id: str) -> list[AppliedEvent]:
+        return [rows.effect_record(r) for r in self._rows(self._SQL.EFFECT_RECORDS, (flow_id,))]
+
+    def flows(self) -> list[str]:
+        return [str(r[0]) for r in self._rows(self._SQL.INBOX_FLOWS)]
+
+    def projected_flows(self) -> list[str]:
+        return [str(r[0]) for r in self._rows(self._SQL.PROJECTED_FLOWS)]
+
+    def open_flows(self) -> list[str]:
+        return [str(r[0]) for r in self._rows(self._SQL.OPEN_FLOWS)]
+
+    def inbox_counts(self) -> InboxCounts:
+        """Counts for metrics; call inside a read transaction for one snapshot."""
+        groups = self._rows(self._SQL.INBOX_COUNTS)
+        gaps = self._one(self._SQL.GAPS)
+        return rows.inbox_counts(groups, 0 if gaps is None else int(gaps[0]))
+
+    def inbox_rows(self, flow_id: str, from_seq: int = 1) -> list[StoredRow]:
+        return [rows.stored_row(r) for r in self._rows(self._SQL.ROWS_OF_FLOW, (flow_id, from_seq))]
+
+    def inbox_row(self, event_id: str) -> StoredRow | None:
+        found = self._one(self._SQL.ROW_OF_EVENT, (event_id,))
+        return None if found is None else rows.stored_row(found)
+
+    def holder(self, flow_id: str, seq: int) -> str | None:
+        """The event id holding (flow, seq), if any (a replaced row does not)."""
+        self._lock("flow", flow_id)
+        row = self._one(self._SQL.HOLDER, (flow_id, seq))
+        return None if row is None else str(row[0])
+
+    def unapplied(self, cap: int) -> int:
+        """Rows still waiting (pending or blocked), counted up to ``cap``."""
+        self._lock("room")
+        row = self._one(self._SQL.UNAPPLIED, (cap,))
+        return 0 if row is None else int(row[0])
+
+    def insert(self, env: Envelope, received_at: float | None = None) -> None:
+        self._run(self._SQL.INSERT, (env.event_id, env.flow_id, env.seq, env.body, received_at))
+
+    def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
+              now: float | None = None) -> None:
+        self._send(self._SQL.BLOCK, (now, reason.value, detail, event_id, reason.value, detail))
+
+    def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
+        self._send(self._SQL.UPSERT_PROJECTION, (flow_id, state, seq, data, view))
+
+    def record_applied(self, event_id: str, flow_id: str, seq: int, kind: str) -> None:
+        """The event's one effect record, and its inbox row marked applied."""
+        self._send(self._SQL.RECORD_EFFECT, (event_id, flow_id, seq, kind))
+        self._send(self._SQL.MARK_APPLIED, (event_id,))
+
+    def set_skipped(self, event_id: str) -> None:
+        self._run(self._SQL.SET_SKIPPED, (event_id,))
+
+    def set_replaced(self, event_id: str) -> None:
+        """The row gives up its (flow, seq) slot: live NULL, which the CHECK ties to 'replaced'."""
+        self._run(self._SQL.SET_REPLACED, (event_id,))
+
+    def record_inbox_action(self, action: OperatorAction) -> None:
+        self._run(self._SQL.RECORD_INBOX_ACTION, (
+            action.at, action.event_id, action.flow_id, action.seq, action.action,
+            InboxState(action.previous_state).value, action.actor, action.reason, action.replacement_event_id,
+        ))
+
+    def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        found = (self._rows(self._SQL.INBOX_ACTIONS) if event_id is None
+                 else self._rows(self._SQL.INBOX_ACTIONS_OF_EVENT, (event_id, event_id)))
+        return [rows.inbox_action(r) for r in found]
+
+    def add_effect(self, new: NewEffect) -> ScheduledEffect | None:
+        stored = self._run(self._SQL.ADD_EFFECT, (
+            new.key, new.name, new.payload, new.event_id, new.flow_id, new.seq, new.meta, int(new.ordered),
+            new.deadline, new.version, None if new.fed is None else int(new.fed), new.created_at, new.created_at,
+        ))
+        return None if stored else self.effect(new.key)
+
+    def effect(self, key: str) -> ScheduledEffect | None:
+        row = self._one(self._SQL.EFFECT, (key,))
+        return None if row is None else rows.effect(row)
+
+    def effect_list(
+        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
+    ) -> list[ScheduledEffect]:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("state", None if state is None else EffectState(state).value), ("flow_id", flow_id)):
+            if value is not None:
+                where.append(f"{column} = {self._PARAM}")
+                params.append(value)
+        sql = self._SQL.EFFECT_LIST.format(where=("WHERE " + " AND ".join(where)) if where else "")
+        if limit is not None:
+            sql, params = f"{sql} LIMIT {self._PARAM}", [*params, limit]
+        return [rows.effect(r) for r in self._rows(sql, params)]
+
+    def effect_counts(self) -> dict[str, int]:
+        return {str(s): int(n) for s, n in self._rows(self._SQL.EFFECT_COUNTS)}
+
+    def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
+        found = (self._rows(self._SQL.EFFECT_ACTIONS) if key is None
+                 else self._rows(self._SQL.EFFECT_ACTIONS_OF, (key,)))
+        return [rows.effect_action(r) for r in found]
+
+    def record_effect_action(self, action: OperatorAction) -> None:
+        self._run(self._SQL.RECORD_EFFECT_ACTION, (action.at, action.key, action.action, action.actor, action.reason))
+
+    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
+        return [rows.effect(r) for r in self._rows(self._SQL.UNFED, (limit,))]
+
+    def effect_history(self, key: str) -> list[EffectTransition]:
+        return [rows.effect_transition(r) for r in self._rows(self._SQL.EFFECT_HISTORY, (key,))]
+
+    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
+        row = self._one(self._SQL.EFFECT_STARTS, (name, since))
+        assert row is not None  # an aggregate: one row always
+        return int(row[0]), None if row[1] is None else float(row[1])
+
+    def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
+        columns, values = effect_changes(changes)  # only EFFECT_COLUMNS: safe to name in the text
+        assignments = ", ".join(f"{c} = {self._PARAM}" for c in columns)
+        self._send(self._SQL.UPDATE_EFFECT.format(assignments=assignments), (*values, now, key))
+
+    def add_transitions(self, rows: Sequence[EffectTransition]) -> None:
+        self._many(self._SQL.ADD_TRANSITION, [
+            (t.key, t.name, t.at, t.transition.value, t.attempt, t.owner, t.detail) for t in rows
+        ])
+
+    def lock_effect_names(self, names: Collection[str]) -> None:
+        """Claimers of these names queue here until the unit ends, so a cap or
+        a rate limit is counted and used by one claimer at a time (on
+        PostgreSQL READ COMMITTED alone would let two count the same free
+        slot; a SQLite unit already holds the file's one write lock)."""
+        for name in sorted(names):
+            self._lock("effect_name", name)
+
+    def app_version(self, name: str) -> int:
+        # In a unit of work, the caller migrates on what it reads here: take the
+        # app-schema lock first, so two consumers opening at once migrate one
+        # after the other and the second reads the first's version (READ
+        # COMMITTED: the SELECT after the lock sees its commit), as SQLite's
+        # write lock does.
+        self._lock("app_schema")
+        row = self._one(self._SQL.APP_VERSION, (name,))
+        return 0 if row is None else int(row[0])
+
+    def set_app_version(self, name: str, version: int) -> None:
+        self._run(self._SQL.SET_APP_VERSION, (name, version))
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._run(self._SQL.RECORD_PRUNE, (now, horizon, step.events, step.effect_records, step.effect_rows))

@@ -1,0 +1,175 @@
+"""The producer side's methods that every engine runs the same way, written once.
+
+Each picks its statement from the engine's table (:class:`OutboxSql`, the
+engine's ``outbox_sql`` module) and runs it through the engine's
+:class:`~.dialect.Dialect`.  The locks are the engine's: on PostgreSQL the
+registry reads and changes take the schema's ``registry`` advisory lock and
+the guarding reads of a unit lock their rows; on SQLite a unit holds the
+file's write lock, so both are nothing.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+from ..._operations import ConsumerEntry
+from ...delivery import Retry
+from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from .. import rows
+from ..records import OutboxCounts, PruneStep
+from .dialect import Dialect, TombstoneSql
+
+__all__ = ["REGISTRY_LOCK", "OutboxRepository", "OutboxSql"]
+
+#: The advisory lock that orders registrations against appends and pruning.
+REGISTRY_LOCK = "registry"
+
+
+class OutboxSql(TombstoneSql, Protocol):
+    """The producer side's statements an engine's table names (see each engine's ``outbox_sql``)."""
+
+    PROTOCOL: str
+    FLOWS: str
+    EVENTS: str
+    EVENTS_OF_FLOW: str
+    DELIVERIES: str
+    DELIVERIES_OF_FLOW: str
+    DELIVERY_COUNTS: str
+    COUNT_EVENTS: str
+    COUNT_FLOWS: str
+    CONSUMER_NAMES: str
+    OPERATOR_ACTIONS: str
+    OPERATOR_ACTIONS_OF_EVENT: str
+    RECORD_ACTION: str
+    REGISTRY_ACTIONS: str
+    REGISTRY_ACTIONS_OF: str
+    RECORD_REGISTRY_ACTION: str
+    ANY_CONSUMER: str
+    IS_REGISTERED: str
+    REGISTER: str
+    PENDING_FOR_ALL: str
+    BOUND_UID: str
+    BIND: str
+    FORGET_DELIVERIES_OF: str
+    REMOVE_CONSUMER: str
+    CONSUMERS: str
+    SET_RETRY: str
+    RESOLVE: str
+    NEXT_DUE: str
+    NEXT_DUE_LOCKED: str
+    NEXT_DUE_AT: str
+    PENDING_FAILURES: str
+    PENDING_FAILURES_LOCKED: str
+    DELIVERY_STATE: str
+    DELIVERY_STATE_LOCKED: str
+    RECORD_PRUNE: str
+
+
+class OutboxRepository(Dialect):
+    """The producer side's reads and writes that need no engine of their own."""
+
+    _SQL: ClassVar[OutboxSql]
+
+    def protocol_name(self) -> str | None:
+        row = self._one(self._SQL.PROTOCOL)
+        return None if row is None else str(row[0])
+
+    def flows(self) -> list[str]:
+        return [str(r[0]) for r in self._rows(self._SQL.FLOWS)]
+
+    def outbox(self, flow_id: str | None = None, consumer: str | None = None) -> list[OutboxEntry]:
+        """Outbox entries with their delivery state; call inside a read transaction."""
+        if flow_id is None:
+            events, deliveries = self._rows(self._SQL.EVENTS), self._rows(self._SQL.DELIVERIES)
+        else:
+            events = self._rows(self._SQL.EVENTS_OF_FLOW, (flow_id,))
+            deliveries = self._rows(self._SQL.DELIVERIES_OF_FLOW, (flow_id,))
+        return rows.outbox_entries(events, deliveries, consumer)
+
+    def outbox_counts(self, now: float) -> OutboxCounts:
+        """Counts for metrics; call inside a read transaction for one snapshot."""
+        groups = rows.delivery_counts(self._rows(self._SQL.DELIVERY_COUNTS, (now,)))
+        events, flows = self._one(self._SQL.COUNT_EVENTS), self._one(self._SQL.COUNT_FLOWS)
+        return OutboxCounts(
+            0 if events is None else int(events[0]), 0 if flows is None else int(flows[0]),
+            tuple(str(r[0]) for r in self._rows(self._SQL.CONSUMER_NAMES)), groups,
+        )
+
+    def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
+        found = (self._rows(self._SQL.OPERATOR_ACTIONS) if event_id is None
+                 else self._rows(self._SQL.OPERATOR_ACTIONS_OF_EVENT, (event_id,)))
+        return [rows.delivery_action(r) for r in found]
+
+    def record_action(self, action: OperatorAction) -> None:
+        self._run(self._SQL.RECORD_ACTION,
+                  (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason))
+
+    def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
+        found = (self._rows(self._SQL.REGISTRY_ACTIONS) if consumer is None
+                 else self._rows(self._SQL.REGISTRY_ACTIONS_OF, (consumer,)))
+        return [rows.registry_action(r) for r in found]
+
+    def record_registry_action(self, action: OperatorAction) -> None:
+        self._run(self._SQL.RECORD_REGISTRY_ACTION,
+                  (action.at, action.consumer, action.action, action.actor, action.reason))
+
+    def has_consumers(self) -> bool:
+        self._lock(REGISTRY_LOCK)
+        return self._one(self._SQL.ANY_CONSUMER) is not None
+
+    def is_registered(self, name: str) -> bool:
+        self._lock(REGISTRY_LOCK)
+        return self._one(self._SQL.IS_REGISTERED, (name,)) is not None
+
+    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+        """A name with no consumer store yet: from now, after the last committed event; else from the first."""
+        self._lock(REGISTRY_LOCK)
+        self._run(self._SQL.REGISTER, (name, now, bool(from_now)))
+        if not from_now:
+            self._run(self._SQL.PENDING_FOR_ALL, (name,))
+
+    def bound_uid(self, name: str) -> str | None:
+        row = self._one(self._SQL.BOUND_UID, (name,))
+        return None if row is None or row[0] is None else str(row[0])
+
+    def bind_consumer(self, name: str, uid: str) -> None:
+        self._run(self._SQL.BIND, (uid, name))
+
+    def remove_consumer(self, name: str) -> None:
+        self._lock(REGISTRY_LOCK)
+        self._run(self._SQL.FORGET_DELIVERIES_OF, (name,))
+        self._run(self._SQL.REMOVE_CONSUMER, (name,))
+
+    def consumers(self) -> list[ConsumerEntry]:
+        return [rows.consumer_entry(r) for r in self._rows(self._SQL.CONSUMERS)]
+
+    def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
+        """Positions and bodies of the oldest pending deliveries due at
+        ``horizon``; in a unit of an engine that locks rows, the deliveries
+        locked, skipping those another unit holds (being claimed)."""
+        sql = self._guarded(self._SQL.NEXT_DUE, self._SQL.NEXT_DUE_LOCKED)
+        return [(int(r[0]), str(r[1])) for r in self._rows(sql, (consumer, horizon, limit))]
+
+    def next_due_at(self, consumer: str) -> float | None:
+        row = self._one(self._SQL.NEXT_DUE_AT, (consumer,))
+        return None if row is None or row[0] is None else float(row[0])
+
+    def pending_failures(self, consumer: str, pos: int) -> int | None:
+        """Consecutive failures of a delivery that is still pending, else None."""
+        sql = self._guarded(self._SQL.PENDING_FAILURES, self._SQL.PENDING_FAILURES_LOCKED)
+        row = self._one(sql, (consumer, pos, DeliveryState.PENDING.value))
+        return None if row is None else int(row[0])
+
+    def set_retry(self, consumer: str, pos: int, retry: Retry, now: float) -> None:
+        self._send(self._SQL.SET_RETRY, (retry.failures, retry.due_at, retry.error, now, consumer, pos))
+
+    def delivery_state(self, event_id: str, consumer: str) -> tuple[int, DeliveryState] | None:
+        row = self._one(self._guarded(self._SQL.DELIVERY_STATE, self._SQL.DELIVERY_STATE_LOCKED), (event_id, consumer))
+        return None if row is None else (int(row[0]), DeliveryState(row[1]))
+
+    def resolve(self, consumer: str, pos: int, state: DeliveryState, now: float) -> None:
+        """An operator's decision: the delivery goes to ``state``, due at once, unclaimed."""
+        self._run(self._SQL.RESOLVE, (DeliveryState(state).value, now, consumer, pos))
+
+    def _record(self, now: float, horizon: float, step: PruneStep) -> None:
+        self._run(self._SQL.RECORD_PRUNE, (now, horizon, step.events, step.deliveries))
