@@ -92,6 +92,9 @@ class PgView(Dialect):
     def _guarded(self, plain: str, locked: str) -> str:
         return locked if self._writing else plain
 
+    def _names(self, sql: str, names: Sequence[str]) -> tuple[str, list[Any]]:
+        return sql.format(names="%s"), [list(names)]
+
     def _keep_tombstone(self, event_id: str, found: Sequence[Sequence[Any]],
                         columns: tuple[int, int, int]) -> Sequence[Any] | None:
         """The id's own row among ``found`` (those whose first column is

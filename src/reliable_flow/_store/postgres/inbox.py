@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
 
 from ..._envelope import Envelope
-from ...statuses import ScheduledEffect
 from .. import rows
 from ..records import FlowState, NextRow, PruneStep, StoredRow
 from ..repository.inbox import InboxRepository, InboxSql
@@ -55,18 +54,15 @@ from .inbox_sql import (
     DELETE_EFFECT_RECORDS,
     DELETE_EFFECTS,
     DELETE_ROWS,
-    DUE_EFFECTS,
     EFFECTS_PRUNABLE,
     FLOW,
     FLOW_AND_NEXT_ROW,
     FLOW_FOR_UPDATE,
     FORGET_HISTORY,
-    HELD_EFFECTS,
     INBOX_PRUNABLE,
     INSERT_NEW,
     INSERT_NEW_MANY,
     MAX_POS,
-    NEXT_EFFECT_DUE,
     NEXT_ROW,
     OPEN_FLOWS,
     ROW_OR_TOMBSTONE,
@@ -172,28 +168,6 @@ class PgInbox(PgView, InboxRepository):
         self._lock("event", event_id)
         held = self._keep_tombstone(event_id, self._rows(ROW_OR_TOMBSTONE, (event_id, event_id)), (2, 3, 10))
         return None if held is None else rows.stored_row(held[1:10])
-
-    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
-        """In a unit, the effects returned are locked and those another unit
-        holds (being claimed) are skipped: two executors never take one."""
-        chosen = sorted(names)
-        if not chosen:
-            return []
-        lock = " FOR UPDATE OF e SKIP LOCKED" if self._writing else ""
-        return [rows.effect(r) for r in self._rows(DUE_EFFECTS + lock, (now, chosen, limit))]
-
-    def next_effect_due_at(self, names: Collection[str]) -> float | None:
-        chosen = sorted(names)
-        if not chosen:
-            return None
-        row = self._one(NEXT_EFFECT_DUE, (chosen,))
-        return None if row is None else float(row[0])
-
-    def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
-        chosen = sorted(names)
-        if not chosen:
-            return {}
-        return {name: int(count) for name, count in self._rows(HELD_EFFECTS, (now, chosen))}
 
     def user_execute(self, sql: str,  # the contract's name (shadows psycopg.sql here only)
                      params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -9,7 +9,7 @@ from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
     "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DELETE_EFFECTS",
-    "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "DUE_EFFECTS", "EFFECT", "EFFECTS_PRUNABLE", "EFFECT_ACTIONS",
+    "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "DUE_EFFECTS", "DUE_EFFECTS_LOCKED", "EFFECT", "EFFECTS_PRUNABLE", "EFFECT_ACTIONS",
     "EFFECT_ACTIONS_OF", "EFFECT_COUNTS", "EFFECT_HISTORY", "EFFECT_LIST", "EFFECT_RECORDS", "EFFECT_STARTS",
     "FLOW", "FLOW_AND_NEXT_ROW", "FLOW_FOR_UPDATE", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "HOLDER",
     "INBOX_ACTIONS", "INBOX_ACTIONS_OF_EVENT", "INBOX_COUNTS", "INBOX_FLOWS", "INBOX_PRUNABLE", "INSERT",
@@ -117,13 +117,15 @@ WAITING_BEHIND = (
 
 DUE_EFFECTS = (
     f"SELECT {_COLUMNS} FROM effect_outbox e "
-    "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= %s AND e.name = ANY(%s) "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= %s AND e.name = ANY({names}) "
     f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT %s"
 )
+# In a unit the effects taken are locked, and those another claim holds skipped.
+DUE_EFFECTS_LOCKED = DUE_EFFECTS + " FOR UPDATE OF e SKIP LOCKED"
 
 NEXT_EFFECT_DUE = (
     "SELECT e.due_at FROM effect_outbox e "
-    "WHERE e.state IN ('pending','running','in_doubt') AND e.name = ANY(%s) "
+    "WHERE e.state IN ('pending','running','in_doubt') AND e.name = ANY({names}) "
     f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT 1"
 )
 
@@ -169,7 +171,7 @@ EFFECT_STARTS = (
 )
 HELD_EFFECTS = (
     "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
-    "AND due_at > %s AND name = ANY(%s) GROUP BY name"
+    "AND due_at > %s AND name = ANY({names}) GROUP BY name"
 )
 FORGET_HISTORY = "DELETE FROM effect_history WHERE key IN (SELECT key FROM effect_outbox WHERE id = ANY(%s))"
 

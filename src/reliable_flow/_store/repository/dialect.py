@@ -71,6 +71,11 @@ class Dialect:
         engine that locks rows, else ``plain``."""
         raise NotImplementedError
 
+    def _names(self, sql: str, names: Sequence[str]) -> tuple[str, list[Any]]:
+        """``sql`` with its ``{names}`` slot filled for a list of names, and
+        the parameters that list takes (one per name, or one list)."""
+        raise NotImplementedError
+
     def _record(self, now: float, horizon: float, step: PruneStep) -> None:
         """Record a pruning transaction (each side's own prune_action columns)."""
         raise NotImplementedError

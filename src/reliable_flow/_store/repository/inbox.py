@@ -68,6 +68,10 @@ class InboxSql(TombstoneSql, Protocol):
     EFFECT_ACTIONS_OF: str
     RECORD_EFFECT_ACTION: str
     UNFED: str
+    DUE_EFFECTS: str
+    DUE_EFFECTS_LOCKED: str
+    NEXT_EFFECT_DUE: str
+    HELD_EFFECTS: str
     EFFECT_HISTORY: str
     EFFECT_STARTS: str
     ADD_TRANSITION: str
@@ -198,6 +202,31 @@ class InboxRepository(Dialect):
 
     def record_effect_action(self, action: OperatorAction) -> None:
         self._run(self._SQL.RECORD_EFFECT_ACTION, (action.at, action.key, action.action, action.actor, action.reason))
+
+    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
+        """On an engine that locks rows, in a unit the effects returned are
+        locked and those another unit holds (being claimed) are skipped: two
+        executors never take one."""
+        chosen = sorted(names)
+        if not chosen:
+            return []
+        sql, listed = self._names(self._guarded(self._SQL.DUE_EFFECTS, self._SQL.DUE_EFFECTS_LOCKED), chosen)
+        return [rows.effect(r) for r in self._rows(sql, (now, *listed, limit))]
+
+    def next_effect_due_at(self, names: Collection[str]) -> float | None:
+        chosen = sorted(names)
+        if not chosen:
+            return None
+        sql, listed = self._names(self._SQL.NEXT_EFFECT_DUE, chosen)
+        row = self._one(sql, listed)
+        return None if row is None else float(row[0])
+
+    def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
+        chosen = sorted(names)
+        if not chosen:
+            return {}
+        sql, listed = self._names(self._SQL.HELD_EFFECTS, chosen)
+        return {str(name): int(count) for name, count in self._rows(sql, (now, *listed))}
 
     def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
         return [rows.effect(r) for r in self._rows(self._SQL.UNFED, (limit,))]

@@ -87,6 +87,9 @@ class SqliteDialect(Dialect):
     def _guarded(self, plain: str, locked: str) -> str:
         return plain
 
+    def _names(self, sql: str, names: Sequence[str]) -> tuple[str, list[Any]]:
+        return sql.format(names=",".join("?" * len(names))), list(names)
+
 
 class SqliteStore(Generic[View]):
     """A store kept in one SQLite file.  ``view(conn)`` wraps the connection

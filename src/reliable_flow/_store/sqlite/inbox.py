@@ -16,12 +16,11 @@ from __future__ import annotations
 import sqlite3
 import sys
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from ..._envelope import Envelope
-from ...statuses import ScheduledEffect
 from .. import rows
 from ..records import FlowState, NextRow, PruneStep
 from ..repository.inbox import InboxRepository, InboxSql
@@ -33,18 +32,15 @@ from .inbox_sql import (
     ADD_EFFECT,
     ADD_TRANSITION,
     BLOCK,
-    DUE_EFFECTS,
     EFFECTS_PRUNABLE,
     FLOW,
     FLOW_AHEAD,
     FORGET_HISTORY,
-    HELD_EFFECTS,
     INBOX_PRUNABLE,
     INSERT_NEW,
     INSERT_NEW_RETURNING,
     LAST_SEQ,
     MARK_APPLIED,
-    NEXT_EFFECT_DUE,
     NEXT_ROW,
     NEXT_ROW_AHEAD,
     OPEN_FLOWS,
@@ -79,11 +75,6 @@ _APPLY_WRITES = frozenset({
 def _keeps(sql: str) -> bool:
     """Whether ``sql`` leaves a unit's read-ahead true: a read, or one of an apply's writes."""
     return sql.startswith("SELECT") or sql in _APPLY_WRITES
-
-
-def _names(sql: str, names: list[str]) -> str:
-    """``sql`` with its ``{names}`` list of placeholders, one per name."""
-    return sql.format(names=",".join("?" * len(names)))
 
 
 class SqliteInbox(SqliteDialect, InboxRepository):
@@ -188,25 +179,6 @@ class SqliteInbox(SqliteDialect, InboxRepository):
         self._send(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
         if self._conn.in_transaction:
             self._known[flow_id] = (state, seq, data)
-
-    def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
-        chosen = sorted(names)
-        if not chosen:
-            return []
-        return [rows.effect(r) for r in self._rows(_names(DUE_EFFECTS, chosen), (now, *chosen, limit))]
-
-    def next_effect_due_at(self, names: Collection[str]) -> float | None:
-        chosen = sorted(names)
-        if not chosen:
-            return None
-        row = self._one(_names(NEXT_EFFECT_DUE, chosen), chosen)
-        return None if row is None else float(row[0])
-
-    def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
-        chosen = sorted(names)
-        if not chosen:
-            return {}
-        return {str(n): int(c) for n, c in self._rows(_names(HELD_EFFECTS, chosen), (now, *chosen))}
 
     def user_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The statement runs under an authorizer that refuses transaction

@@ -14,7 +14,7 @@ from ...statuses import (
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DUE_EFFECTS", "EFFECT",
+    "ACTION", "ADD_EFFECT", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DUE_EFFECTS", "DUE_EFFECTS_LOCKED", "EFFECT",
     "EFFECTS_PRUNABLE", "EFFECT_ACTIONS", "EFFECT_ACTIONS_OF", "EFFECT_COUNTS", "EFFECT_HISTORY", "EFFECT_LIST",
     "EFFECT_RECORDS", "EFFECT_STARTS", "FLOW", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "HOLDER",
     "INBOX_ACTIONS", "INBOX_ACTIONS_OF_EVENT", "INBOX_COUNTS", "INBOX_FLOWS", "INBOX_PRUNABLE", "INSERT",
@@ -163,6 +163,7 @@ DUE_EFFECTS = (
     "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
     "ORDER BY e.due_at, e.id LIMIT ?"
 )
+DUE_EFFECTS_LOCKED = DUE_EFFECTS  # a unit holds the file's write lock
 
 # The earliest time DUE_EFFECTS will pick something up (same predicates, any time).
 NEXT_EFFECT_DUE = (
