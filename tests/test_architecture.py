@@ -193,9 +193,9 @@ def test_no_module_is_too_long(path: Path) -> None:
 # once for both sides, as the dialect's, counts once; ``step`` written for
 # each side counts twice).
 ENGINE_MEMBERS_MAX = 40
-# Lines of code (docstrings, comments, blanks aside) in each engine's folder.
-# Target 1,500 for each; PostgreSQL reached 1,561 (from 1,845) in this round.
-ENGINE_CODE_LINES_MAX = {"sqlite": 1500, "postgres": 1561}
+# Lines of code (docstrings, comments, blanks aside) in each engine's folder
+# (issue 29: from 1,543 on SQLite and 1,845 on PostgreSQL).
+ENGINE_CODE_LINES_MAX = {"sqlite": 1500, "postgres": 1500}
 
 
 def _engine_classes(engine: str) -> list[tuple[type, tuple[type, ...]]]:

@@ -226,9 +226,6 @@ class PgStore(Generic[View]):
     :attr:`latest`.  A view is valid only inside its with-block
     (:attr:`latest`: until the next ``close`` or ``reopen``)."""
 
-    #: Units of work run in pipeline mode (the view is a :class:`PgView`).
-    _PIPELINED: ClassVar[bool] = False
-
     def __init__(self, db: Database, view: Callable[[Conn, str, bool], View]) -> None:
         self._db = db
         self._view = view
@@ -244,7 +241,7 @@ class PgStore(Generic[View]):
 
     def write(self, *, durable: bool = True) -> AbstractContextManager[View]:
         """A unit of work: one READ COMMITTED transaction (see :meth:`Database.write_view`)."""
-        return self._db.write_view(self._view, durable=durable, pipelined=self._PIPELINED)
+        return self._db.write_view(self._view, durable=durable)
 
     def read(self) -> AbstractContextManager[View]:
         """A consistent snapshot (REPEATABLE READ, read only), taken at the first read."""

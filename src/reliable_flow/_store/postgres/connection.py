@@ -15,8 +15,7 @@ is ``off``, which the session raises to ``on``.  ``write(durable=False)``
 alone sets ``synchronous_commit = off`` for its own transaction (``SET
 LOCAL``): a crash may drop it, never tear it.
 
-Round trips: ``write(pipelined=True)`` runs the transaction in psycopg's
-pipeline mode.  ``BEGIN`` (and ``SET LOCAL``) go out with the unit's first
+Round trips: every unit of work runs in psycopg's pipeline mode.  ``BEGIN`` (and ``SET LOCAL``) go out with the unit's first
 read, an advisory lock with the read after it (still two statements, so the
 read's snapshot is taken after the lock was granted: see
 :meth:`PgView._lock`), and the writes whose results nobody reads
@@ -289,60 +288,28 @@ class Database:
         """True while a unit of work or snapshot of this object is open."""
         return self._in_unit
 
-    def write_view(self, view: Callable[[Conn, str, bool], View], *, durable: bool = True,
-                   pipelined: bool = False) -> AbstractContextManager[View]:
-        """``with db.write_view(view) as unit:`` one READ COMMITTED transaction.
+    def write_view(self, view: Callable[[Conn, str, bool], View], *,
+                   durable: bool = True) -> AbstractContextManager[View]:
+        """``with db.write_view(view) as unit:`` one READ COMMITTED transaction,
+        in pipeline mode (see the module's docstring; the view is :class:`Pipelined`).
 
         ``durable=False`` commits with ``synchronous_commit = off`` (this
         transaction only): atomic, durable once the WAL writer flushes it
         (well under a second), but a server crash may drop it.  Only for
         hints whose loss is harmless (relay leases, backoff times, marks).
-
-        ``pipelined=True``: the same transaction in fewer round trips (see the
-        module's docstring); the view must be :class:`Pipelined`.
         """
-        if pipelined:
-            return self._write_pipelined(view, durable)
-        return self._write(view, durable)
+        return self._unit(self._pipelined_steps, view, durable)
 
     @contextmanager
-    def _write(self, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
+    def _unit(self, steps: Callable[..., Iterator[View]], *args: Any) -> Iterator[View]:
+        """One unit of work or snapshot on this object's connection, never inside another."""
         conn = self.conn
         check_outside_transaction(conn, self.kind.name, self.location, self._in_unit)
         self._in_unit = True
         try:
-            yield from self._write_steps(conn, view, durable)
+            yield from steps(conn, *args)
         finally:
             self._in_unit = False
-
-    def _write_steps(self, conn: Conn, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
-        try:
-            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            if not durable:
-                conn.execute("SET LOCAL synchronous_commit = off")
-        except BaseException as exc:
-            self._end_failed(conn, exc, "BEGIN")
-            raise
-        try:
-            yield view(conn, self.schema, True)
-        except BaseException as exc:
-            self._end_failed(conn, exc, "write transaction")
-            raise
-        if conn.info.transaction_status == TransactionStatus.INERROR:
-            conn.execute("ROLLBACK")
-            raise StorageError(
-                f"{self.location}: a statement of this transaction failed and its error was caught "
-                f"inside the unit of work; PostgreSQL dropped the whole transaction, nothing was written"
-            )
-        try:
-            conn.execute("COMMIT")
-        except psycopg.Error as exc:
-            self._discard()
-            raise CommitOutcomeUnknown(
-                f"COMMIT failed ({type(exc).__name__}, SQLSTATE {exc.sqlstate or 'none'}: {exc}); the write "
-                f"may or may not be durable. Retrying the same call with the same event id is safe: "
-                f"it answers existing / duplicate / the applied state if it was."
-            ) from exc
 
     def _end_failed(self, conn: Conn, exc: BaseException, during: str) -> None:
         """Roll back after ``exc``; translate a storage fault (raising it), or
@@ -358,16 +325,6 @@ class Database:
             translated = storage_error(exc, during, conn)
             if translated is not exc:
                 raise translated from exc
-
-    @contextmanager
-    def _write_pipelined(self, view: Callable[[Conn, str, bool], View], durable: bool) -> Iterator[View]:
-        conn = self.conn
-        check_outside_transaction(conn, self.kind.name, self.location, self._in_unit)
-        self._in_unit = True
-        try:
-            yield from self._pipelined_steps(conn, view, durable)
-        finally:
-            self._in_unit = False
 
     def _pipelined_steps(self, conn: Conn, view: Callable[[Conn, str, bool], View], durable: bool
                          ) -> Iterator[View]:
@@ -450,17 +407,7 @@ class Database:
 
     def read_view(self, view: Callable[[Conn, str, bool], View]) -> AbstractContextManager[View]:
         """A read-only REPEATABLE READ transaction: every read inside sees one snapshot."""
-        return self._read(view)
-
-    @contextmanager
-    def _read(self, view: Callable[[Conn, str, bool], View]) -> Iterator[View]:
-        conn = self.conn
-        check_outside_transaction(conn, self.kind.name, self.location, self._in_unit)
-        self._in_unit = True
-        try:
-            yield from self._read_steps(conn, view)
-        finally:
-            self._in_unit = False
+        return self._unit(self._read_steps, view)
 
     def _read_steps(self, conn: Conn, view: Callable[[Conn, str, bool], View]) -> Iterator[View]:
         try:

@@ -18,7 +18,7 @@ take turns and the second sees the first's result.  Each advisory lock is a
 statement of its own, sent before the read it guards (see
 :meth:`~.base.PgView._lock`), in the same order as ever: event, then flow.
 
-Round trips: units run in pipeline mode (``PgInboxStore._PIPELINED``).
+Round trips: units run in pipeline mode (see :mod:`.connection`).
 Receive is BEGIN + the INSERT, then COMMIT; apply_next is BEGIN + the flow's
 lock + one read of its projection and next row, then the writes + COMMIT:
 the projection, effect record, inbox mark and block are only sent, and
@@ -69,7 +69,7 @@ from .inbox_sql import (
     Candidate,
 )
 from .location import Target, parse
-from .placeholders import pyformat
+from .placeholders import pyformat, split
 from .schema import CONSUMER
 
 __all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "PgInbox", "PgInboxStore"]
@@ -80,35 +80,25 @@ _TRANSACTION_CONTROL = frozenset({
     "reset", "discard", "listen", "unlisten",
 })
 
-_SKIP = re.compile(r"(?:\s+|;|--[^\n]*(?:\n|$))+")  # an empty statement before ';' is no statement
+_LEAD = re.compile(r"[\s;(]*")  # an empty statement before ';' is no statement
 
 _WORD = re.compile(r"[A-Za-z_]+")
 
+
 def first_keyword(text: str) -> str:
     """The statement's first word, past whitespace, comments (``--`` and
-    nested ``/* */``) and empty statements (``;``: the server drops them, so
-    ``; COMMIT`` is one statement, COMMIT), lower-cased; '' if there is none."""
-    i = 0
-    while i < len(text):
-        skipped = _SKIP.match(text, i)
-        if skipped and skipped.end() > i:
-            i = skipped.end()
-            continue
-        if text.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < len(text) and depth:
-                if text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-            continue
-        if text[i] == "(":
-            i += 1
-            continue
-        word = _WORD.match(text, i)
-        return word.group(0).lower() if word else ""
+    nested ``/* */``), opening parentheses and empty statements (``;``: the
+    server drops them, so ``; COMMIT`` is one statement, COMMIT), lower-cased;
+    '' if there is none."""
+    for code, piece in split(text):
+        if not code:
+            if piece.startswith(("--", "/*")):
+                continue
+            return ""  # a literal or quoted name: no keyword
+        rest = piece[_LEAD.match(piece).end():]  # type: ignore[union-attr]
+        if rest:
+            word = _WORD.match(rest)
+            return word.group(0).lower() if word else ""
     return ""
 
 
@@ -254,9 +244,4 @@ class PgInboxStore(PgStore[PgInbox]):
             parse(location, CONSUMER.name, schema), CONSUMER, lock_timeout=busy_timeout, on_create=on_create,
             check_meta=check_meta, readonly=readonly,
         ), PgInbox)
-
-    # receive: BEGIN + the INSERT; COMMIT.  apply_next: BEGIN + the flow's
-    # lock + its projection and next row; the writes + COMMIT (see
-    # Database.write_view and PgInbox.user_execute).
-    _PIPELINED = True
 

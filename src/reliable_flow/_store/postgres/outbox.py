@@ -214,8 +214,3 @@ class PgOutboxStore(PgStore[PgOutbox], BindingMemo):
             check_meta=check_meta, readonly=readonly,
         ), PgOutbox)
 
-    # advance: BEGIN + the event's lock and read + the flow's lock and read
-    # (find_event_and_flow), then the writes + COMMIT: two round trips (see
-    # Database.write_view).
-    _PIPELINED = True
-
