@@ -125,7 +125,7 @@ class FakeEffectUnit:
     def update_effect(self, key: str, changes: dict[str, Any], now: float) -> None:
         self.updates.append((key, changes, now))
 
-    def record_effect_action(self, action: Any) -> None:
+    def record_action(self, action: Any) -> None:
         self.actions.append(action)
 
 

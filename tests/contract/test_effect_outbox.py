@@ -141,8 +141,8 @@ def effect_action(at: float, key: str, action: str, actor: str, reason: str) -> 
 
 def test_effect_actions_are_recorded_in_order(inbox) -> None:
     with inbox.write() as unit:
-        unit.record_effect_action(effect_action(2.0, "k2", "cancel", "ops", "not needed"))
-        unit.record_effect_action(effect_action(1.0, "k1", "retry", "ops", "provider fixed"))
+        unit.record_action(effect_action(2.0, "k2", "cancel", "ops", "not needed"))
+        unit.record_action(effect_action(1.0, "k1", "retry", "ops", "provider fixed"))
     assert [a.key for a in inbox.latest.effect_actions()] == ["k2", "k1"]
     assert inbox.latest.effect_actions("k1") == [effect_action(1.0, "k1", "retry", "ops", "provider fixed")]
 

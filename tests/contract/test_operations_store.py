@@ -124,7 +124,7 @@ def test_a_unit_that_fails_keeps_the_registry_as_it_was(outbox):
     with pytest.raises(Boom), outbox.write() as unit:
         unit.remove_consumer("a")
         unit.register_consumer("b", 1.0, False)
-        unit.record_registry_action(registry_action(1.0, "b", "register", "ops", "x"))
+        unit.record_action(registry_action(1.0, "b", "register", "ops", "x"))
         raise Boom
     assert [c.name for c in outbox.latest.consumers()] == ["a"]
     assert outbox.latest.registry_actions() == []
@@ -141,7 +141,7 @@ def test_registry_actions_are_recorded_in_order_and_filtered_by_name(outbox):
                registry_action(3.0, "a", "remove", "bob", "typo")]
     with outbox.write() as unit:
         for a in actions:
-            unit.record_registry_action(a)
+            unit.record_action(a)
     assert outbox.latest.registry_actions() == actions
     with outbox.read() as reads:
         assert reads.registry_actions("a") == [actions[0], actions[2]]
@@ -239,7 +239,7 @@ def test_a_replacement_that_fails_leaves_the_old_row_as_it_was(inbox):
     with pytest.raises(Boom), inbox.write() as unit:
         unit.set_replaced("A1")
         unit.insert(env("A1-fix", n=9), 2.0)
-        unit.record_inbox_action(inbox_action(2.0, "A1", "F", 1, "replace", PENDING, "ops", "fix", "A1-fix"))
+        unit.record_action(inbox_action(2.0, "A1", "F", 1, "replace", PENDING, "ops", "fix", "A1-fix"))
         raise Boom
     assert [(e.event_id, e.state) for e in entries(inbox.latest, "F")] == [("A1", PENDING)]
     assert inbox.latest.inbox_actions() == []
@@ -259,10 +259,27 @@ def test_inbox_actions_are_recorded_in_order_and_found_by_either_event_id(inbox)
                inbox_action(2.0, "B1", "G", 1, "skip", PENDING, "bob", "cancelled by hand")]
     with inbox.write() as unit:
         for a in actions:
-            unit.record_inbox_action(a)
+            unit.record_action(a)
     assert inbox.latest.inbox_actions() == actions
     with inbox.read() as reads:
         assert reads.inbox_actions("A2-fix") == [actions[0]]
         assert reads.inbox_actions("A2") == [actions[0]]
         assert reads.inbox_actions("B1") == [actions[1]]
         assert reads.inbox_actions("Z9") == []
+
+
+def test_record_action_files_each_action_by_its_target_and_refuses_another_sides(outbox, inbox):
+    """One ``record_action`` per side: a producer keeps delivery and registry
+    actions, a consumer inbox and effect actions; the other side's are refused."""
+    with outbox.write() as unit:
+        unit.record_action(registry_action(1.0, "a", "register", "alice", "new"))
+        with pytest.raises(ValueError, match="inbox"):
+            unit.record_action(inbox_action(2.0, "E1", "F", 1, "skip", InboxState.PENDING, "ops", "x"))
+    assert [a.action for a in outbox.latest.registry_actions()] == ["register"]
+    assert outbox.latest.operator_actions() == []
+    with inbox.write() as unit:
+        unit.record_action(inbox_action(2.0, "E1", "F", 1, "skip", InboxState.PENDING, "ops", "x"))
+        with pytest.raises(ValueError, match="registry"):
+            unit.record_action(registry_action(1.0, "a", "register", "alice", "new"))
+    assert [a.action for a in inbox.latest.inbox_actions()] == ["skip"]
+    assert inbox.latest.effect_actions() == []

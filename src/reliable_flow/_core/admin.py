@@ -92,7 +92,7 @@ def effect_action_in(unit: EffectUnit, action: str, key: str, actor: str, reason
     changes = effect_changes(action, reason, result)
     unit.update_effect(key, changes, now)
     record = OperatorAction(at=now, target=ActionTarget.EFFECT, key=key, action=action, actor=actor, reason=reason)
-    unit.record_effect_action(record)
+    unit.record_action(record)
     unit.add_transitions([note(effect, Transition.OPERATOR, now, None,
                                f"{action} by {actor} ({effect.state} -> {changes['state']}): {reason}")])
     return record, effect

@@ -139,7 +139,7 @@ def skip_in(unit: InboxUnit, protocol: Protocol, event_id: str, actor: str, reas
     unit.set_skipped(event_id)
     action = OperatorAction(at=now, target=ActionTarget.INBOX, event_id=event_id, flow_id=row.flow_id, seq=row.seq,
                             action="skip", previous_state=row.state, actor=actor, reason=reason)
-    unit.record_inbox_action(action)
+    unit.record_action(action)
     return action
 
 
@@ -161,7 +161,7 @@ def replace_in(unit: InboxUnit, event_id: str, corrected: Envelope, actor: str, 
     action = OperatorAction(at=now, target=ActionTarget.INBOX, event_id=event_id, flow_id=row.flow_id, seq=row.seq,
                             action="replace", previous_state=row.state, actor=actor, reason=reason,
                             replacement_event_id=corrected.event_id)
-    unit.record_inbox_action(action)
+    unit.record_action(action)
     return action
 
 
@@ -190,12 +190,12 @@ def register_in(unit: OutboxUnit, name: str, from_now: bool, record: OperatorAct
     if unit.is_registered(name):
         raise NotResolvable(f"consumer {name!r} is already registered in {location}")
     unit.register_consumer(name, record.at, from_now)
-    unit.record_registry_action(record)
+    unit.record_action(record)
 
 
 def remove_in(unit: OutboxUnit, name: str, record: OperatorAction, location: str) -> None:
     if not unit.is_registered(name):
         raise unknown_consumer(location, name, unit.consumers())
     unit.remove_consumer(name)
-    unit.record_registry_action(record)
+    unit.record_action(record)
 

@@ -94,7 +94,7 @@ def _bind(store: OutboxStore, receiver: Receiver, register: bool = False) -> Non
             now = time.time()
             unit.register_consumer(name, now, False)
             why = "relay(register=True)" if register else "the producer's first consumer, on its first relay"
-            unit.record_registry_action(OperatorAction(at=now, target=ActionTarget.REGISTRY, consumer=name,
+            unit.record_action(OperatorAction(at=now, target=ActionTarget.REGISTRY, consumer=name,
                                                        action="register", actor="relay", reason=why))
         bound = unit.bound_uid(name)
         if bound is None:

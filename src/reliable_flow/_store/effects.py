@@ -115,8 +115,10 @@ class EffectUnit(EffectReads, Protocol):
         names (so a cap or rate limit is counted and used by one claimer at
         a time); other claimers of the same names wait."""
 
-    def record_effect_action(self, action: OperatorAction) -> None:
-        """Append an operator action on an effect."""
+    def record_action(self, action: OperatorAction) -> None:
+        """Append an operator action to its record, by its target: a skip or
+        a replacement (``inbox``), a retry, resolve or cancel (``effect``);
+        any other target raises ``ValueError``."""
 
     def last_seq(self, flow_id: str) -> int:
         """The flow's last applied seq (0 before any)."""

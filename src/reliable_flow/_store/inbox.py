@@ -110,9 +110,6 @@ class InboxUnit(InboxReads, EffectUnit, Protocol):
         """Mark the row replaced: it keeps its id and body, and gives up its
         (flow, seq) slot to a replacement stored next."""
 
-    def record_inbox_action(self, action: OperatorAction) -> None:
-        """Append a skip or a replacement to the record."""
-
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
         """Create or replace the flow's projection."""
 

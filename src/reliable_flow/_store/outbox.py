@@ -141,9 +141,6 @@ class OutboxUnit(OutboxReads, Protocol):
     def remove_consumer(self, name: str) -> None:
         """Forget ``name``: its registration and every delivery to it."""
 
-    def record_registry_action(self, action: OperatorAction) -> None:
-        """Append a registration or removal to the record."""
-
     def claim(self, consumer: str, positions: Sequence[int], until: float, owner: str, now: float) -> None:
         """Lease these deliveries to ``owner``: due again only at ``until``."""
 
@@ -164,7 +161,9 @@ class OutboxUnit(OutboxReads, Protocol):
         """Set a delivery's state by an operator's decision: due at once, no failures, no lease."""
 
     def record_action(self, action: OperatorAction) -> None:
-        """Append an operator action to the record."""
+        """Append an operator action to its record, by its target: a
+        redeliver or skip (``delivery``), a registration or removal
+        (``registry``); any other target raises ``ValueError``."""
 
 
 class OutboxStore(Store[OutboxReads, OutboxUnit], Protocol):

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 from ..._envelope import Envelope
 from ...statuses import (
+    ActionTarget,
     AppliedEvent,
     BlockReason,
     EffectState,
@@ -156,11 +157,17 @@ class InboxRepository(Dialect):
         """The row gives up its (flow, seq) slot: live NULL, which the CHECK ties to 'replaced'."""
         self._run(self._SQL.SET_REPLACED, (event_id,))
 
-    def record_inbox_action(self, action: OperatorAction) -> None:
-        self._run(self._SQL.RECORD_INBOX_ACTION, (
-            action.at, action.event_id, action.flow_id, action.seq, action.action,
-            InboxState(action.previous_state).value, action.actor, action.reason, action.replacement_event_id,
-        ))
+    def record_action(self, action: OperatorAction) -> None:
+        if action.target is ActionTarget.INBOX:
+            self._run(self._SQL.RECORD_INBOX_ACTION, (
+                action.at, action.event_id, action.flow_id, action.seq, action.action,
+                InboxState(action.previous_state).value, action.actor, action.reason, action.replacement_event_id,
+            ))
+        elif action.target is ActionTarget.EFFECT:
+            self._run(self._SQL.RECORD_EFFECT_ACTION,
+                      (action.at, action.key, action.action, action.actor, action.reason))
+        else:
+            raise ValueError(f"a consumer records inbox and effect actions, not {action.target.value!r} ones")
 
     def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         found = (self._rows(self._SQL.INBOX_ACTIONS) if event_id is None
@@ -199,9 +206,6 @@ class InboxRepository(Dialect):
         found = (self._rows(self._SQL.EFFECT_ACTIONS) if key is None
                  else self._rows(self._SQL.EFFECT_ACTIONS_OF, (key,)))
         return [rows.effect_action(r) for r in found]
-
-    def record_effect_action(self, action: OperatorAction) -> None:
-        self._run(self._SQL.RECORD_EFFECT_ACTION, (action.at, action.key, action.action, action.actor, action.reason))
 
     def due_effects(self, now: float, names: Collection[str], limit: int) -> list[ScheduledEffect]:
         """On an engine that locks rows, in a unit the effects returned are

@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol
 
 from ..._operations import ConsumerEntry
 from ...delivery import Retry
-from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from ...statuses import ActionTarget, DeliveryState, OperatorAction, OutboxEntry
 from .. import rows
 from ..records import OutboxCounts, PruneStep
 from .dialect import Dialect, TombstoneSql
@@ -101,17 +101,19 @@ class OutboxRepository(Dialect):
         return [rows.delivery_action(r) for r in found]
 
     def record_action(self, action: OperatorAction) -> None:
-        self._run(self._SQL.RECORD_ACTION,
-                  (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason))
+        if action.target is ActionTarget.REGISTRY:
+            self._run(self._SQL.RECORD_REGISTRY_ACTION,
+                      (action.at, action.consumer, action.action, action.actor, action.reason))
+        elif action.target is ActionTarget.DELIVERY:
+            self._run(self._SQL.RECORD_ACTION,
+                      (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason))
+        else:
+            raise ValueError(f"a producer records delivery and registry actions, not {action.target.value!r} ones")
 
     def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
         found = (self._rows(self._SQL.REGISTRY_ACTIONS) if consumer is None
                  else self._rows(self._SQL.REGISTRY_ACTIONS_OF, (consumer,)))
         return [rows.registry_action(r) for r in found]
-
-    def record_registry_action(self, action: OperatorAction) -> None:
-        self._run(self._SQL.RECORD_REGISTRY_ACTION,
-                  (action.at, action.consumer, action.action, action.actor, action.reason))
 
     def has_consumers(self) -> bool:
         self._lock(REGISTRY_LOCK)
