@@ -1,4 +1,4 @@
-"""The consumer's store on PostgreSQL: every SQL statement the consumer side runs.
+"""The consumer's store on PostgreSQL: receive, apply, the application's SQL and pruning.
 
 :class:`PgInboxStore` owns the connection; :class:`PgInbox` is one view of
 it, a unit of work inside :meth:`PgInboxStore.write` or a snapshot inside

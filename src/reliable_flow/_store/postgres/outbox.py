@@ -1,4 +1,4 @@
-"""The producer's store on PostgreSQL: every SQL statement the producer side runs.
+"""The producer's store on PostgreSQL: advance, claims, marks and pruning, and the locks of every read.
 
 :class:`PgOutboxStore` owns the connection; :class:`PgOutbox` is one view of
 it, a unit of work inside :meth:`PgOutboxStore.write` or a snapshot inside

@@ -1,9 +1,10 @@
-"""The consumer file on SQLite: every SQL statement the consumer side runs.
+"""The consumer file on SQLite: receive and apply with what a unit reads ahead, and pruning.
 
 :class:`SqliteInboxStore` owns the connection; :class:`SqliteInbox` is one
 view of it, a unit of work inside :meth:`SqliteInboxStore.write` or a
 consistent snapshot inside :meth:`SqliteInboxStore.read`.  The statement texts
-live in :mod:`.inbox_sql`.
+live in :mod:`.inbox_sql`; the methods that are the same on every engine in
+:mod:`reliable_flow._store.repository.inbox`.
 
 Besides receive and apply: the inbox as an operator sees and repairs it
 (rows in full, skips and replacements, and their record), the effect

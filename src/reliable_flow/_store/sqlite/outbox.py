@@ -1,4 +1,4 @@
-"""The producer file on SQLite: every SQL statement the producer side runs.
+"""The producer file on SQLite: advance, a batch's deliveries, claims, marks and pruning.
 
 :class:`SqliteOutboxStore` owns the connection; :class:`SqliteOutbox` is one
 view of it, a unit of work inside :meth:`SqliteOutboxStore.write` or a
@@ -6,7 +6,8 @@ consistent snapshot inside :meth:`SqliteOutboxStore.read`.  Status values
 in the SQL come from the enums; partial-index predicates keep their literal
 (SQLite only uses a partial index when the query repeats its predicate
 text), and a test pins those literals to the enums.  The statement texts
-live in :mod:`.outbox_sql`.
+live in :mod:`.outbox_sql`; the methods that are the same on every engine
+in :mod:`reliable_flow._store.repository.outbox`.
 
 The consumer registry: which names get deliveries, which file each is
 bound to, and the record of changes.  Retention: tombstones of pruned
