@@ -19,7 +19,6 @@ from ._core.apply import ApplyRules, Source, apply_in, drain_flows
 from ._core.conflicts import rerun_on_conflict
 from ._core.effects import with_waits
 from ._core.operate import why_waiting
-from ._deprecated import renamed_parameter, renamed_to, to_admin
 from ._effects import EffectRegistry
 from ._handlers import AppSchema, Handler
 from ._observe import Observer
@@ -97,7 +96,6 @@ class Consumer:
     effect, prune) is on :attr:`admin`, a :class:`~reliable_flow.ConsumerAdmin`.
     """
 
-    @renamed_parameter("Consumer", "path", "location")
     def __init__(
         self,
         location: Location,
@@ -313,17 +311,6 @@ class Consumer:
             self._observed.applies(self._name, committed.outcomes)
         return results
 
-    # -- moved to .admin (deprecated, for one release) -----------------------------
-
-    skip_event = to_admin()
-    replace_event = to_admin()
-    operator_actions = to_admin()
-    prune = to_admin()
-    retry_effect = to_admin()
-    resolve_effect = to_admin()
-    cancel_effect = to_admin()
-    effect_actions = to_admin()
-
     # -- reads ----------------------------------------------------------------------
 
     def projection(self, flow_id: str) -> dict[str, Any] | None:
@@ -403,11 +390,6 @@ class Consumer:
         counts = self._store.latest.effect_counts()
         return {s.value: counts.get(s.value, 0) for s in EffectState}
 
-    # renamed (deprecated, for one release): each warns and returns the new method
-    effects = renamed_to("applied")
-    effect = renamed_to("scheduled_effect")
-    effect_outbox = renamed_to("scheduled_effects")
-
     def metrics(self) -> ConsumerMetrics:
         """Inbox rows per state, blocked per reason, flows at a gap, effects per
         state (one snapshot of the file), and this object's own counts since it
@@ -417,8 +399,6 @@ class Consumer:
             return consumer_metrics(reads, self.clock(), self._observed)
 
     # -- lifecycle ---------------------------------------------------------------
-
-    path = renamed_to("location")  # deprecated, for one release
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""

@@ -14,7 +14,6 @@ added the column).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .statuses import BlockReason, InboxState, _StrEnum
 
@@ -123,11 +122,3 @@ class PruneResult:
     transactions: int
     complete: bool
     tombstones_forgotten: int = 0
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("InboxAction", "RegistryAction"):  # deprecated, for one release: one OperatorAction
-        from ._deprecated import old_name
-
-        return old_name("reliable_flow.operations", name)  # its public name until 0.2
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

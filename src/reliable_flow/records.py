@@ -21,8 +21,6 @@ registry* (``reliable_flow.EffectRegistry``) maps an effect's name to its functi
 
 from __future__ import annotations
 
-from typing import Any
-
 from ._executor import ExecutorStats
 from ._operations import (
     ConsumerEntry,
@@ -68,10 +66,3 @@ __all__ = [
     "StuckFlow",
     "WorkerStats",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # InboxAction, RegistryAction, EffectAction: deprecated, for one release
-    from ._deprecated import old_name
-
-    return old_name(__name__, name)

@@ -495,8 +495,4 @@ def __getattr__(name: str) -> Any:
         from ._operations import FlowWait
 
         return FlowWait
-    if name in ("Refused", "Effect", "EffectRecord", "EffectAction"):  # deprecated, for one release
-        from ._deprecated import old_name
-
-        return old_name(__name__, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

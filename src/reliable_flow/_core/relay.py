@@ -17,13 +17,10 @@ older than anything committed since, so it cannot be starved by new work.
 
 from __future__ import annotations
 
-import json
 import time
-import warnings
 from collections.abc import Sequence
 from typing import cast
 
-from .._deprecated import InboxFull, Refused
 from .._observe import INFO, RELAY, WARNING, body_fields, log
 from .._receiver import Receiver
 from .._store import OutboxStore
@@ -186,17 +183,9 @@ def _as_relay(answer: ReceiveResult) -> RelayResult:
                        answer.applied)
 
 
-def _answered(answer: object, body: str) -> ReceiveResult:
-    """The receiver's answer to ``body`` as a :class:`ReceiveResult`; the
-    deprecated ``Refused`` object of the old protocol becomes ``refused``."""
-    if isinstance(answer, Refused):
-        warnings.warn(
-            "a Receiver answered the deprecated Refused object; answer a ReceiveResult of status "
-            "ReceiveStatus.REFUSED instead", DeprecationWarning, stacklevel=2,
-        )
-        event = json.loads(body)
-        return ReceiveResult(ReceiveStatus.REFUSED, event["event_id"], event["flow_id"], event["seq"], answer.reason)
-    return cast(ReceiveResult, answer)
+class InboxFull(Exception):
+    """How a send a full inbox turned away is recorded: its name starts the
+    ``last_error`` ("InboxFull: ..."), as operators read it."""
 
 
 def _refused(store: OutboxStore, consumer: str, refused: Sequence[tuple[int, ReceiveResult]],
@@ -241,7 +230,7 @@ def relay_to(
         _record_failure(store, name, [pos], policy, exc)
         _observe_failure(name, [body], exc)
         raise
-    answer = _answered(sent, body)
+    answer = cast(ReceiveResult, sent)
     if answer.status == ReceiveStatus.REFUSED:
         _refused(store, name, [(pos, answer)], {pos: body}, policy)
         return _as_relay(answer)
@@ -267,7 +256,7 @@ def relay_batch_to(
         _record_failure(store, name, picked, policy, exc)
         _observe_failure(name, [bodies[pos] for pos in picked], exc)
         raise
-    answered = [(pos, _answered(a, bodies[pos])) for pos, a in zip(picked, answers)]
+    answered = [(pos, cast(ReceiveResult, a)) for pos, a in zip(picked, answers)]
     marks = [(pos, a) for pos, a in answered if a.status != ReceiveStatus.REFUSED]
     refused = [(pos, a) for pos, a in answered if a.status == ReceiveStatus.REFUSED]
     if marks:
