@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import cast
 
 from .._observe import INFO, RELAY, WARNING, body_fields, log
 from .._receiver import Receiver
@@ -230,7 +229,7 @@ def relay_to(
         _record_failure(store, name, [pos], policy, exc)
         _observe_failure(name, [body], exc)
         raise
-    answer = cast(ReceiveResult, sent)
+    answer = sent
     if answer.status == ReceiveStatus.REFUSED:
         _refused(store, name, [(pos, answer)], {pos: body}, policy)
         return _as_relay(answer)
@@ -256,7 +255,7 @@ def relay_batch_to(
         _record_failure(store, name, picked, policy, exc)
         _observe_failure(name, [bodies[pos] for pos in picked], exc)
         raise
-    answered = [(pos, cast(ReceiveResult, a)) for pos, a in zip(picked, answers)]
+    answered = list(zip(picked, answers))
     marks = [(pos, a) for pos, a in answered if a.status != ReceiveStatus.REFUSED]
     refused = [(pos, a) for pos, a in answered if a.status == ReceiveStatus.REFUSED]
     if marks:
