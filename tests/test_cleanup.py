@@ -63,8 +63,8 @@ if mode == "fork":
     os.kill(child, signal.SIGTERM)
     note("fork child ended by signal %s" % os.WTERMSIG(os.waitpid(child, 0)[1]))
     sys.exit(0)
-note("ready")
 try:
+    note("ready")  # inside: a signal right after it still lands in the except below
     time.sleep(60)
 except KeyboardInterrupt as exc:
     note("interrupted: %s" % exc)
