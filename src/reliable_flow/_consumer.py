@@ -23,7 +23,6 @@ from ._deprecated import renamed_parameter, renamed_to, to_admin
 from ._effects import EffectRegistry
 from ._handlers import AppSchema, Handler
 from ._observe import Observer
-from ._operations import StuckFlow
 from ._receiving import Applying, receive_all, receive_one
 from ._store import InboxStore
 from ._store.open import Location, open_inbox
@@ -32,17 +31,17 @@ from .crash import crash_point
 from .errors import InvalidEnvelope
 from .metrics import ConsumerMetrics, consumer_metrics
 from .protocol import Protocol
-from .statuses import (
+from .records import (
     AppliedEvent,
     ApplyResult,
-    ApplyStatus,
     DrainResult,
-    EffectState,
     EffectTransition,
     InboxEntry,
     ReceiveResult,
     ScheduledEffect,
+    StuckFlow,
 )
+from .statuses import ApplyStatus, EffectState
 from .tracing import traced
 
 __all__ = ["Consumer"]

@@ -17,10 +17,9 @@ from ._core.admin import effect_action_in
 from ._core.operate import replace_in, skip_in
 from ._effects import check_json_value
 from ._observe import CONSUMER, operator_action
-from ._operations import PruneResult
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import InboxStore
-from .statuses import OperatorAction
+from .records import OperatorAction, PruneResult
 
 if TYPE_CHECKING:
     from ._consumer import Consumer

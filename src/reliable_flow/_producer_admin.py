@@ -15,11 +15,11 @@ from ._checks import check_flag, check_text
 from ._core.admin import delivery_action_in
 from ._core.operate import register_in, remove_in
 from ._observe import PRODUCER, operator_action
-from ._operations import ConsumerEntry, PruneResult
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import OutboxStore
 from .errors import InvalidEnvelope
-from .statuses import ActionTarget, OperatorAction
+from .records import ConsumerEntry, OperatorAction, PruneResult
+from .statuses import ActionTarget
 
 if TYPE_CHECKING:
     from ._producer import Producer

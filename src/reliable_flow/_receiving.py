@@ -14,7 +14,8 @@ from ._core.receive import receive_in, receive_many_in
 from ._envelope import Envelope
 from ._observe import CONSUMER, INFO
 from .crash import crash_point
-from .statuses import ApplyResult, ApplyStatus, ReceiveResult, ReceiveStatus
+from .records import ApplyResult, ReceiveResult
+from .statuses import ApplyStatus, ReceiveStatus
 
 if TYPE_CHECKING:
     from ._consumer import Consumer

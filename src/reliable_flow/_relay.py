@@ -14,7 +14,7 @@ from ._producer import Producer
 from ._receiver import Receiver, is_receiver
 from .delivery import DeliveryPolicy
 from .errors import InvalidEnvelope
-from .statuses import RelayBatchResult, RelayResult
+from .records import RelayBatchResult, RelayResult
 from .tracing import traced
 
 __all__ = ["DeliveryPolicy", "relay", "relay_batch"]

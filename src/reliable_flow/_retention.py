@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 
 from ._checks import check_count, check_finite, check_optional_count
 from ._core.retention import Pruning, prune
-from ._operations import PruneResult
+from .records import PruneResult
 
 __all__ = ["DEFAULT_PRUNE_BATCH", "prune_older_than"]
 

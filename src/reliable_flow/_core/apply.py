@@ -16,7 +16,8 @@ from .._handlers import ApplyContext, Event, Handler
 from .._store import FlowState, InboxUnit
 from ..crash import crash_point
 from ..protocol import PayloadError, Protocol, Rejected
-from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
+from ..records import ApplyResult, DrainResult
+from ..statuses import ApplyStatus, BlockReason, DrainStop
 from . import conflicts
 
 __all__ = ["ApplyRules", "Committed", "Source", "apply_arrived", "apply_in", "drain_flows"]

@@ -30,15 +30,8 @@ from .._store import OutboxStore
 from ..crash import crash_point
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..errors import ConsumerMismatch, UnknownEvent
-from ..statuses import (
-    ActionTarget,
-    OperatorAction,
-    ReceiveResult,
-    ReceiveStatus,
-    RelayBatchResult,
-    RelayResult,
-    RelayStatus,
-)
+from ..records import OperatorAction, ReceiveResult, RelayBatchResult, RelayResult
+from ..statuses import ActionTarget, ReceiveStatus, RelayStatus
 from .conflicts import rerun_on_conflict
 from .operate import unknown_consumer
 

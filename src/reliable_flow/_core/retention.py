@@ -30,8 +30,8 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Protocol
 
-from .._operations import PruneResult
 from .._store.records import PruneStep
+from ..records import PruneResult
 
 __all__ = ["Pruning", "prune"]
 

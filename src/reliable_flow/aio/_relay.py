@@ -39,7 +39,7 @@ from .._relay import relay as sync_relay
 from .._relay import relay_batch as sync_relay_batch
 from ..delivery import DeliveryPolicy
 from ..errors import InvalidEnvelope
-from ..statuses import ReceiveResult, RelayBatchResult, RelayResult
+from ..records import ReceiveResult, RelayBatchResult, RelayResult
 from ..tracing import traced
 from ._consumer import AsyncApplying, AsyncConsumer
 from ._producer import AsyncProducer
