@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import errors, records, statuses
-from ._consumer import Consumer
-from ._consumer_admin import ConsumerAdmin
+from ._consumer import Consumer, ConsumerAdmin
 from ._deprecated import install_moved_modules
 from ._effects import (
     EffectCall,

@@ -8,7 +8,7 @@ recorded with who, when and why.  See docs/operations.md.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import _envelope as envelope
 from ._checks import check_flag, check_text
@@ -21,10 +21,14 @@ from .errors import InvalidEnvelope
 from .records import ConsumerEntry, OperatorAction, PruneResult
 from .statuses import ActionTarget
 
-if TYPE_CHECKING:
-    from ._producer import Producer
-
 __all__ = ["ProducerAdmin"]
+
+
+class Owner(Protocol):
+    """What the admin object reads of its producer (public members only)."""
+
+    @property
+    def store(self) -> OutboxStore: ...
 
 
 def _name(value: object) -> str:
@@ -48,7 +52,7 @@ class ProducerAdmin:
     is recorded (:meth:`operator_actions`, :meth:`registry_actions`); none
     is ever taken automatically."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Owner) -> None:
         self._producer = producer
 
     @property

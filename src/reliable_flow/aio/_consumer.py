@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from .._consumer import Consumer
 from .._effects import EffectRegistry
 from .._handlers import AppSchema, Handler
-from .._receiving import Applying
 from .._store.open import Location
 from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from ..metrics import ConsumerMetrics
@@ -57,7 +56,7 @@ class AsyncApplying:
 
     def __init__(self, consumer: AsyncConsumer) -> None:
         self.consumer = consumer
-        self.target = Applying(consumer.sync)
+        self.target = consumer.sync.applying()
 
     @property
     def applied(self) -> int:

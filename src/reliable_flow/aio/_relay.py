@@ -30,11 +30,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._checks import check_count, check_flag
-from .._consumer import Consumer
+from .._consumer import Applying, Consumer
 from .._core.relay import relay_batch_to, relay_to
 from .._producer import Producer
 from .._receiver import Receiver
-from .._receiving import Applying
 from .._relay import relay as sync_relay
 from .._relay import relay_batch as sync_relay_batch
 from ..delivery import DeliveryPolicy
