@@ -386,10 +386,10 @@ def import_cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     low: dict[str, int] = {}
     stack: list[str] = []
     found: set[frozenset[str]] = set()
-    for start in graph:
+    for start, edges_out in graph.items():
         if start in index:
             continue
-        work = [(start, iter(sorted(graph[start])))]
+        work = [(start, iter(sorted(edges_out)))]
         index[start] = low[start] = len(index)
         stack.append(start)
         while work:
