@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import _envelope as envelope
 from .._checks import check_count, check_flag, check_optional_count, check_text
-from .._core.apply import ApplyRules, Source, apply_in, drain_flows
+from .._core.apply import ApplyRules, Committed, Draining, Source, apply_in, drain_in
 from .._core.conflicts import rerun_on_conflict
 from .._core.effects import with_waits
 from .._core.operate import why_waiting
@@ -307,7 +307,17 @@ class Consumer:
         limit = check_count("limit", limit)
         batch_size = check_count("batch_size", batch_size)
         results: dict[str, DrainResult] = {}
-        for committed in drain_flows(self._store.write, self._rules, flows, limit, batch_size):
+        reached = Draining()
+        while reached.at < len(flows):
+
+            def once(start: Draining = reached) -> Committed:
+                with self._store.write() as unit:
+                    return drain_in(unit, self._rules, flows, start, limit, batch_size)
+
+            committed = rerun_on_conflict(once)
+            if committed.applied:
+                crash_point("apply.after_commit")
+            reached = committed.reached
             results.update(committed.finished)
             self._observed.applied += committed.applied
             self._observed.applies(self._name, committed.outcomes)
