@@ -14,7 +14,9 @@
   ``TYPE_CHECKING`` or inside a function counts), in ``src/`` and in
   ``benchmarks/``, and no module uses another module's object's private
   members; what is still allowed is named (``ALLOWED_CYCLES``,
-  ``ALLOWED_PRIVATE_USE``) and may only shrink.
+  ``ALLOWED_PRIVATE_USE``) and may only shrink;
+* ``_core/`` decides on a unit of work it is given: it opens none, runs
+  none again and logs nothing (the faces do).
 """
 
 from __future__ import annotations
@@ -484,3 +486,46 @@ def test_the_private_member_check_catches_a_reach(tmp_path: Path) -> None:
     (tmp_path / "user.py").write_text("def peek(owner):\n    return owner._count, owner.count, self_._x._y\n")
     assert private_uses(tmp_path / "owner.py") == []
     assert private_uses(tmp_path / "user.py") == ["2: owner._count", "2: self_._x._y", "2: self_._x"]
+
+
+# -- one shape of operation: the face opens the unit, the core decides in it ----------------
+
+
+def opens_or_logs(path: Path) -> list[str]:
+    """What in ``path`` opens a unit of work (``with ...write(...)`` /
+    ``read(...)``), runs one again (``rerun_on_conflict``) or logs."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                call = item.context_expr
+                if isinstance(call, ast.Call):
+                    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+                    if name in ("write", "read"):
+                        found.append(f"{node.lineno}: opens {ast.unparse(call)}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) \
+                == "rerun_on_conflict":
+            found.append(f"{node.lineno}: reruns a unit")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            if any(n == "logging" or n.endswith("_observe") for n in names):
+                found.append(f"{node.lineno}: imports logging")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "_core").glob("*.py")), ids=_relative)
+def test_the_core_decides_on_a_unit_it_is_given(path: Path) -> None:
+    if path.name == "conflicts.py":  # the rerun helper the faces use
+        return
+    assert opens_or_logs(path) == [], f"{_relative(path)}: the face opens units and logs, the core decides"
+
+
+def test_the_shape_check_sees_a_core_that_opens_its_own_unit(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from .._observe import log\n"
+        "def f(store):\n    with store.write(durable=False) as unit:\n        return rerun_on_conflict(g)\n"
+    )
+    assert opens_or_logs(module) == [
+        "1: imports logging", "3: opens store.write(durable=False)", "4: reruns a unit",
+    ]
