@@ -17,8 +17,7 @@ Quick tour::
 from __future__ import annotations
 
 from . import errors, records, statuses
-from ._consumer import Consumer
-from ._consumer_admin import ConsumerAdmin
+from ._consumer import Consumer, ConsumerAdmin
 from ._effects import (
     EffectCall,
     EffectRegistry,

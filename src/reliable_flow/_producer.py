@@ -26,7 +26,8 @@ from .crash import crash_point
 from .errors import StorageError
 from .metrics import ProducerMetrics, producer_metrics
 from .protocol import Protocol
-from .statuses import AdvanceResult, AdvanceStatus, OutboxEntry
+from .records import AdvanceResult, OutboxEntry
+from .statuses import AdvanceStatus
 from .tracing import traced
 
 __all__ = ["Batch", "Producer"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from .statuses import ReceiveResult
+from .records import ReceiveResult
 
 __all__ = ["Answer", "Receiver", "is_receiver"]
 
