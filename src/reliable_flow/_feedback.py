@@ -17,7 +17,7 @@ from ._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_event_id, fee
 from ._effects import EffectRegistry
 from ._observe import WARNING
 from .delivery import DeliveryPolicy, error_text
-from .statuses import ScheduledEffect
+from .records import ScheduledEffect
 
 if TYPE_CHECKING:
     from ._consumer import Consumer

@@ -25,7 +25,7 @@ from typing import Any
 from ._core.effects import Outcome, Plan
 from ._effects import EffectCall, EffectSpec, Lease, OutcomeUnknown, PermanentFailure, RetryLater
 from .delivery import error_text
-from .statuses import ScheduledEffect
+from .records import ScheduledEffect
 
 __all__ = ["HEARTBEAT_WAIT", "Flight", "Flights", "acall", "areconciled", "call", "classified", "reconciled"]
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._operations import ConsumerEntry, PruneResult
 from .._retention import DEFAULT_PRUNE_BATCH
-from ..statuses import OperatorAction
+from ..records import ConsumerEntry, OperatorAction, PruneResult
 
 if TYPE_CHECKING:
     from ._consumer import AsyncConsumer

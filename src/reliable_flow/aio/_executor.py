@@ -41,7 +41,7 @@ from .._executor import EffectExecutor, ExecutorStats
 from .._observe import WARNING
 from ..delivery import DeliveryPolicy, check_seconds, error_text
 from ..metrics import ExecutorMetrics
-from ..statuses import ScheduledEffect
+from ..records import ScheduledEffect
 from ._consumer import AsyncConsumer
 from ._producer import AsyncProducer
 

@@ -16,16 +16,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 from ..._envelope import Envelope
-from ...statuses import (
-    ActionTarget,
-    AppliedEvent,
-    BlockReason,
-    EffectState,
-    EffectTransition,
-    InboxState,
-    OperatorAction,
-    ScheduledEffect,
-)
+from ...records import AppliedEvent, EffectTransition, OperatorAction, ScheduledEffect
+from ...statuses import ActionTarget, BlockReason, EffectState, InboxState
 from .. import rows
 from ..effects import NewEffect
 from ..records import InboxCounts, PruneStep, StoredRow

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
-from ..._operations import ConsumerEntry
 from ...delivery import Retry
-from ...statuses import ActionTarget, DeliveryState, OperatorAction, OutboxEntry
+from ...records import ConsumerEntry, OperatorAction, OutboxEntry
+from ...statuses import ActionTarget, DeliveryState
 from .. import rows
 from ..records import OutboxCounts, PruneStep
 from .dialect import Dialect, TombstoneSql
