@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._executor import ExecutorStats
+from ._effects.executor import ExecutorStats
 from ._operations import (
     ConsumerEntry,
     InboxRow,

@@ -187,7 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, signals: EarlySignals) -> int:
     from .._consumer import Consumer
-    from .._executor import EffectExecutor
+    from .._effects.executor import EffectExecutor
     from .._producer import Producer
     from .._relay import DeliveryPolicy
     from .._worker import Worker
@@ -335,7 +335,7 @@ def execute_command(args: argparse.Namespace) -> int:
 
 def _execute(args: argparse.Namespace) -> int:
     from .._consumer import Consumer
-    from .._executor import EffectExecutor
+    from .._effects.executor import EffectExecutor
     from .._producer import Producer
     from .._relay import DeliveryPolicy
     from .._store.open import is_postgres

@@ -14,9 +14,9 @@ import redis
 
 from ..._checks import check_count, check_flag, check_seconds
 from ..._consumer import Consumer
+from ..._effects.executor import EffectExecutor
 from ..._envelope import check_name
 from ..._envelope import parse as parse_body
-from ..._executor import EffectExecutor
 from ..._loop import CANNOT_HEAL, Loop
 from ..._observe import WARNING, WORKER, fields, log
 from ..._receiver import Receiver
