@@ -88,6 +88,7 @@ class AsyncEffectExecutor:
         self._waker = Waker(loop)
         self._sync.stepper.flights.wakers.append(self._waker.set)
         self._stop = threading.Event()
+        self._running = False  # inside run(): a stop or signal ends a step before its next claim
 
     # -- what the sync executor says --------------------------------------------------------
 
@@ -183,7 +184,8 @@ class AsyncEffectExecutor:
 
     async def _step(self, limit: int, *, inline: bool = False) -> Step:
         # feed=False: the sync executor has no producer; feedback is awaited here.
-        return await self._thread.run(self._sync.stepper.step, limit, inline=inline, feed=False)
+        return await self._thread.run(self._sync.stepper.step, limit, inline=inline, feed=False,
+                                      stopping=self._stopping)
 
     async def _drive(self, limit: int, *, inline: bool = False) -> int:
         """Steps until the pass is done, awaiting the calls between them (as
@@ -211,6 +213,9 @@ class AsyncEffectExecutor:
     def stopping(self) -> bool:
         """True once :meth:`stop` was asked (or a signal came) during :meth:`run`."""
         return self._stop.is_set()
+
+    def _stopping(self) -> bool:
+        return self._running and self._stop.is_set()
 
     async def run(
         self, *, until_idle: bool = False, max_passes: int | None = None, idle_sleep: float = 0.5,
@@ -260,10 +265,12 @@ class AsyncEffectExecutor:
                 return idle
             return until_due([] if due is None else [due])
 
+        self._running = True
         with Signals(handle_signals, self.stop):
             try:
                 await run_passes(one_pass, idle_for, self._waker, lambda: self.stopping, max_passes)
             finally:
+                self._running = False
                 await self.finish()
         return self._sync.stats
 
