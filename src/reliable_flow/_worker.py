@@ -205,7 +205,7 @@ class Worker:
         for index in range(len(self.consumers)):
             if self.stopping:
                 return work
-            work += self.relay_step(index, self.stats)
+            work += self.relay_step(index, self.stats)[0]
             if self.stopping:
                 return work
             work += self.apply_step(index, self.stats)
@@ -216,11 +216,13 @@ class Worker:
 
     # -- the steps of a pass, each on one store (the asyncio face runs each on its store's thread) --
 
-    def relay_step(self, index: int, tally: WorkerStats) -> int:
-        """Relay to consumer ``index``: up to ``relay_batch`` due events one by
-        one (stopping early at ``idle`` or ``refused``), or one
-        ``relay_batch`` request to a consumer in another process; counted in
-        ``tally``.  Uses the producer's store."""
+    def relay_step(self, index: int, tally: WorkerStats, most: int | None = None) -> tuple[int, bool]:
+        """Relay to consumer ``index``: up to ``most`` (default
+        ``relay_batch``) due events one by one, stopping early at ``idle``
+        or ``refused``, or one ``relay_batch`` request to a consumer in
+        another process; counted in ``tally``.  Uses the producer's store.
+        Returns the work done and whether more may be due (it stopped only
+        because it reached ``most``)."""
         receiver = self.receivers[index]
         if not isinstance(self.consumers[index], Consumer):  # remote: applied where it is (a transport's bridge)
             try:
@@ -228,29 +230,29 @@ class Worker:
                                     register=self.register)
             except Exception as exc:  # noqa: BLE001 - recorded by relay_batch(), retried after backoff
                 failed(tally, receiver.name, exc)
-                return 0
+                return 0, False
             for status, count in batch.counts.items():
                 tally.relayed[status] += count
             applied = sum(1 for r in batch.results if r.applied)
             tally.applied += applied
-            return len(batch.results) - batch.refused + applied
+            return len(batch.results) - batch.refused + applied, False
         work = 0
-        for _ in range(self.relay_batch):
+        for _ in range(self.relay_batch if most is None else most):
             if self.stopping:
-                break
+                return work, False
             try:
                 result = relay(self.producer, receiver, policy=self.policy, register=self.register)
             except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
                 failed(tally, receiver.name, exc)
-                break
+                return work, False
             tally.relayed[result.status.value] += 1
             if result.applied:  # applied on arrival: a step too
                 tally.applied += 1
                 work += 1
             if result.status == RelayStatus.IDLE or result.status == RelayStatus.REFUSED:
-                break  # nothing due, or a full inbox: it waits for its backoff
+                return work, False  # nothing due, or a full inbox: it waits for its backoff
             work += 1
-        return work
+        return work, True
 
     def apply_step(self, index: int, tally: WorkerStats) -> int:
         """Drain each open flow of consumer ``index`` (none for a consumer in

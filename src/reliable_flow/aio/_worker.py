@@ -174,12 +174,17 @@ class AsyncWorker:
         return sum(r for r in results if isinstance(r, int))
 
     async def _consumer_pass(self, index: int) -> int:
-        """The worker's relay step on the producer's thread, then its apply
-        step on the consumer's; each step's counts added once it ended."""
+        """The worker's relay step on the producer's thread, one event per
+        call (so the application's own producer calls take turns with the
+        relays), then its apply step on the consumer's; the counts added
+        once the steps ended."""
         worker, consumer = self._worker, self.consumers[index]
         tally = WorkerStats()
+        work, more, left = 0, True, worker.relay_batch
         try:
-            work = await self.producer.run_sync(worker.relay_step, index, tally)
+            while more and left > 0 and not self.stopping:
+                done, more = await self.producer.run_sync(worker.relay_step, index, tally, 1)
+                work, left = work + done, left - 1
             if isinstance(consumer, AsyncConsumer) and not self.stopping:
                 work += await consumer.run_sync(worker.apply_step, index, tally)
         finally:
