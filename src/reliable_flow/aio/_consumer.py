@@ -155,6 +155,7 @@ class AsyncConsumer:
         weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
 
     async def run_sync(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run ``fn`` on the store's thread and await it; for the aio face's own use."""
         return await self._thread.run(fn, *args, **kwargs)
 
     # -- for the aio face's own use -------------------------------------------------

@@ -164,7 +164,8 @@ class AsyncProducer:
         weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
 
     async def run_sync(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run ``fn`` on the thread, after any batch another task has open."""
+        """Run ``fn`` on the store's thread, after any batch another task has
+        open, and await it; for the aio face's own use."""
         if self._batch_task is not None and self._batch_task is asyncio.current_task():
             return await self._thread.run(fn, *args, **kwargs)  # inside this task's own batch
         async with self._lock:
