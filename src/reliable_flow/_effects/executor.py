@@ -1,9 +1,11 @@
 """The effect executor: runs the side effects apply handlers scheduled, each
 exactly once in effect, and feeds results back into a producer.
 
-One effect at a time: a durable claim (the effect is ``running`` under a
-lease, so a crash during the call is known to have maybe happened), the call
-with its idempotency key, then the outcome recorded in one transaction.  The
+Each effect: a durable claim (the effect is ``running`` under a lease, so a
+crash during the call is known to have maybe happened), the call with its
+idempotency key, then the outcome recorded in one transaction.  This module
+is the sync driver: ``run_once``, ``pump`` and ``finish`` drive the one step
+of :mod:`reliable_flow._effects.step` and wait for calls between steps.  The
 decisions -- run, reconcile, expire, supersede, park, and what each outcome
 leaves -- are in :mod:`reliable_flow._core.effects`; leases and backoff come
 from :mod:`reliable_flow.delivery`, as for deliveries.
