@@ -20,7 +20,7 @@ from ._relay import DeliveryPolicy, relay, relay_batch
 from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
 from .statuses import DrainStop, RelayStatus
 
-__all__ = ["Worker", "WorkerStats", "apply_open_flows", "failed", "finish_executors", "own_receiving",
+__all__ = ["Worker", "WorkerStats", "add_counts", "apply_open_flows", "failed", "finish_executors", "own_receiving",
            "pump_executors"]
 
 
@@ -48,14 +48,15 @@ class WorkerStats:
             "effects": dict(sorted(self.effects.items())),
         }
 
-    def add(self, tally: WorkerStats) -> None:
-        """Add the counts of one step, made apart (on a store's thread)."""
-        self.relayed.update(tally.relayed)
-        self.applied += tally.applied
-        self.stops.update(tally.stops)
-        self.errors += tally.errors
-        self.last_error = tally.last_error or self.last_error
-        self.effects.update(tally.effects)
+
+def add_counts(stats: WorkerStats, tally: WorkerStats) -> None:
+    """Add to ``stats`` the counts of steps made apart (on a store's thread)."""
+    stats.relayed.update(tally.relayed)
+    stats.applied += tally.applied
+    stats.stops.update(tally.stops)
+    stats.errors += tally.errors
+    stats.last_error = tally.last_error or stats.last_error
+    stats.effects.update(tally.effects)
 
 
 def failed(tally: WorkerStats, where: str, exc: Exception) -> None:

@@ -27,7 +27,7 @@ from .._checks import check_flag, check_optional_count
 from .._consumer import Consumer
 from .._loop import until_due
 from .._receiver import Receiver, is_receiver
-from .._worker import Worker, WorkerStats, failed
+from .._worker import Worker, WorkerStats, add_counts, failed
 from ..delivery import DeliveryPolicy
 from ._consumer import AsyncConsumer
 from ._drive import Signals, Waker, run_passes
@@ -188,7 +188,7 @@ class AsyncWorker:
             if isinstance(consumer, AsyncConsumer) and not self.stopping:
                 work += await consumer.run_sync(worker.apply_step, index, tally)
         finally:
-            self.stats.add(tally)
+            add_counts(self.stats, tally)
         return work
 
     async def _executor_pass(self, executor: AsyncEffectExecutor) -> int:
