@@ -13,7 +13,7 @@ import cases
 import explain
 
 if TYPE_CHECKING:
-    from run import Load, Result, ScalingResult
+    from results import Load, Result, ScalingResult
 
 __all__ = ["markdown", "summarize", "table"]
 

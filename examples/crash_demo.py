@@ -63,7 +63,7 @@ def main() -> int:
             p_path, c_path = where / "producer.db", where / "consumer.db"
             env = {**os.environ, ENV_VAR: point}
             child = subprocess.run(
-                [sys.executable, "-c", CHILD, str(p_path), str(c_path)], env=env, timeout=60
+                [sys.executable, "-c", CHILD, str(p_path), str(c_path)], env=env, timeout=60, check=False
             )
             with Producer(p_path, RESERVATION) as producer, Consumer(c_path, RESERVATION) as consumer:
                 seen = observe(producer, consumer)

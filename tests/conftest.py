@@ -59,7 +59,7 @@ def consumer(new_store) -> Consumer:
 
 import os
 
-from pg_cluster import get_pg_cluster, import_psycopg, pg_location, stop_all_clusters
+from pg_cluster import get_pg_cluster, import_psycopg, pg_location
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +78,7 @@ def pg_schema_location(pg_cluster) -> str:
 # -- Redis: one private server for the whole run, started on first use ----------------
 # (the machinery is in redis_server.py; the two-host set-up in netns.py)
 
-from redis_server import get_redis_server, stop_all_redis
+from redis_server import get_redis_server
 
 
 @pytest.fixture(scope="session")
@@ -102,14 +102,10 @@ def redis_url(redis_server) -> str:
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Stop every private server still running and remove the test hosts, after
     the fixtures' teardown: also when the run was interrupted (Ctrl-C, or
-    SIGTERM, which pg_cluster / redis_server / netns turn into the same unwinding)."""
-    import sys
+    SIGTERM / SIGHUP, which tests/cleanup.py turns into the same unwinding)."""
+    import cleanup
 
-    stop_all_clusters()
-    stop_all_redis()
-    netns = sys.modules.get("netns")  # loaded only by the tests that make hosts
-    if netns is not None:
-        netns.remove_all_hosts()
+    cleanup.stop_all()
 
 
 # -- a service a test needs may not silently go missing ---------------------------------

@@ -31,7 +31,6 @@ removed too.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import os
@@ -41,11 +40,13 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import cleanup
+
 __all__ = [
-    "SUBNET", "Host", "Hosts", "available", "netns_required", "remove_all_hosts", "require_netns",
+    "SUBNET", "Host", "Hosts", "available", "netns_required", "require_netns",
 ]
 
 #: Where the hosts' addresses are (``.1``, ``.2``, ...): only inside the namespaces.
@@ -228,7 +229,6 @@ class Hosts:
             raise ValueError("Hosts needs at least two hosts")
         if n > 250:
             raise ValueError("at most 250 hosts")
-        self.owner_pid = os.getpid()
         self.tag = f"rf-{os.getpid()}-{next(_counter)}"
         self.hosts = [Host(f"{self.tag}{chr(ord('a') + i) if i < 26 else i}", f"{_PREFIX}{i + 1}")
                       for i in range(n)]
@@ -261,9 +261,8 @@ class Hosts:
         ok, why = available()
         if not ok:
             raise RuntimeError(why)
-        _install_interrupt_cleanup()
         _remove_stale()
-        _live[self.tag] = self
+        cleanup.register(self, self.remove)
         try:
             for name in [h.name for h in self.hosts] + ([self.switch] if self.switch else []):
                 _ip("netns", "add", name)
@@ -302,7 +301,7 @@ class Hosts:
                 _delete_namespace(name)
             self._namespaces.clear()
         finally:
-            _live.pop(self.tag, None)
+            cleanup.forget(self)
 
     def __enter__(self) -> Hosts:  # noqa: PYI034 - no typing_extensions for 3.10
         return self.create()
@@ -365,64 +364,3 @@ class Hosts:
     def __repr__(self) -> str:
         return f"<Hosts {', '.join(h.name for h in self.hosts)}>"
 
-
-# -- nothing left behind ----------------------------------------------------------------------
-
-#: Every set of hosts of this process that exists, by its tag.
-_live: dict[str, Hosts] = {}
-_owner: dict[str, int] = {}
-_previous: dict[int, Callable[..., Any]] = {}
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def remove_all_hosts() -> None:
-    """Remove every set of hosts this process made and has not removed."""
-    pid = os.getpid()
-    for tag, hosts in list(_live.items()):
-        if hosts.owner_pid == pid and _live.pop(tag, None) is not None:
-            with contextlib.suppress(Exception):
-                hosts.remove()
-
-
-def _stop_everything() -> None:
-    remove_all_hosts()
-    for module, name in (("redis_server", "stop_all_redis"), ("pg_cluster", "stop_all_clusters")):
-        stop = getattr(sys.modules.get(module), name, None)
-        if callable(stop):
-            with contextlib.suppress(Exception):
-                stop()
-
-
-def _on_stop_signal(signum: int, frame: object) -> None:
-    previous = _previous.get(signum)
-    if os.getpid() != _owner.get("pid"):
-        signal.signal(signum, signal.SIG_DFL)  # a fork()ed child: end as without us
-        os.kill(os.getpid(), signum)
-        return
-    if "signalled" not in _owner:
-        _owner["signalled"] = signum  # unwind like Ctrl-C: pytest's hooks clean up
-        if previous is not None:
-            previous(signum, frame)
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-    _stop_everything()  # signalled again: clean up now, then end as the signal asks
-    if previous is not None:
-        previous(signum, frame)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_interrupt_cleanup() -> None:
-    if _owner.get("pid") == os.getpid():
-        return
-    _owner.clear()
-    _previous.clear()
-    _owner["pid"] = os.getpid()
-    atexit.register(remove_all_hosts)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in _STOP_SIGNALS:
-        current = signal.getsignal(signum)
-        if current == signal.SIG_DFL or callable(current):
-            if callable(current):
-                _previous[signum] = current
-            signal.signal(signum, _on_stop_signal)

@@ -13,33 +13,35 @@ the tests that kill the server rely on them.
     cluster.start()         # crash recovery, then serving again
     cluster.stop()
 
-Nothing is left behind when a run is cut short: every cluster is listed
-while its directory exists, and the first one made installs a SIGTERM /
-SIGHUP handler (raising ``KeyboardInterrupt`` in the main thread, so pytest
-unwinds as on Ctrl-C and its session-finish hook stops the servers) and an
-``atexit`` backstop.  :func:`stop_all_clusters` and :meth:`PgCluster.destroy`
-may run any number of times.
+Nothing is left behind when a run is cut short: every cluster is registered
+with ``tests/cleanup.py`` while its directory exists (stopped at exit, and
+SIGTERM / SIGHUP unwind the run as Ctrl-C does).  :meth:`PgCluster.destroy`
+and :func:`stop_session_cluster` may run any number of times.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import itertools
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
+try:
+    import cleanup
+except ModuleNotFoundError:  # loaded by its path (benchmarks/postgres.py): so is its neighbour
+    sys.path.append(str(Path(__file__).resolve().parent))
+    import cleanup
+
 __all__ = [
     "MISSING_BINARIES", "MISSING_PSYCOPG", "PG_DATABASE", "PgCluster", "find_bin_dir", "get_pg_cluster",
-    "import_psycopg", "pg_location", "pg_required", "stop_all_clusters", "stop_session_cluster",
+    "import_psycopg", "pg_location", "pg_required", "stop_session_cluster",
 ]
 
 #: Where the server binaries are looked for, after ``$RELIABLE_FLOW_PG_BINDIR``:
@@ -124,10 +126,8 @@ class PgCluster:
         if found is None:
             raise RuntimeError(MISSING_BINARIES)
         self.bin_dir = found
-        _install_interrupt_cleanup()
-        self.owner_pid = os.getpid()  # a fork()ed child leaves it to this process
         self.root = Path(tempfile.mkdtemp(prefix="rf-pg-", dir="/tmp"))
-        _live[self.root] = self
+        cleanup.register(self, self.destroy)
         self.data = self.root / "data"
         self.socket_dir = self.root / "sock"
         self.log = self.root / "server.log"
@@ -141,7 +141,7 @@ class PgCluster:
         if self.user is not None:
             cmd = ["runuser", "-u", self.user, "--", *cmd]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=self.root)
+        result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd=self.root)
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
                                f"\n{self._log_tail()}")
@@ -232,7 +232,7 @@ class PgCluster:
                 self.kill()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
-            _live.pop(self.root, None)
+            cleanup.forget(self)
 
     # -- databases ------------------------------------------------------------------
 
@@ -294,6 +294,7 @@ def _session_cluster() -> PgCluster:
         _session["error"] = f"cannot start a private PostgreSQL server: {type(exc).__name__}: {exc}"
         raise RuntimeError(str(_session["error"])) from exc
     _session["cluster"] = cluster
+    cleanup.register(cluster, stop_session_cluster)  # stopped, it is no longer the session's
     return cluster
 
 
@@ -323,57 +324,3 @@ def stop_session_cluster() -> None:
     if isinstance(cluster, PgCluster):
         cluster.destroy()
 
-
-# -- nothing left behind: interrupted runs, forgotten clusters ------------------------------
-
-#: Every cluster of this process whose directory exists, by its root.
-_live: dict[Path, PgCluster] = {}
-#: The process that installed the handlers (a fork()ed child is not it).
-_owner: dict[str, int] = {}
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def stop_all_clusters() -> None:
-    """Stop every server this process started and remove their directories
-    (the session's and any a test made itself and has not destroyed)."""
-    pid = os.getpid()  # in a fork()ed child: none, they are its parent's
-    session = _session.get("cluster")
-    if isinstance(session, PgCluster) and session.owner_pid == pid:
-        stop_session_cluster()
-    for root, cluster in list(_live.items()):
-        if cluster.owner_pid == pid and _live.pop(root, None) is not None:
-            with contextlib.suppress(Exception):  # go on with the others
-                cluster.destroy()
-
-
-def _on_stop_signal(signum: int, frame: object) -> None:
-    if os.getpid() != _owner.get("pid"):
-        # A fork()ed child of the test process: end as it would have without us.
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    if "signalled" not in _owner:
-        # Unwind like Ctrl-C: pytest runs its teardown and session-finish
-        # hooks (which stop the servers), then exits.
-        _owner["signalled"] = signum
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-    # Signalled again (the first one was swallowed, or cleanup hangs): clean
-    # up here and now, then end as the signal asks.
-    stop_all_clusters()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_interrupt_cleanup() -> None:
-    """Once per process: SIGTERM / SIGHUP unwind it (when nothing else handles
-    them) and ``atexit`` stops whatever is still running."""
-    if _owner.get("pid") == os.getpid():
-        return
-    _owner.clear()
-    _owner["pid"] = os.getpid()
-    atexit.register(stop_all_clusters)
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread
-    for signum in _STOP_SIGNALS:
-        if signal.getsignal(signum) == signal.SIG_DFL:
-            signal.signal(signum, _on_stop_signal)

@@ -18,12 +18,9 @@ for a test that wants it.
     RedisServer(bind=hosts.b.address, netns=hosts.b)    # ip netns exec NAME redis-server ...
 
 Nothing is left behind when a run is cut short, as in ``tests/pg_cluster.py``:
-every server is listed while its directory exists, and the first one made
-installs a SIGTERM / SIGHUP handler (raising ``KeyboardInterrupt`` in the main
-thread, so pytest unwinds and its session-finish hook stops the servers; it
-chains to a handler installed before it, such as pg_cluster's) and an
-``atexit`` backstop.  :func:`stop_all_redis` and :meth:`RedisServer.destroy`
-may run any number of times.
+every server is registered with ``tests/cleanup.py`` while its directory
+exists.  :meth:`RedisServer.destroy` and :func:`stop_session_server` may run
+any number of times.
 
 The module needs no Redis client: it talks to the server with a few lines of
 RESP (:meth:`RedisServer.command`).  The tests of the transport need the
@@ -32,25 +29,22 @@ RESP (:meth:`RedisServer.command`).  The tests of the transport need the
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cleanup
+
 __all__ = [
     "MISSING", "MISSING_BINARY", "MISSING_REDIS_PY", "RedisReplyError", "RedisServer", "find_redis_server",
-    "free_port", "get_redis_server", "import_redis", "redis_required", "stop_all_redis",
-    "stop_session_server",
+    "free_port", "get_redis_server", "import_redis", "redis_required", "stop_session_server",
 ]
 
 _FALLBACK = "/usr/bin/redis-server"
@@ -218,10 +212,8 @@ class RedisServer:
         if bind is not None and port == 0:
             port = 6379 if self.netns is not None else free_port(bind)
         self.port = port if bind is not None else 0
-        _install_interrupt_cleanup()
-        self.owner_pid = os.getpid()  # a fork()ed child leaves it to this process
         self.root = Path(tempfile.mkdtemp(prefix="rf-redis-", dir="/tmp"))
-        _live[self.root] = self
+        cleanup.register(self, self.destroy)
         self.socket = self.root / "redis.sock"
         self.log = self.root / "redis.log"
         self.stderr_log = self.root / "stderr.log"
@@ -366,7 +358,7 @@ class RedisServer:
                 self.kill()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
-            _live.pop(self.root, None)
+            cleanup.forget(self)
 
     def __enter__(self) -> RedisServer:  # noqa: PYI034 - no typing_extensions for 3.10
         self.start()
@@ -407,6 +399,7 @@ def _session_server() -> RedisServer:
         _session["error"] = f"cannot start a private Redis server: {type(exc).__name__}: {exc}"
         raise RuntimeError(str(_session["error"])) from exc
     _session["server"] = server
+    cleanup.register(server, stop_session_server)  # stopped, it is no longer the session's
     return server
 
 
@@ -426,78 +419,3 @@ def stop_session_server() -> None:
     if isinstance(server, RedisServer):
         server.destroy()
 
-
-# -- nothing left behind: interrupted runs, forgotten servers -------------------------------
-
-#: Every server of this process whose directory exists, by its root.
-_live: dict[Path, RedisServer] = {}
-#: The process that installed the handlers (a fork()ed child is not it).
-_owner: dict[str, int] = {}
-#: The handlers ours replaced (pg_cluster's, say): ours calls them too.
-_previous: dict[int, Callable[..., Any]] = {}
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def stop_all_redis() -> None:
-    """Stop every server this process started and remove their directories
-    (the session's and any a test made itself and has not destroyed)."""
-    pid = os.getpid()  # in a fork()ed child: none, they are its parent's
-    session = _session.get("server")
-    if isinstance(session, RedisServer) and session.owner_pid == pid:
-        stop_session_server()
-    for root, server in list(_live.items()):
-        if server.owner_pid == pid and _live.pop(root, None) is not None:
-            with contextlib.suppress(Exception):  # go on with the others
-                server.destroy()
-
-
-def _stop_everything() -> None:
-    """This module's servers, and those of the other harnesses loaded (each may run again)."""
-    stop_all_redis()
-    for module, name in (("netns", "remove_all_hosts"), ("pg_cluster", "stop_all_clusters")):
-        stop = getattr(sys.modules.get(module), name, None)
-        if callable(stop):
-            with contextlib.suppress(Exception):
-                stop()
-
-
-def _on_stop_signal(signum: int, frame: object) -> None:
-    previous = _previous.get(signum)
-    if os.getpid() != _owner.get("pid"):
-        # A fork()ed child of the test process: end as it would have without us.
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    if "signalled" not in _owner:
-        # Unwind like Ctrl-C: pytest runs its teardown and session-finish hooks.
-        _owner["signalled"] = signum
-        if previous is not None:
-            previous(signum, frame)  # pg_cluster's raises KeyboardInterrupt itself
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-    # Signalled again (the first one was swallowed, or cleanup hangs): clean
-    # up here and now, then end as the signal asks.
-    _stop_everything()
-    if previous is not None:
-        previous(signum, frame)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_interrupt_cleanup() -> None:
-    """Once per process: SIGTERM / SIGHUP unwind it (chaining to a Python
-    handler set before, such as pg_cluster's) and ``atexit`` stops whatever is
-    still running."""
-    if _owner.get("pid") == os.getpid():
-        return
-    _owner.clear()
-    _previous.clear()
-    _owner["pid"] = os.getpid()
-    atexit.register(stop_all_redis)
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread
-    for signum in _STOP_SIGNALS:
-        current = signal.getsignal(signum)
-        if current == signal.SIG_DFL or callable(current):
-            if callable(current):
-                _previous[signum] = current
-            signal.signal(signum, _on_stop_signal)

@@ -422,7 +422,7 @@ def test_protocol_data_cannot_masquerade_as_state_or_seq(at: At) -> None:
         transitions={"new": ["open"]},
         schemas={1: exact({"state": text(), "seq": integer(0, 99), "last_seq": integer(0, 99)})},
     )
-    with opened(at, shadow) as (producer, consumer):
+    with opened(at, shadow) as (producer, _consumer):
         payload = {"state": "closed", "seq": 42, "last_seq": 42}
         with pytest.raises(ValueError, match="reserved keys"):
             producer.advance("S1", "S", expected_seq=0, kind="open", payload=payload)

@@ -532,7 +532,7 @@ def test_a_lease_that_ran_out_is_in_the_history_of_both_executors(make: Callable
     [key] = world.ask(1)
     first = world.executor(owner="first")
     first.run_once()
-    second_owner = [t.owner for t in world.consumer.effect_history(key) if str(t.transition) == "reconciling"][0]
+    second_owner = next(t.owner for t in world.consumer.effect_history(key) if str(t.transition) == "reconciling")
     assert history(world, key) == [
         ("scheduled", 0, None), ("claimed", 1, first.owner),
         ("lease_expired", 1, first.owner), ("reconciling", 1, second_owner), ("reconciled", 1, second_owner),

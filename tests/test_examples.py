@@ -33,14 +33,14 @@ EXPECTED: dict[str, list[str]] = {
         "effects T1: requested, planned, tool_called, tool_called, answered",
     ],
     "crash_demo.py": [
-        "advance.after_outbox_insert    73  -     -         -        0   "
-        "| committed reserved/1/3, effects=1",
-        "receive.after_commit           73  flow  unsent    pending  0   "
-        "| existing  reserved/1/3, effects=1",
-        "relay.after_commit             73  flow  accepted  pending  0   "
-        "| existing  reserved/1/3, effects=1",
-        "apply.after_commit             73  flow  accepted  applied  1   "
-        "| existing  reserved/1/3, effects=1",
+        ("advance.after_outbox_insert    73  -     -         -        0   "
+         "| committed reserved/1/3, effects=1"),
+        ("receive.after_commit           73  flow  unsent    pending  0   "
+         "| existing  reserved/1/3, effects=1"),
+        ("relay.after_commit             73  flow  accepted  pending  0   "
+         "| existing  reserved/1/3, effects=1"),
+        ("apply.after_commit             73  flow  accepted  applied  1   "
+         "| existing  reserved/1/3, effects=1"),
         "Every recovery ends with exactly one effect.",
     ],
     "async_agent.py": [

@@ -5,14 +5,12 @@ on and which optional fields it fills.
 Behaviour on both engines (the ``engine`` fixture): every admin action of
 ``producer.admin`` and ``consumer.admin`` returns one, and every listing
 lists them.  The JSON shape of each kind (``as_dict``) is the one it had
-before the four types became one; the three old names are deprecated
-aliases of ``OperatorAction``.
+before the four types became one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -80,16 +78,6 @@ def test_one_frozen_keyword_only_record_with_a_target() -> None:
         record.actor = "someone else"  # type: ignore[misc]
     assert not hasattr(record, "__dict__")  # slots
     assert record.as_dict() == {"at": 1.0, "key": "k", "action": "retry", "actor": "ops", "reason": "why"}
-
-
-@pytest.mark.parametrize("old", ["EffectAction", "InboxAction", "RegistryAction"])
-@pytest.mark.parametrize("module", ["reliable_flow", "reliable_flow.records"])
-def test_the_old_names_are_operator_action_and_warn(module: str, old: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated: use "
-                                                r"reliable_flow\.records\.OperatorAction$"):
-        value = getattr(importlib.import_module(module), old)
-    assert value is OperatorAction
-    assert old not in importlib.import_module(module).__all__
 
 
 # -- the producer ---------------------------------------------------------------------------

@@ -121,6 +121,19 @@ def test_the_namespaces_are_pinned() -> None:
         assert dataclasses.is_dataclass(getattr(reliable_flow.records, name)), name
 
 
+def test_each_namespace_defines_what_it_lists() -> None:
+    """Records are defined in ``records.py`` only, and ``statuses.py`` holds
+    the enums alone (issue 29): no record is re-exported from elsewhere."""
+    for name in RECORD_NAMES:
+        assert getattr(reliable_flow.records, name).__module__ == "reliable_flow.records", name
+    for name in STATUS_NAMES:
+        assert getattr(reliable_flow.statuses, name).__module__ == "reliable_flow.statuses", name
+    defined = {name for name, value in vars(reliable_flow.statuses).items()
+               if isinstance(value, type) and value.__module__ == "reliable_flow.statuses"}
+    assert defined == {*STATUS_NAMES, "_StrEnum"}
+    assert not any(dataclasses.is_dataclass(value) for value in vars(reliable_flow.statuses).values())
+
+
 def test_the_face_names_are_the_namespace_objects() -> None:
     for name in PUBLIC_NAMES:
         if name in STATUS_NAMES:

@@ -1,19 +1,18 @@
 """One shape per answer (issue 19, item 3): a full inbox is ``refused`` on
 every path, ``RelayResult.applied`` says whether the receive commit applied
-the event, and ``InboxFull`` / ``Refused`` live on only as deprecated names."""
+the event; the old names ``InboxFull`` / ``Refused`` are gone (1.0 face)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import reliable_flow
 from engine_reads import new_location
 from reliable_flow import (
     Consumer,
@@ -99,78 +98,45 @@ def test_the_worker_counts_refusals_and_is_not_in_error(tmp_path: Path) -> None:
         assert (worker.stats.errors, worker.stats.last_error) == (0, None)
 
 
-# -- the deprecated names ------------------------------------------------------------------
+# -- the 1.0 face: no old names -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("module_name", ["reliable_flow", "reliable_flow.errors", "reliable_flow.statuses"])
-@pytest.mark.parametrize("name", ["InboxFull", "Refused"])
-def test_the_old_names_warn_naming_the_new_shape(module_name: str, name: str) -> None:
+OLD_NAMES = [
+    ("reliable_flow", "InboxFull"), ("reliable_flow", "Refused"), ("reliable_flow.errors", "InboxFull"),
+    ("reliable_flow.statuses", "Refused"), ("reliable_flow", "InboxAction"), ("reliable_flow", "EffectAction"),
+    ("reliable_flow.records", "RegistryAction"), ("reliable_flow", "Effects"), ("reliable_flow", "Effect"),
+    ("reliable_flow", "EffectRecord"), ("reliable_flow", "AdvanceResult"), ("reliable_flow", "StorageError"),
+    ("reliable_flow", "FlowWait"),
+]
+
+
+@pytest.mark.parametrize(("module_name", "name"), OLD_NAMES)
+def test_the_old_names_are_gone(module_name: str, name: str) -> None:
+    """Before 1.0 there are no deprecation aliases (CHANGELOG, "Renamed since
+    0.1.0"): an old name is an AttributeError, as any unknown name."""
     module = importlib.import_module(module_name)
-    if name == "InboxFull" and module_name == "reliable_flow.statuses" or \
-            name == "Refused" and module_name == "reliable_flow.errors":
-        with pytest.raises(AttributeError):
-            getattr(module, name)
-        return
-    with pytest.deprecated_call(match=r"ReceiveStatus\.REFUSED"):
-        old = getattr(module, name)
-    assert old.__name__ == name
-    assert name not in module.__all__
-    with pytest.deprecated_call(match=r"ReceiveStatus\.REFUSED"):
-        exec(f"from {module_name} import {name}", {})  # noqa: S102 - the import under test
-
-
-def test_the_old_names_are_the_same_objects_everywhere() -> None:
-    with pytest.deprecated_call():
-        errors_inbox_full = reliable_flow.errors.InboxFull
-    with pytest.deprecated_call():
-        assert reliable_flow.InboxFull is errors_inbox_full
-    assert issubclass(errors_inbox_full, reliable_flow.ReliableFlowError)
-    with pytest.deprecated_call():
-        statuses_refused = reliable_flow.statuses.Refused
-    with pytest.deprecated_call():
-        assert reliable_flow.Refused is statuses_refused
     with pytest.raises(AttributeError):
-        reliable_flow.NoSuchName  # noqa: B018 - an unknown name is still an AttributeError
+        getattr(module, name)
+    assert name not in module.__all__
 
 
-class OldReceiver:
-    """A receiver written against the old protocol: ``Refused`` when full."""
-
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-        with pytest.deprecated_call():
-            self.refused_type = reliable_flow.Refused
-
-    name = property(lambda self: self.consumer.name)
-    uid = property(lambda self: self.consumer.uid)
-    location = property(lambda self: self.consumer.location)
-
-    def _old(self, result: ReceiveResult) -> Any:
-        return self.refused_type("old-style: full") if result.status == "refused" else result
-
-    def accept(self, body: str) -> Any:
-        return self._old(self.consumer.accept(body))
-
-    def accept_many(self, bodies: Sequence[str]) -> list[Any]:
-        return [self._old(r) for r in self.consumer.accept_many(bodies)]
+@pytest.mark.parametrize("old", ["reliable_flow.consumer", "reliable_flow.store.sqlite.schema",
+                                 "reliable_flow.delivery.policy", "reliable_flow.deprecated"])
+def test_the_old_module_paths_do_not_import(old: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
-def test_a_receiver_still_answering_refused_is_taken_as_refused_with_a_warning(tmp_path: Path) -> None:
-    with Producer(tmp_path / "p.db", RESERVATION) as p, Consumer(tmp_path / "c.db", RESERVATION, max_inbox=1) as c:
-        commit(p, "A", 3)
-        old = OldReceiver(c)
-        assert relay(p, old, policy=FIXED).status == "accepted"
-        with pytest.deprecated_call(match=r"ReceiveStatus\.REFUSED"):
-            r = relay(p, old, policy=FIXED)
-        assert (r.status, r.event_id, r.flow_id, r.seq, r.reason) == ("refused", "A2", "A", 2, "old-style: full")
-        with pytest.deprecated_call(match=r"ReceiveStatus\.REFUSED"):
-            batch = relay_batch(p, old, policy=FIXED)
-        assert ([(x.event_id, x.status) for x in batch.results], batch.refused) == (
-            [("A2", "refused"), ("A3", "refused")], 2)
-        for event_id in ("A2", "A3"):
-            d = outbox_entry(p, event_id).deliveries["default"]
-            assert d.state == "pending" and d.last_error == "InboxFull: old-style: full", d
-        assert c.inbox("A")[1:] == []
+@pytest.mark.parametrize(("cls", "old"), [(Producer, "path"), (Producer, "redeliver"), (Producer, "consumers"),
+                                          (Consumer, "path"), (Consumer, "skip_event"), (Consumer, "effects")])
+def test_the_old_attributes_are_gone(cls: type, old: str) -> None:
+    assert not hasattr(cls, old)
+
+
+def test_the_old_keyword_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="path"):
+        Producer(path=tmp_path / "p.db", protocol=RESERVATION)  # type: ignore[call-arg]
+    assert not (tmp_path / "p.db").exists()
 
 
 # -- logging after the commit (issue 19, item 4) ---------------------------------------------

@@ -152,7 +152,7 @@ def test_the_producer_keeps_events_younger_than_the_horizon(pair) -> None:  # ty
 
 
 def test_the_consumer_never_prunes_pending_blocked_or_young_rows(pair) -> None:  # type: ignore[no-untyped-def]
-    p, c, clock = pair
+    _p, c, clock = pair
     c.receive(env("A1", "A", 1))
     c.receive(env("A2", "A", 2, amount=9))  # blocked: the amount must stay 3
     c.receive(env("B2", "B", 2))  # pending behind a gap
@@ -169,7 +169,7 @@ def test_the_consumer_never_prunes_pending_blocked_or_young_rows(pair) -> None: 
 
 
 def test_a_skipped_and_a_replaced_row_are_pruned_once_their_flow_is_past_them(pair) -> None:  # type: ignore[no-untyped-def]
-    p, c, clock = pair
+    _p, c, clock = pair
     c.receive(env("A1", "A", 1))
     c.receive(env("A2", "A", 2, amount=9))
     c.drain("A")

@@ -16,12 +16,8 @@ Quick tour::
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import errors, records, statuses
-from ._consumer import Consumer
-from ._consumer_admin import ConsumerAdmin
-from ._deprecated import install_moved_modules
+from ._consumer import Consumer, ConsumerAdmin
 from ._effects import (
     EffectCall,
     EffectRegistry,
@@ -56,10 +52,6 @@ from .statuses import (
 
 __version__ = "0.1.0"
 
-# The old paths of the internal modules (now private) import for one release,
-# with a warning: reliable_flow._deprecated.MOVED_MODULES.
-install_moved_modules()
-
 # What a user writes daily; at most 40 names (issue 19).  Results and records
 # are in ``reliable_flow.records``, every error in ``reliable_flow.errors``,
 # every status enum in ``reliable_flow.statuses``.  Sorted, and pinned by
@@ -72,11 +64,3 @@ __all__ = [
     "ReceiveStatus", "Receiver", "RelayStatus", "ReliableFlowError", "RetryLater", "Worker",
     "__version__", "errors", "records", "relay", "relay_batch", "snapshot", "statuses",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Every name this module no longer exports, moved or renamed, warns and
-    # names its replacement: the one table is reliable_flow._deprecated.MOVED.
-    from ._deprecated import old_name
-
-    return old_name(__name__, name)

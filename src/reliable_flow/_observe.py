@@ -36,7 +36,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .statuses import ApplyResult, ApplyStatus, OperatorAction
+from .records import ApplyResult, OperatorAction
+from .statuses import ApplyStatus
 
 __all__ = [
     "CONSUMER", "DEBUG", "EXECUTOR", "INFO", "PRODUCER", "RELAY", "WARNING", "WORKER",

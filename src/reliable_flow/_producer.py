@@ -15,7 +15,6 @@ from typing import Any
 from ._checks import check_optional_count
 from ._core.advance import advance_at_current_in, advance_in, build
 from ._core.conflicts import rerun_on_conflict
-from ._deprecated import renamed_parameter, renamed_to, to_admin
 from ._envelope import Envelope
 from ._observe import INFO, PRODUCER, WARNING, advanced
 from ._producer_admin import ProducerAdmin
@@ -27,7 +26,8 @@ from .crash import crash_point
 from .errors import StorageError
 from .metrics import ProducerMetrics, producer_metrics
 from .protocol import Protocol
-from .statuses import AdvanceResult, AdvanceStatus, OutboxEntry
+from .records import AdvanceResult, OutboxEntry
+from .statuses import AdvanceStatus
 from .tracing import traced
 
 __all__ = ["Batch", "Producer", "advance_at_current"]
@@ -104,7 +104,6 @@ class Producer:
     ``relay(..., register=True)``.
     """
 
-    @renamed_parameter("Producer", "path", "location")
     def __init__(
         self,
         location: Location,
@@ -203,17 +202,6 @@ class Producer:
             for result, meta in zip(batch.results, batch._metas):
                 advanced(result, meta)
 
-    # -- moved to .admin (deprecated, for one release) -----------------------------
-
-    redeliver = to_admin()
-    skip = to_admin()
-    operator_actions = to_admin()
-    prune = to_admin()
-    consumers = to_admin()
-    register_consumer = to_admin()
-    remove_consumer = to_admin()
-    registry_actions = to_admin()
-
     # -- reads --------------------------------------------------------------------
 
     def flow(self, flow_id: str) -> dict[str, Any] | None:
@@ -258,8 +246,6 @@ class Producer:
             return producer_metrics(reads, time.time() if now is None else now)
 
     # -- lifecycle ---------------------------------------------------------------
-
-    path = renamed_to("location")  # deprecated, for one release
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""

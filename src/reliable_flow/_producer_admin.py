@@ -8,23 +8,27 @@ recorded with who, when and why.  See docs/operations.md.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import _envelope as envelope
 from ._checks import check_flag, check_text
 from ._core.admin import delivery_action_in
 from ._core.operate import register_in, remove_in
 from ._observe import PRODUCER, operator_action
-from ._operations import ConsumerEntry, PruneResult
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import OutboxStore
 from .errors import InvalidEnvelope
-from .statuses import ActionTarget, OperatorAction
-
-if TYPE_CHECKING:
-    from ._producer import Producer
+from .records import ConsumerEntry, OperatorAction, PruneResult
+from .statuses import ActionTarget
 
 __all__ = ["ProducerAdmin"]
+
+
+class Owner(Protocol):
+    """What the admin object reads of its producer (public members only)."""
+
+    @property
+    def store(self) -> OutboxStore: ...
 
 
 def _name(value: object) -> str:
@@ -48,7 +52,7 @@ class ProducerAdmin:
     is recorded (:meth:`operator_actions`, :meth:`registry_actions`); none
     is ever taken automatically."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Owner) -> None:
         self._producer = producer
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from .statuses import ReceiveResult
+from .records import ReceiveResult
 
 __all__ = ["Answer", "Receiver", "is_receiver"]
 
@@ -35,9 +35,7 @@ class Receiver(Protocol):
     it has no room (nothing stored; the relay retries after a backoff), and
     raise for anything else (nothing stored, the relay records the failure
     and retries after a backoff).  ``applied=True`` says the event was also
-    applied in the commit that stored it.  (A receiver that still answers
-    the deprecated ``Refused`` object is taken as ``refused`` for one
-    release, with a ``DeprecationWarning``.)
+    applied in the commit that stored it.
     ``accept_many`` answers a list of bodies in one durable step, one
     answer per body, in order.
     """

@@ -1,23 +1,45 @@
 """``relay`` and ``relay_batch``: deliver a producer's events to a consumer.
 
-The decisions live in :mod:`reliable_flow._core.relay`; this module is the
-public face: it checks the arguments and hands the producer's store and the
-:class:`~reliable_flow._receiver.Receiver` to the core.
+This is the face of the operation: it checks the arguments, opens each unit
+of work on the producer's store, lets :mod:`reliable_flow._core.relay`
+decide inside it (binding the consumer's name, claiming, marking, backing
+off), hands the bodies to the :class:`~reliable_flow._receiver.Receiver`
+between units, and logs what happened once it committed.  The receiver
+commits first; the marks follow in a second transaction (see the core
+module for why that is at-least-once delivery, stored exactly once).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 from ._checks import check_count, check_flag
 from ._consumer import Consumer
-from ._core.relay import relay_batch_to, relay_to
+from ._core.conflicts import rerun_on_conflict
+from ._core.relay import (
+    DELIVERED,
+    PLAIN,
+    batch_result,
+    bind_in,
+    claim_in,
+    horizon,
+    mark_in,
+    relay_result,
+    retry_in,
+)
+from ._observe import INFO, RELAY, WARNING, body_fields, log
 from ._producer import Producer
 from ._receiver import Receiver, is_receiver
-from .delivery import DeliveryPolicy
-from .errors import InvalidEnvelope
-from .statuses import RelayBatchResult, RelayResult
+from ._store import OutboxStore
+from .crash import crash_point
+from .delivery import DeliveryPolicy, error_text
+from .errors import InvalidEnvelope, UnknownEvent
+from .records import ReceiveResult, RelayBatchResult, RelayResult
+from .statuses import ReceiveStatus, RelayStatus
 from .tracing import traced
 
-__all__ = ["DeliveryPolicy", "relay", "relay_batch"]
+__all__ = ["DeliveryPolicy", "relay", "relay_batch", "relay_batch_to", "relay_to"]
 
 
 def _check_pair(producer: object, consumer: object) -> None:
@@ -103,3 +125,169 @@ def relay_batch(
     check_count("limit", limit)
     _check_pair(producer, consumer)
     return relay_batch_to(producer.store, consumer, limit, policy, check_flag("register", register))
+
+
+# -- the driver: one unit of work per step, the core deciding inside it ---------------
+
+
+def relay_to(
+    store: OutboxStore, receiver: Receiver, event_id: str | None, policy: DeliveryPolicy | None,
+    register: bool = False,
+) -> RelayResult:
+    """One event to ``receiver``; see :func:`relay`."""
+    policy, name = _start(store, receiver, policy, register)
+    if event_id is None:
+        # Without a lease, one read picks the event with its body.
+        found = _claim(store, name, policy, 1)
+        if not found:
+            return RelayResult(RelayStatus.IDLE)
+        [(pos, body)] = found
+    else:
+        stored = store.latest.find_event(event_id)
+        if stored is None:
+            raise UnknownEvent(f"event_id {event_id!r} is not in the outbox of {store.location}")
+        pos, body = stored.pos, stored.body
+    try:
+        sent = receiver.accept(body)
+    except Exception as exc:
+        _failed(store, name, [(pos, exc)], policy)
+        _observe_failure(name, [body], exc)
+        raise
+    answer = sent
+    if answer.status == ReceiveStatus.REFUSED:
+        _refused(store, name, [(pos, answer)], {pos: body}, policy)
+    else:
+        _mark(store, name, [(pos, answer)], policy)
+        if answer.status not in DELIVERED or RELAY.isEnabledFor(INFO):
+            _observe(name, [(pos, answer)], {pos: body})
+    return relay_result(answer)
+
+
+def relay_batch_to(
+    store: OutboxStore, receiver: Receiver, limit: int, policy: DeliveryPolicy | None,
+    register: bool = False,
+) -> RelayBatchResult:
+    """Up to ``limit`` events to ``receiver``; see :func:`relay_batch`."""
+    policy, name = _start(store, receiver, policy, register)
+    claimed = _claim(store, name, policy, limit)
+    if not claimed:
+        return RelayBatchResult((), {})
+    picked, bodies = [pos for pos, _ in claimed], dict(claimed)
+    try:
+        answers = receiver.accept_many([bodies[pos] for pos in picked])
+    except Exception as exc:
+        _failed(store, name, [(pos, exc) for pos in picked], policy)
+        _observe_failure(name, [bodies[pos] for pos in picked], exc)
+        raise
+    answered = list(zip(picked, answers))
+    marks = [(pos, a) for pos, a in answered if a.status != ReceiveStatus.REFUSED]
+    refused = [(pos, a) for pos, a in answered if a.status == ReceiveStatus.REFUSED]
+    if marks:
+        _mark(store, name, marks, policy)
+        _observe(name, marks, bodies)
+    if refused:
+        _refused(store, name, refused, bodies, policy)
+    return batch_result([a for _, a in answered])
+
+
+def _start(store: OutboxStore, receiver: Receiver, policy: DeliveryPolicy | None,
+           register: bool) -> tuple[DeliveryPolicy, str]:
+    """What every relay call does first: refuse inside an open transaction
+    of this producer (the connection would read uncommitted events and hand
+    them on), and make sure the receiver's name is registered and bound to
+    its file (one unit, once per name and file and object); the policy to
+    use and the receiver's name."""
+    if store.in_transaction():
+        raise RuntimeError(
+            "relay() cannot run inside an open transaction of this producer (a batch, or a protocol "
+            "hook during advance); relay after it has committed"
+        )
+    name, uid = receiver.name, receiver.uid
+    if not store.known_binding(name, uid):
+        with store.write() as unit:
+            bind_in(unit, name, uid, register, time.time(), store.location, receiver.location)
+        store.remember_binding(name, uid)
+    return policy or PLAIN, name
+
+
+def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, limit: int) -> list[tuple[int, str]]:
+    """Up to ``limit`` next due events, each its position and body (one
+    read: an event pruned meanwhile is not picked); with a lease, claimed
+    in a unit committed without waiting for the disk."""
+    now = policy.clock()
+    if policy.lease_seconds is None:
+        return store.latest.next_due(consumer, horizon(policy, now), limit)
+    if not store.latest.next_due(consumer, horizon(policy, now), 1):
+        return []  # cheap idle check without taking the write lock
+
+    def once() -> list[tuple[int, str]]:
+        with store.write(durable=False) as unit:
+            return claim_in(unit, consumer, policy, now, limit)
+
+    return rerun_on_conflict(once)
+
+
+def _failed(store: OutboxStore, consumer: str, failed: Sequence[tuple[int, BaseException]],
+            policy: DeliveryPolicy) -> None:
+    """Record failed sends (one more failure, a backoff each), in one unit."""
+    now = policy.clock()
+
+    def once() -> None:
+        with store.write(durable=False) as unit:
+            retry_in(unit, consumer, failed, policy, now)
+
+    rerun_on_conflict(once)
+
+
+def _mark(store: OutboxStore, consumer: str, marks: Sequence[tuple[int, ReceiveResult]],
+          policy: DeliveryPolicy) -> None:
+    """Record the consumer's answers on the producer side, in one unit.
+
+    Committed without waiting for the disk: the consumer already owns the
+    event durably, and a mark lost with the page cache (power loss, OS
+    crash) only leaves the event pending, so it is sent again and the inbox
+    answers ``duplicate`` (or the same conflict) without writing anything.
+    In WAL mode the next durable commit of this file makes the mark durable
+    too, and recovery never keeps a later commit without an earlier one.
+    See docs/guarantees.md, "The durability budget"."""
+    now = policy.clock()
+
+    def once() -> None:
+        with store.write(durable=False) as unit:
+            mark_in(unit, consumer, marks, now)
+
+    rerun_on_conflict(once)
+    crash_point("relay.after_commit")
+
+
+class InboxFull(Exception):
+    """How a send a full inbox turned away is recorded: its name starts the
+    ``last_error`` ("InboxFull: ..."), as operators read it."""
+
+
+def _refused(store: OutboxStore, consumer: str, refused: Sequence[tuple[int, ReceiveResult]],
+             bodies: dict[int, str], policy: DeliveryPolicy) -> None:
+    """Record the events a full inbox turned away as failed sends (one more
+    failure, a backoff, ``last_error`` "InboxFull: ..."): they stay pending."""
+    failed = [(pos, InboxFull(answer.reason or "inbox full")) for pos, answer in refused]
+    _failed(store, consumer, failed, policy)
+    for pos, full in failed:
+        _observe_failure(consumer, [bodies[pos]], full, INFO)
+
+
+def _observe(consumer: str, marks: Sequence[tuple[int, ReceiveResult]], bodies: dict[int, str]) -> None:
+    """Log what the consumer answered, once the marks committed: delivered at
+    INFO, a conflict (the event is set aside) at WARNING."""
+    for pos, answer in marks:
+        delivered = answer.status in DELIVERED
+        level = INFO if delivered else WARNING
+        if RELAY.isEnabledFor(level):
+            log(RELAY, level, str(answer.status) if delivered else f"set aside ({answer.status})",
+                body_fields(bodies[pos], answer.status, consumer, reason=answer.reason))
+
+
+def _observe_failure(consumer: str, bodies: Sequence[str], exc: BaseException, level: int = WARNING) -> None:
+    """Log a send that failed (recorded, retried after a backoff)."""
+    if RELAY.isEnabledFor(level):
+        for body in bodies:
+            log(RELAY, level, "send failed, will retry", body_fields(body, "failed", consumer, error=error_text(exc)))

@@ -1,4 +1,5 @@
-"""``prune`` for both sides: argument checks, then :mod:`reliable_flow._core.retention`.
+"""``prune`` for both sides: argument checks, then one unit of work per step, paced by
+:mod:`reliable_flow._core.retention`.
 
 See ``docs/operations.md`` ("Retention") for what is removed, what stays,
 and the deduplication guarantee after pruning.
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 
 from ._checks import check_count, check_finite, check_optional_count
-from ._core.retention import Pruning, prune
-from ._operations import PruneResult
+from ._core.retention import NOTHING_YET, Pruning, next_take, tally
+from .records import PruneResult
 
 __all__ = ["DEFAULT_PRUNE_BATCH", "prune_older_than"]
 
@@ -36,4 +38,16 @@ def prune_older_than(
         if keep < age:
             raise ValueError(f"forget_after must be >= older_than ({age:g} s), got {forget_after!r}")
         forget_before = at - keep
-    return prune(write, at - age, at, size, most, forget_before)
+    result = NOTHING_YET
+    while not result.complete and (take := next_take(result, size, most)) > 0:
+        with write() as unit:
+            step = unit.prune_step(at - age, at, take)
+        result = tally(result, step, take)
+    while forget_before is not None:
+        with write() as unit:
+            gone = unit.forget_tombstones(forget_before, at, size)
+        result = replace(result, tombstones_forgotten=result.tombstones_forgotten + gone,
+                         transactions=result.transactions + 1)
+        if gone < size:
+            break
+    return result

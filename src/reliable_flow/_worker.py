@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from ._checks import check_count, check_flag
 from ._consumer import Consumer
@@ -18,35 +16,11 @@ from ._producer import Producer
 from ._receiver import Receiver, is_receiver
 from ._relay import DeliveryPolicy, relay, relay_batch
 from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
+from .records import WorkerStats
 from .statuses import DrainStop, RelayStatus
 
 __all__ = ["Worker", "WorkerStats", "add_counts", "apply_open_flows", "failed", "finish_executors", "own_receiving",
            "pump_executors"]
-
-
-@dataclass
-class WorkerStats:
-    """Running totals since the worker started (in this process only)."""
-
-    passes: int = 0
-    relayed: Counter[str] = field(default_factory=Counter)
-    applied: int = 0
-    stops: Counter[str] = field(default_factory=Counter)
-    errors: int = 0
-    last_error: str | None = None
-    effects: Counter[str] = field(default_factory=Counter)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The totals as plain JSON-ready values (what ``reliable-flow run`` prints)."""
-        return {
-            "passes": self.passes,
-            "relayed": dict(sorted(self.relayed.items())),
-            "applied": self.applied,
-            "stops": dict(sorted(self.stops.items())),
-            "errors": self.errors,
-            "last_error": self.last_error,
-            "effects": dict(sorted(self.effects.items())),
-        }
 
 
 def add_counts(stats: WorkerStats, tally: WorkerStats) -> None:

@@ -34,8 +34,6 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = [
     "CommitOutcomeUnknown",
     "ConsumerMismatch",
@@ -213,11 +211,3 @@ class CommitOutcomeUnknown(StorageError):
     ``existing`` / ``duplicate`` / the already-applied state if the first
     attempt did reach the disk, and does the work once if it did not.
     """
-
-
-def __getattr__(name: str) -> Any:
-    if name == "InboxFull":  # deprecated, for one release
-        from ._deprecated import old_name
-
-        return old_name(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

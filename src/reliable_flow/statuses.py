@@ -1,20 +1,15 @@
-"""Statuses: every answer the library gives, as a string enum.
+"""Statuses: every answer the library gives, as a string enum, and nothing else.
 
 Each status is a string enum, so ``result.status == "committed"`` holds and
-the value prints as the plain word.  The results that carry them are frozen
-dataclasses, public as :mod:`reliable_flow.records` (defined here): they
-describe what happened and cannot be edited afterwards.
+the value prints as the plain word.  The results that carry them are the
+frozen dataclasses of :mod:`reliable_flow.records`: they describe what
+happened and cannot be edited afterwards.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any
 
-# The enums.  The result and record dataclasses defined below are public as
-# ``reliable_flow.records`` (the names stay importable from here, for the
-# library's own modules).
 __all__ = [
     "ActionTarget",
     "AdvanceStatus",
@@ -23,7 +18,7 @@ __all__ = [
     "DeliveryState",
     "DrainStop",
     "EffectState",
-    "FlowWait",  # noqa: F822 - from _operations.py, through __getattr__
+    "FlowWait",
     "InboxState",
     "ReceiveStatus",
     "RelayStatus",
@@ -218,285 +213,21 @@ class Transition(_StrEnum):
     FEEDBACK_REFUSED = "feedback_refused"
 
 
-@dataclass(frozen=True, slots=True)
-class AdvanceResult:
-    """Outcome of ``Producer.advance``.
+class FlowWait(_StrEnum):
+    """What a consumer's flow waits for (see ``Consumer.stuck``).
 
-    ``seq`` is the event's position in its flow when the event exists (it was
-    committed now, or earlier for ``existing`` / ``conflict``), else None.
-    ``reason`` explains every status other than ``committed``.
+    ``idle``: nothing unapplied.  ``ready``: its next seq is in the inbox,
+    pending: the next apply takes it (waiting long means no apply runs).
+    ``gap``: its next seq has not arrived, later ones have.  ``blocked``:
+    its next seq is blocked, and stays so until fixed, upgraded, skipped or
+    replaced.  ``effect``: nothing unapplied, but an ordered effect of the
+    flow waits behind an earlier one that is not resolved (see
+    ``ScheduledEffect.waiting_behind``): an executor resolves it, or, when it is dead
+    or unknown, an operator.
     """
 
-    status: AdvanceStatus
-    event_id: str
-    flow_id: str
-    seq: int | None
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiveResult:
-    """Outcome of ``Consumer.receive``; only ``accepted`` stored a new row.
-
-    ``reason`` explains every other status.  ``applied``: the event was
-    also applied in the same transaction (only
-    with ``Consumer(..., apply_on_receive=True)``, when it was its flow's
-    next step and applied cleanly)."""
-
-    status: ReceiveStatus
-    event_id: str
-    flow_id: str
-    seq: int
-    reason: str | None = None
-    applied: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RelayResult:
-    """Outcome of one ``relay`` step; ``idle`` carries no event.  ``applied``:
-    the consumer also applied it in the commit that received it."""
-
-    status: RelayStatus
-    event_id: str | None = None
-    flow_id: str | None = None
-    seq: int | None = None
-    reason: str | None = None
-    applied: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RelayBatchResult:
-    """Outcome of ``relay_batch``: one result per event sent, and counts by status.
-
-    ``refused`` counts events the consumer's full inbox turned away (their
-    results have status ``refused``, and ``counts`` has them too); they
-    stay pending and are retried after a backoff.  Nothing sent: ``idle``.
-    """
-
-    results: tuple[RelayResult, ...]
-    counts: dict[str, int]
-    refused: int = 0
-
-    @property
-    def idle(self) -> bool:
-        return not self.results and not self.refused
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """Outcome of ``Consumer.apply_next``.
-
-    ``seq`` is the seq that was looked at (last_seq + 1), ``event_id`` the
-    event found there (None for ``gap`` and ``idle``), ``reason`` a
-    :class:`BlockReason` for ``blocked``, and ``detail`` a readable message.
-    """
-
-    status: ApplyStatus
-    flow_id: str
-    seq: int
-    event_id: str | None = None
-    reason: BlockReason | None = None
-    detail: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DrainResult:
-    """Outcome of ``Consumer.drain``: how many applied and why it stopped."""
-
-    flow_id: str
-    applied: int
-    stop: DrainStop
-    last: ApplyResult | None = None
-
-
-# -- what the read methods return ----------------------------------------------------
-# Fixed shapes are frozen dataclasses.  Two reads stay dicts on purpose:
-# ``Producer.flow`` / ``Consumer.projection`` (their keys are the protocol's
-# own data fields) and ``Producer.event`` (the envelope, a JSON object as
-# it travels).
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryRecord:
-    """Where one outbox event stands towards one consumer.
-
-    ``attempts`` counts sends, ``last_status`` is the consumer's last answer
-    (None before the first), ``last_error`` the last failed send, and
-    ``due_at`` when the event may be sent next (seconds, the policy's clock;
-    0 = at once).  ``lease_owner`` is the relay holding a claim on it, if any.
-    """
-
-    state: DeliveryState
-    last_status: str | None
-    attempts: int
-    last_error: str | None
-    due_at: float
-    lease_owner: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxEntry:
-    """One outbox event with its delivery state (see ``Producer.outbox``)."""
-
-    event_id: str
-    flow_id: str
-    seq: int
-    accepted: bool
-    state: DeliveryState
-    last_status: str | None
-    deliveries: dict[str, DeliveryRecord]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperatorAction:
-    """A recorded operator decision: what it acted on (``target``), ``action``,
-    who (``actor``), when (``at``) and why (``reason``).  One record type for
-    every operator action; ``target`` says which optional fields it fills
-    (the others are None):
-
-    - ``delivery`` (``redeliver`` / ``skip``): ``event_id``, ``consumer``
-      and ``previous_state``, the :class:`DeliveryState` it changed;
-    - ``inbox`` (``skip`` / ``replace``): ``event_id``, ``flow_id``,
-      ``seq``, ``previous_state`` (the :class:`InboxState` it changed) and,
-      for ``replace``, ``replacement_event_id``, the corrected event that
-      took its place;
-    - ``effect`` (``retry`` / ``resolve`` / ``cancel``): ``key``;
-    - ``registry`` (``register`` / ``remove``): ``consumer``, the name (a
-      name a relay registered has actor ``relay``).
-
-    ``previous_state`` of a delivery is given in the value ``redeliver`` /
-    ``skip`` return and is None in ``operator_actions()`` listings (it is
-    not stored); an inbox action stores it.  Times are seconds on the clock
-    of the side that acted (the consumer's ``clock``, the producer's
-    ``time.time``).  :meth:`as_dict` is its JSON shape.
-    """
-
-    at: float
-    target: ActionTarget
-    action: str
-    actor: str
-    reason: str
-    event_id: str | None = None
-    consumer: str | None = None
-    flow_id: str | None = None
-    seq: int | None = None
-    key: str | None = None
-    previous_state: DeliveryState | InboxState | None = None
-    replacement_event_id: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields its ``target`` fills, by name, as every JSON output
-        shows it (``--json``, ``inspect``, ``snapshot``, ``compare``), values
-        as they are (enums are str).  A delivery's ``previous_state`` is left
-        out when None (a listed action: it is not stored)."""
-        shown = {name: getattr(self, name) for name in _ACTION_FIELDS[self.target]}
-        if self.target is ActionTarget.DELIVERY and self.previous_state is None:
-            del shown["previous_state"]
-        return shown
-
-
-#: The fields each target's record fills, in the order they are shown.
-_ACTION_FIELDS: dict[ActionTarget, tuple[str, ...]] = {
-    ActionTarget.DELIVERY: ("at", "consumer", "event_id", "action", "actor", "reason", "previous_state"),
-    ActionTarget.INBOX: ("at", "event_id", "flow_id", "seq", "action", "previous_state", "actor", "reason",
-                         "replacement_event_id"),
-    ActionTarget.EFFECT: ("at", "key", "action", "actor", "reason"),
-    ActionTarget.REGISTRY: ("at", "consumer", "action", "actor", "reason"),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class InboxEntry:
-    """One row of the consumer's inbox (see ``Consumer.inbox``); ``meta`` is
-    the event's own ``meta`` (correlation ids, trace), as stored with it."""
-
-    event_id: str
-    seq: int
-    state: InboxState
-    reason: BlockReason | None
-    meta: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedEvent:
-    """An event the consumer applied: the one row its apply left in the
-    consumer file (see ``Consumer.applied``)."""
-
-    event_id: str
-    flow_id: str
-    seq: int
-    kind: str
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledEffect:
-    """One side effect in the effect outbox, scheduled by an apply (see ``Consumer.scheduled_effects``).
-
-    ``key`` is its idempotency key, the same on every attempt.  ``payload``,
-    ``meta`` and ``result`` are the JSON objects stored with it; ``reason``
-    says why it ended (expired, superseded, cancelled, dead); ``due_at`` is
-    when it may run next or, while ``running``, when the lease ends.
-
-    ``waiting_behind`` / ``waiting_behind_state``: for an ordered effect not
-    yet final (pending, running, in doubt) that waits behind an earlier
-    ordered effect of its flow that is not resolved (pending, running, in
-    doubt, dead or unknown), the key and state of the earliest such one (no
-    executor takes it up before that one is resolved); None otherwise.
-    Worked out when the effect is read, never stored.
-    """
-
-    key: str
-    name: str
-    payload: dict[str, Any]
-    event_id: str
-    flow_id: str
-    seq: int
-    meta: dict[str, str]
-    state: EffectState
-    ordered: bool
-    deadline: float | None
-    version: int | None
-    attempts: int
-    failures: int
-    due_at: float
-    lease_owner: str | None
-    last_error: str | None
-    result: Any
-    reason: str | None
-    fed: bool | None
-    created_at: float
-    updated_at: float
-    waiting_behind: str | None = None
-    waiting_behind_state: EffectState | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EffectTransition:
-    """One row of an effect's durable history (``consumer.effect_history(key)``),
-    written in the same transaction as the change it records.
-
-    ``attempt``: the effect's attempts so far (the call's number for
-    ``claimed``); ``owner``: the executor that made the change (its claim
-    owner), None for an apply or an operator; ``detail``: what happened, in
-    words (the error, the reconcile answer, the due time, the actor and
-    reason of an operator)."""
-
-    key: str
-    name: str
-    at: float
-    transition: Transition
-    attempt: int
-    owner: str | None = None
-    detail: str | None = None
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FlowWait":  # defined with the operator reads; an enum, so listed here
-        from ._operations import FlowWait
-
-        return FlowWait
-    if name in ("Refused", "Effect", "EffectRecord", "EffectAction"):  # deprecated, for one release
-        from ._deprecated import old_name
-
-        return old_name(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    IDLE = "idle"
+    READY = "ready"
+    GAP = "gap"
+    BLOCKED = "blocked"
+    EFFECT = "effect"

@@ -11,7 +11,15 @@ import threading
 import time
 
 import pytest
-from contract_support import body_of, contract_problems, entries, env, offers, protocol_members, protocol_properties
+from contract_support import (
+    body_of,
+    contract_problems,
+    entries,
+    env,
+    offers,
+    protocol_members,
+    protocol_properties,
+)
 
 from reliable_flow._envelope import Envelope
 from reliable_flow._store import FlowState, InboxReads, InboxStore, InboxUnit

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 from contract_support import append, body_of, entries, env
 
-from reliable_flow._operations import InboxRow
-from reliable_flow.records import OperatorAction
+from reliable_flow.records import InboxRow, OperatorAction
 from reliable_flow.statuses import ActionTarget, BlockReason, DeliveryState, InboxState
 
 PENDING, BLOCKED, APPLIED = InboxState.PENDING, InboxState.BLOCKED, InboxState.APPLIED

@@ -103,8 +103,8 @@ def test_the_strict_contract_check_can_fail(outbox):
     view = Renamed.__new__(Renamed)
     view.lost = None
     assert contract_problems(view, (OutboxUnit,)) == [
-        "Renamed.next_due(self, consumer, until, limit) differs from the contract's "
-        "next_due(self, consumer: 'str', horizon: 'float', limit: 'int') -> 'list[tuple[int, str]]'",
+        ("Renamed.next_due(self, consumer, until, limit) differs from the contract's "
+         "next_due(self, consumer: 'str', horizon: 'float', limit: 'int') -> 'list[tuple[int, str]]'"),
         "Renamed.bodies is public but not in the contract",
     ]
 

@@ -60,10 +60,15 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
 
 
-def _reset_signals() -> None:
-    # As in a terminal: whatever started this run may have ignored them.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+#: ``python -m pytest ARGS`` with SIGINT and SIGTERM as in a terminal (whatever
+#: started this run may have ignored them, and an ignored signal stays ignored
+#: across exec); set in the child itself, not in a ``preexec_fn`` (unsafe with threads).
+_PYTEST_AS_IN_A_TERMINAL = (
+    "import signal, sys, pytest; "
+    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+    "sys.exit(pytest.main(sys.argv[1:]))"
+)
 
 
 @pytest.mark.postgres
@@ -80,10 +85,10 @@ def test_a_stopped_run_leaves_no_server_and_no_directory_behind(how: str, tmp_pa
         env[EXTRA] = "1"
     with open(log, "w") as out:
         child = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            [sys.executable, "-c", _PYTEST_AS_IN_A_TERMINAL, "-q", "-p", "no:cacheprovider",
              f"{HERE}::test_child_holds_its_servers_until_it_is_stopped"],
             cwd=HERE.parents[2], env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_reset_signals,
+            start_new_session=True,
         )
     state: dict[str, Any] = {"roots": [], "pids": []}
     try:

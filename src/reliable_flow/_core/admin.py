@@ -13,14 +13,8 @@ from typing import Any
 from .._store import OutboxUnit
 from .._store.effects import EffectUnit
 from ..errors import NotResolvable, UnknownEffect, UnknownEvent
-from ..statuses import (
-    ActionTarget,
-    DeliveryState,
-    EffectState,
-    OperatorAction,
-    ScheduledEffect,
-    Transition,
-)
+from ..records import OperatorAction, ScheduledEffect
+from ..statuses import ActionTarget, DeliveryState, EffectState, Transition
 from .effects import note
 
 __all__ = [

@@ -9,7 +9,8 @@ from .. import _envelope as envelope
 from .._store import FlowState, OutboxUnit, StoredEvent
 from ..crash import crash_point
 from ..protocol import Protocol, Rejected
-from ..statuses import AdvanceResult, AdvanceStatus, BlockReason
+from ..records import AdvanceResult
+from ..statuses import AdvanceStatus, BlockReason
 
 __all__ = ["advance_at_current_in", "advance_in", "build"]
 

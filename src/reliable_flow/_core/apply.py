@@ -4,8 +4,7 @@ consumer's unit of work, or say why not."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +15,10 @@ from .._handlers import ApplyContext, Event, Handler
 from .._store import FlowState, InboxUnit
 from ..crash import crash_point
 from ..protocol import PayloadError, Protocol, Rejected
-from ..statuses import ApplyResult, ApplyStatus, BlockReason, DrainResult, DrainStop
-from . import conflicts
+from ..records import ApplyResult, DrainResult
+from ..statuses import ApplyStatus, BlockReason, DrainStop
 
-__all__ = ["ApplyRules", "Committed", "Source", "apply_arrived", "apply_in", "drain_flows"]
+__all__ = ["ApplyRules", "Committed", "Draining", "Source", "apply_arrived", "apply_in", "drain_in"]
 
 #: What an apply outcome is about, for the face to log it with: the event
 #: applied or blocked (a dict), the body of the row waiting after a gap (a
@@ -155,53 +154,51 @@ def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope) -> bool:
 
 
 @dataclass(frozen=True)
-class Committed:
-    """What one committed drain transaction did: the events it applied, the
-    flows it finished, and every step's outcome with its :data:`Source`
-    (for the face to log)."""
+class Draining:
+    """Where a drain stands between its transactions: the flow being
+    drained (``flows[at]``), and how many of its steps committed transactions
+    applied and the last outcome among them."""
 
+    at: int = 0
+    applied: int = 0
+    last: ApplyResult | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What one drain transaction did, for the face to keep once it
+    committed: where the drain then stands, the events it applied, the
+    flows it finished, and every step's outcome with its :data:`Source` (to
+    log)."""
+
+    reached: Draining
     applied: int
     finished: dict[str, DrainResult]
     outcomes: list[tuple[ApplyResult, Source]]
 
 
-def drain_flows(
-    write: Callable[[], AbstractContextManager[InboxUnit]], rules: ApplyRules,
-    flows: list[str], limit: int, batch_size: int,
-) -> Iterator[Committed]:
-    """Apply each flow's next steps until a gap, a block, idle or ``limit``,
-    ``batch_size`` applies to a transaction (opened by ``write``); yields
-    what each transaction did once it committed."""
-    at = 0  # the flow being drained: flows[at]
-    applied, last = 0, None  # of that flow, in transactions committed so far
-    while at < len(flows):
-
-        def once(i: int = at, flow_applied: int = applied, flow_last: ApplyResult | None = last
-                 ) -> tuple[int, int, ApplyResult | None, Committed]:
-            """One transaction from where the committed ones left off: the
-            position and counts it reaches and what it did (kept only once it
-            committed, so an aborted run is simply run again)."""
-            done, finished, outcomes = 0, {}, []
-            with write() as unit:
-                known: FlowState | None = None  # re-read in every new transaction
-                while i < len(flows) and done < batch_size:
-                    flow = flows[i]
-                    flow_last, known, source = apply_in(unit, rules, flow, known)
-                    outcomes.append((flow_last, source))
-                    if flow_last.status == ApplyStatus.APPLIED:
-                        flow_applied += 1
-                        done += 1
-                        if flow_applied < limit:
-                            continue
-                        stop = DrainStop.LIMIT
-                    else:
-                        stop = DrainStop(flow_last.status.value)
-                    finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)
-                    i += 1
-                    flow_applied, flow_last, known = 0, None, None
-            return i, flow_applied, flow_last, Committed(done, finished, outcomes)
-
-        at, applied, last, committed = conflicts.rerun_on_conflict(once)
-        if committed.applied:
-            crash_point("apply.after_commit")
-        yield committed
+def drain_in(unit: InboxUnit, rules: ApplyRules, flows: Sequence[str], start: Draining, limit: int,
+             batch_size: int) -> Committed:
+    """Apply each flow's next steps from ``start`` on, in ``unit``, until
+    ``batch_size`` applies: a flow ends at a gap, a block, idle or ``limit``
+    applies.  Nothing it returns counts until the unit commits, so a unit
+    run again after an abort starts again from ``start``."""
+    i, flow_applied, flow_last = start.at, start.applied, start.last
+    done, finished, outcomes = 0, {}, []
+    known: FlowState | None = None  # re-read in every new transaction
+    while i < len(flows) and done < batch_size:
+        flow = flows[i]
+        flow_last, known, source = apply_in(unit, rules, flow, known)
+        outcomes.append((flow_last, source))
+        if flow_last.status == ApplyStatus.APPLIED:
+            flow_applied += 1
+            done += 1
+            if flow_applied < limit:
+                continue
+            stop = DrainStop.LIMIT
+        else:
+            stop = DrainStop(flow_last.status.value)
+        finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)
+        i += 1
+        flow_applied, flow_last, known = 0, None, None
+    return Committed(Draining(i, flow_applied, flow_last), done, finished, outcomes)

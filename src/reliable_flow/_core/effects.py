@@ -19,14 +19,8 @@ from .._effects import EffectSpec, Happened, NotHappened, check_json_value
 from .._store.effects import EffectReads, EffectUnit, NewEffect
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
-from ..statuses import (
-    AdvanceResult,
-    AdvanceStatus,
-    EffectState,
-    EffectTransition,
-    ScheduledEffect,
-    Transition,
-)
+from ..records import AdvanceResult, EffectTransition, ScheduledEffect
+from ..statuses import AdvanceStatus, EffectState, Transition
 
 __all__ = [
     "FEEDBACK_REFUSED",

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from .. import _envelope as envelope
 from .._envelope import Envelope
-from .._operations import ConsumerEntry, FlowWait, InboxRow, StuckFlow
 from .._store import FlowState, InboxReads, InboxUnit, OutboxReads, OutboxUnit, StoredRow
 from ..errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEvent
 from ..protocol import Protocol
-from ..statuses import ActionTarget, EffectState, InboxState, OperatorAction, ScheduledEffect
+from ..records import ConsumerEntry, InboxRow, OperatorAction, ScheduledEffect, StuckFlow
+from ..statuses import ActionTarget, EffectState, FlowWait, InboxState
 from .effects import FEEDBACK_REFUSED, waiting_behind
 
 __all__ = [

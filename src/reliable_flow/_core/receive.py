@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from .._envelope import Envelope, body_hash
 from .._store import InboxUnit
 from ..crash import crash_point
-from ..statuses import ReceiveResult, ReceiveStatus
+from ..records import ReceiveResult
+from ..statuses import ReceiveStatus
 from .apply import ApplyRules, apply_arrived
 
 __all__ = ["receive_in", "receive_many_in"]

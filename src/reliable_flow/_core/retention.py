@@ -2,9 +2,10 @@
 tombstone that keeps deduplication exact.
 
 Which rows are finished is the store's promise (``prune_step``); here is
-the pacing: one transaction per step of at most ``batch_size`` events, so a
-big backlog never holds the write lock for long, until a step finds less
-than it could take or ``limit`` events were pruned.
+the pacing, decided after each step the caller committed: one transaction
+per step of at most ``batch_size`` events (:func:`next_take`), so a big
+backlog never holds the write lock for long, until a step finds less than
+it could take or ``limit`` events were pruned (:func:`tally`).
 
 Why a pruned event is never applied or stored again (the consumer's
 ``UNIQUE(event_id)`` on effect records is gone with the record):
@@ -25,15 +26,15 @@ slot, and a pruned id is answered from its tombstone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import replace
 from typing import Protocol
 
-from .._operations import PruneResult
 from .._store.records import PruneStep
+from ..records import PruneResult
 
-__all__ = ["Pruning", "prune"]
+__all__ = ["NOTHING_YET", "Pruning", "next_take", "tally"]
+
+#: What a prune has done before its first step.
+NOTHING_YET = PruneResult(0, 0, 0, 0, 0, False)
 
 
 class Pruning(Protocol):
@@ -44,40 +45,17 @@ class Pruning(Protocol):
     def forget_tombstones(self, before: float, now: float, limit: int) -> int: ...
 
 
-def prune(
-    write: Callable[[], AbstractContextManager[Pruning]], horizon: float, now: float,
-    batch_size: int, limit: int | None, forget_before: float | None = None,
-) -> PruneResult:
-    """Prune what is finished and older than ``horizon``, step by step; then
-    forget tombstones stamped before ``forget_before``, if given."""
-    result = _prune(write, horizon, now, batch_size, limit)
-    if forget_before is None:
-        return result
-    forgotten, transactions = 0, result.transactions
-    while True:
-        with write() as unit:
-            gone = unit.forget_tombstones(forget_before, now, batch_size)
-        forgotten += gone
-        transactions += 1
-        if gone < batch_size:
-            return replace(result, tombstones_forgotten=forgotten, transactions=transactions)
+def next_take(so_far: PruneResult, batch_size: int, limit: int | None) -> int:
+    """How many events the next step may prune: a batch, or what ``limit``
+    leaves of it; 0 once ``limit`` events were pruned."""
+    return batch_size if limit is None else min(batch_size, limit - so_far.events)
 
 
-def _prune(
-    write: Callable[[], AbstractContextManager[Pruning]], horizon: float, now: float,
-    batch_size: int, limit: int | None,
-) -> PruneResult:
-    events = deliveries = records = effect_rows = transactions = 0
-    while True:
-        take = batch_size if limit is None else min(batch_size, limit - events)
-        if take <= 0:
-            return PruneResult(events, deliveries, records, effect_rows, transactions, False)
-        with write() as unit:
-            step = unit.prune_step(horizon, now, take)
-        transactions += 1
-        events += step.events
-        deliveries += step.deliveries
-        records += step.effect_records
-        effect_rows += step.effect_rows
-        if step.events < take and step.effect_rows < take:
-            return PruneResult(events, deliveries, records, effect_rows, transactions, True)
+def tally(so_far: PruneResult, step: PruneStep, take: int) -> PruneResult:
+    """``so_far`` and one more committed step, which could take ``take``:
+    ``complete`` when the step found less than that (nothing is left)."""
+    return PruneResult(
+        so_far.events + step.events, so_far.deliveries + step.deliveries,
+        so_far.effect_records + step.effect_records, so_far.effect_rows + step.effect_rows,
+        so_far.transactions + 1, step.events < take and step.effect_rows < take,
+    )

@@ -32,8 +32,8 @@ from .._loop import Loop, until_due
 from .._producer import Producer
 from ..delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, own_claims
 from ..metrics import ExecutorMetrics
+from ..records import ExecutorStats
 from .registry import EffectRegistry
-from .stats import ExecutorStats
 from .step import Step, Stepper
 
 __all__ = ["EffectExecutor", "ExecutorStats"]

@@ -18,9 +18,8 @@ from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_event_id, fe
 from .._observe import WARNING
 from .._producer import Producer, advance_at_current
 from ..delivery import DeliveryPolicy, error_text
-from ..statuses import ScheduledEffect
+from ..records import ExecutorStats, ScheduledEffect
 from .registry import EffectRegistry, Feedback
-from .stats import ExecutorStats
 
 if TYPE_CHECKING:
     from .._consumer import Consumer

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._core.effects import Outcome, Plan
 from ..delivery import error_text
-from ..statuses import ScheduledEffect
+from ..records import ScheduledEffect
 from .registry import EffectCall, EffectSpec, Lease, OutcomeUnknown, PermanentFailure, RetryLater
 
 __all__ = ["HEARTBEAT_WAIT", "Flight", "Flights", "acall", "areconciled", "call", "classified", "reconciled"]

@@ -322,11 +322,3 @@ def _check_json(path: str, value: object) -> None:
         return
     raise InvalidEnvelope(path, f"must be JSON (object, array, string, number, bool, null), "
                                          f"got {type(value).__name__}")
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Effects":  # deprecated, for one release: the registry's old name
-        from .._deprecated import old_name
-
-        return old_name("reliable_flow.effects", name)  # its public name until 0.2
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

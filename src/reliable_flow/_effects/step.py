@@ -35,13 +35,13 @@ from .._observe import EXECUTOR, INFO, WARNING, fields, log
 from .._producer import Producer
 from ..crash import crash_point
 from ..delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, claim_until
-from ..statuses import EffectState, ScheduledEffect
+from ..records import ExecutorStats, ScheduledEffect
+from ..statuses import EffectState
 from ..tracing import traced
 from .feedback import Feeder
 from .inflight import Flight, Flights, acall, areconciled, reconciled
 from .inflight import call as call_
 from .registry import EffectCall, EffectRegistry, EffectSpec, Lease
-from .stats import ExecutorStats
 
 __all__ = ["Step", "Stepper"]
 

@@ -13,7 +13,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..statuses import EffectState, EffectTransition, OperatorAction, ScheduledEffect
+from ..records import EffectTransition, OperatorAction, ScheduledEffect
+from ..statuses import EffectState
 
 __all__ = ["EFFECT_COLUMNS", "EffectReads", "EffectUnit", "NewEffect"]
 

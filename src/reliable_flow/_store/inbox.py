@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._envelope import Envelope
-from ..statuses import AppliedEvent, BlockReason, OperatorAction
+from ..records import AppliedEvent, OperatorAction
+from ..statuses import BlockReason
 from .base import Store
 from .effects import EffectReads, EffectUnit
 from .records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone

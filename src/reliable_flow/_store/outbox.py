@@ -13,9 +13,9 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from .._envelope import Envelope
-from .._operations import ConsumerEntry
 from ..delivery import Retry
-from ..statuses import DeliveryState, OperatorAction, OutboxEntry
+from ..records import ConsumerEntry, OperatorAction, OutboxEntry
+from ..statuses import DeliveryState
 from .base import Store
 from .records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
 

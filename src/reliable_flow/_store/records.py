@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .._operations import InboxRow
-from ..statuses import BlockReason, InboxEntry, InboxState
+from ..records import InboxEntry, InboxRow
+from ..statuses import BlockReason, InboxState
 
 __all__ = [
     "DeliveryCounts",

@@ -10,21 +10,16 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._operations import ConsumerEntry
-from ..statuses import (
-    ActionTarget,
+from ..records import (
     AppliedEvent,
-    BlockReason,
+    ConsumerEntry,
     DeliveryRecord,
-    DeliveryState,
-    EffectState,
     EffectTransition,
-    InboxState,
     OperatorAction,
     OutboxEntry,
     ScheduledEffect,
-    Transition,
 )
+from ..statuses import ActionTarget, BlockReason, DeliveryState, EffectState, InboxState, Transition
 from .records import DeliveryCounts, FlowState, InboxCounts, StoredEvent, StoredRow, Tombstone
 from .shared import delivery_summary
 

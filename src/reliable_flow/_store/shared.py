@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..statuses import DeliveryRecord, DeliveryState, EffectState
+from ..records import DeliveryRecord
+from ..statuses import DeliveryState, EffectState
 from .effects import EFFECT_COLUMNS
 
 __all__ = ["delivery_summary", "effect_changes", "identity_problem"]

@@ -19,7 +19,8 @@ from typing import Any
 
 from .._store.outbox import OutboxStore
 from .._store.records import Tombstone, as_flow_dict
-from ..statuses import DeliveryState, InboxState, OperatorAction, OutboxEntry
+from ..records import OperatorAction, OutboxEntry
+from ..statuses import DeliveryState, InboxState
 from .stores import Location, open_consumer, open_producer, shown
 
 __all__ = ["KINDS", "compare_files", "dumps", "format_comparison"]

@@ -18,10 +18,10 @@ from typing import Any
 
 from .._core.effects import with_waits
 from .._core.operate import effect_attention, needs_attention, why_waiting
-from .._operations import FlowWait, InboxRow, StuckFlow
 from .._store import InboxReads, OutboxReads
 from .._store.records import as_flow_dict
-from ..statuses import DeliveryRecord, DeliveryState, EffectState, OutboxEntry, ScheduledEffect
+from ..records import DeliveryRecord, InboxRow, OutboxEntry, ScheduledEffect, StuckFlow
+from ..statuses import DeliveryState, EffectState, FlowWait
 from .stores import Location, open_consumer, open_producer
 
 __all__ = [

@@ -8,8 +8,8 @@ from dataclasses import asdict
 from typing import Any
 
 from .._core.operate import feedback_refused, why_waiting
-from .._operations import FlowWait
-from ..statuses import EffectState, InboxState, ScheduledEffect
+from ..records import ScheduledEffect
+from ..statuses import EffectState, FlowWait, InboxState
 from .drilldown import (
     DEFAULT_STUCK_AFTER,
     attention_lines,

@@ -33,7 +33,7 @@ from typing import Any
 
 from .._checks import check_text
 from ..errors import NotResolvable, ReliableFlowError
-from ..statuses import OperatorAction
+from ..records import OperatorAction
 from .loading import DEFAULT_PROTOCOL, OptionError, load_protocol
 
 __all__ = ["add_operator_commands", "run_operator_command"]

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from .._consumer_admin import ConsumerAdmin
-from .._operations import ConsumerEntry, PruneResult
+from .._consumer import ConsumerAdmin
 from .._producer_admin import ProducerAdmin
 from .._retention import DEFAULT_PRUNE_BATCH
-from ..statuses import OperatorAction
+from ..records import ConsumerEntry, OperatorAction, PruneResult
 
 _T = TypeVar("_T")
 

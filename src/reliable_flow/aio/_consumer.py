@@ -24,23 +24,22 @@ from typing import Any, TypeVar
 from .._consumer import Consumer
 from .._effects import EffectRegistry
 from .._handlers import AppSchema, Handler
-from .._operations import StuckFlow
-from .._receiving import Applying
 from .._store.open import Location
 from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from ..errors import StorageError
 from ..metrics import ConsumerMetrics
 from ..protocol import Protocol
-from ..statuses import (
+from ..records import (
     AppliedEvent,
     ApplyResult,
     DrainResult,
-    EffectState,
     EffectTransition,
     InboxEntry,
     ReceiveResult,
     ScheduledEffect,
+    StuckFlow,
 )
+from ..statuses import EffectState
 from ._admin import AsyncConsumerAdmin
 from ._producer import open_on_thread, open_on_thread_async
 from ._thread import StoreThread
@@ -58,7 +57,7 @@ class AsyncApplying:
 
     def __init__(self, consumer: AsyncConsumer) -> None:
         self.consumer = consumer
-        self.target = Applying(consumer.sync)
+        self.target = consumer.sync.applying()
 
     @property
     def applied(self) -> int:

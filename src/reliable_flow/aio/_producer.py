@@ -26,7 +26,7 @@ from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
 from ..errors import StorageError
 from ..metrics import ProducerMetrics
 from ..protocol import Protocol
-from ..statuses import AdvanceResult, OutboxEntry
+from ..records import AdvanceResult, OutboxEntry
 from ._admin import AsyncProducerAdmin
 from ._thread import StoreThread
 

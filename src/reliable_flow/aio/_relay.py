@@ -17,7 +17,7 @@ delivered, stored once (a later relay answers ``idle``, or ``duplicate``
 for an event the producer had not marked).
 
 To an :class:`AsyncConsumer` (or its ``applying()``), the relay calls the
-sync relay's core (:func:`~reliable_flow._core.relay.relay_to`) with the
+sync relay's driver (:func:`~reliable_flow._relay.relay_to`) with the
 sync relay's argument checks and span, less one: the structural
 ``isinstance(..., Receiver)`` check of a receiver, which costs some 15-20
 microseconds a call on Python 3.11 (it inspects every member) and can only
@@ -30,16 +30,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._checks import check_count, check_flag
-from .._consumer import Consumer
-from .._core.relay import relay_batch_to, relay_to
+from .._consumer import Applying, Consumer
 from .._producer import Producer
 from .._receiver import Receiver
-from .._receiving import Applying
 from .._relay import relay as sync_relay
 from .._relay import relay_batch as sync_relay_batch
+from .._relay import relay_batch_to, relay_to
 from ..delivery import DeliveryPolicy
 from ..errors import InvalidEnvelope
-from ..statuses import ReceiveResult, RelayBatchResult, RelayResult
+from ..records import ReceiveResult, RelayBatchResult, RelayResult
 from ..tracing import traced
 from ._consumer import AsyncApplying, AsyncConsumer
 from ._producer import AsyncProducer

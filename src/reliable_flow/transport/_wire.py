@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from .._envelope import MAX_BODY_BYTES
 from ..errors import ConsumerMismatch, RemoteError
-from ..statuses import ReceiveResult, ReceiveStatus
+from ..records import ReceiveResult
+from ..statuses import ReceiveStatus
 
 __all__ = [
     "MAX_BODIES",

@@ -44,15 +44,8 @@ import psycopg
 from psycopg import sql
 
 from ..._envelope import Envelope
-from ...statuses import (
-    AppliedEvent,
-    BlockReason,
-    EffectState,
-    EffectTransition,
-    InboxState,
-    OperatorAction,
-    ScheduledEffect,
-)
+from ...records import AppliedEvent, EffectTransition, OperatorAction, ScheduledEffect
+from ...statuses import BlockReason, EffectState, InboxState
 from .. import rows
 from ..effects import NewEffect
 from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow

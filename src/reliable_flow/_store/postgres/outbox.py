@@ -51,9 +51,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._envelope import Envelope
-from ..._operations import ConsumerEntry
 from ...delivery import Retry
-from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from ...records import ConsumerEntry, OperatorAction, OutboxEntry
+from ...statuses import DeliveryState
 from .. import rows
 from ..binding import BindingMemo
 from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent

@@ -21,15 +21,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..._envelope import Envelope
-from ...statuses import (
-    AppliedEvent,
-    BlockReason,
-    EffectState,
-    EffectTransition,
-    InboxState,
-    OperatorAction,
-    ScheduledEffect,
-)
+from ...records import AppliedEvent, EffectTransition, OperatorAction, ScheduledEffect
+from ...statuses import BlockReason, EffectState, InboxState
 from .. import rows
 from ..effects import NewEffect
 from ..records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow

@@ -26,10 +26,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..._envelope import Envelope
-from ..._operations import ConsumerEntry
 from ...delivery import Retry
 from ...errors import StorageError
-from ...statuses import DeliveryState, OperatorAction, OutboxEntry
+from ...records import ConsumerEntry, OperatorAction, OutboxEntry
+from ...statuses import DeliveryState
 from .. import rows
 from ..binding import BindingMemo
 from ..records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone

@@ -26,8 +26,8 @@ from typing import Any
 from ..._consumer import Consumer
 from ..._producer import Producer
 from ..._relay import relay
+from ...records import DrainResult
 from ...reservation import RESERVATION
-from ...statuses import DrainResult
 
 __all__ = ["CHILD_MODULE", "CHILD_TIMEOUT", "RACERS", "STEPS", "Files", "Result", "Scenario"]
 

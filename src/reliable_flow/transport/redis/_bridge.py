@@ -21,7 +21,7 @@ from ..._observe import WARNING, WORKER, fields, log
 from ..._receiver import Receiver
 from ..._worker import WorkerStats, apply_open_flows, finish_executors, pump_executors
 from ...errors import InvalidEnvelope, ReliableFlowError
-from ...statuses import ReceiveResult
+from ...records import ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
 

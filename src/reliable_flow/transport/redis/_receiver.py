@@ -12,7 +12,7 @@ from ..._checks import check_seconds
 from ..._envelope import check_name
 from ..._observe import RELAY, WARNING, fields, log
 from ...errors import ConsumerMismatch, TransportError
-from ...statuses import ReceiveResult
+from ...records import ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
 

@@ -12,40 +12,38 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from . import _envelope as envelope
-from ._checks import check_count, check_flag, check_optional_count, check_text
-from ._consumer_admin import ConsumerAdmin
-from ._core.apply import ApplyRules, Source, apply_in, drain_flows
-from ._core.conflicts import rerun_on_conflict
-from ._core.effects import with_waits
-from ._core.operate import why_waiting
-from ._deprecated import renamed_parameter, renamed_to, to_admin
-from ._effects import EffectRegistry
-from ._handlers import AppSchema, Handler
-from ._observe import Observer
-from ._operations import StuckFlow
-from ._receiving import Applying, receive_all, receive_one
-from ._store import InboxStore
-from ._store.open import Location, open_inbox
-from ._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
-from .crash import crash_point
-from .errors import InvalidEnvelope
-from .metrics import ConsumerMetrics, consumer_metrics
-from .protocol import Protocol
-from .statuses import (
+from .. import _envelope as envelope
+from .._checks import check_count, check_flag, check_optional_count, check_text
+from .._core.apply import ApplyRules, Committed, Draining, Source, apply_in, drain_in
+from .._core.conflicts import rerun_on_conflict
+from .._core.effects import with_waits
+from .._core.operate import why_waiting
+from .._effects import EffectRegistry
+from .._handlers import AppSchema, Handler
+from .._observe import Observer
+from .._store import InboxStore
+from .._store.open import Location, open_inbox
+from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
+from ..crash import crash_point
+from ..errors import InvalidEnvelope
+from ..metrics import ConsumerMetrics, consumer_metrics
+from ..protocol import Protocol
+from ..records import (
     AppliedEvent,
     ApplyResult,
-    ApplyStatus,
     DrainResult,
-    EffectState,
     EffectTransition,
     InboxEntry,
     ReceiveResult,
     ScheduledEffect,
+    StuckFlow,
 )
-from .tracing import traced
+from ..statuses import ApplyStatus, EffectState
+from ..tracing import traced
+from .admin import ConsumerAdmin
+from .receive import Applying, Receiving
 
-__all__ = ["Consumer"]
+__all__ = ["Applying", "Consumer", "ConsumerAdmin"]
 
 DEFAULT_NAME = "default"
 
@@ -97,7 +95,6 @@ class Consumer:
     effect, prune) is on :attr:`admin`, a :class:`~reliable_flow.ConsumerAdmin`.
     """
 
-    @renamed_parameter("Consumer", "path", "location")
     def __init__(
         self,
         location: Location,
@@ -157,6 +154,7 @@ class Consumer:
         self.apply_on_receive = apply_on_receive
         self._on_arrival = self._rules if apply_on_receive else None
         self._observed = Observer()  # in-process counts (metrics) and logs
+        self._receiving = Receiving(self._store, self._name, max_inbox, clock, self._observed)
         self._admin = ConsumerAdmin(self)
         if app_schema is not None:
             try:
@@ -221,7 +219,7 @@ class Consumer:
         receive-and-apply mode ``applied=True`` says the same commit also
         applied the event.
         """
-        return receive_one(self, envelope_in, self._on_arrival)
+        return self._receiving.one(envelope_in, self._on_arrival)
 
     def receive_many(self, envelopes: Sequence[dict[str, Any] | str | bytes]) -> list[ReceiveResult]:
         """Receive several events in one transaction; one entry per event, in order.
@@ -233,7 +231,7 @@ class Consumer:
         are still examined, exactly as separate ``receive`` calls would be
         (so a flow's next step still gets in).
         """
-        return receive_all(self, envelopes, self._on_arrival)
+        return self._receiving.all(envelopes, self._on_arrival)
 
     def accept(self, body: str) -> ReceiveResult:
         """:meth:`receive`, as a :class:`~reliable_flow._receiver.Receiver` answers."""
@@ -249,7 +247,7 @@ class Consumer:
         arriving event that is its flow's next step in the receive
         transaction (see :class:`~reliable_flow.Consumer`).  What
         :class:`~reliable_flow.Worker` relays to by default."""
-        return Applying(self)
+        return Applying(self, self._receiving, self._rules)
 
     # -- apply ----------------------------------------------------------------------
 
@@ -307,22 +305,21 @@ class Consumer:
         limit = check_count("limit", limit)
         batch_size = check_count("batch_size", batch_size)
         results: dict[str, DrainResult] = {}
-        for committed in drain_flows(self._store.write, self._rules, flows, limit, batch_size):
+        reached = Draining()
+        while reached.at < len(flows):
+
+            def once(start: Draining = reached) -> Committed:
+                with self._store.write() as unit:
+                    return drain_in(unit, self._rules, flows, start, limit, batch_size)
+
+            committed = rerun_on_conflict(once)
+            if committed.applied:
+                crash_point("apply.after_commit")
+            reached = committed.reached
             results.update(committed.finished)
             self._observed.applied += committed.applied
             self._observed.applies(self._name, committed.outcomes)
         return results
-
-    # -- moved to .admin (deprecated, for one release) -----------------------------
-
-    skip_event = to_admin()
-    replace_event = to_admin()
-    operator_actions = to_admin()
-    prune = to_admin()
-    retry_effect = to_admin()
-    resolve_effect = to_admin()
-    cancel_effect = to_admin()
-    effect_actions = to_admin()
 
     # -- reads ----------------------------------------------------------------------
 
@@ -403,11 +400,6 @@ class Consumer:
         counts = self._store.latest.effect_counts()
         return {s.value: counts.get(s.value, 0) for s in EffectState}
 
-    # renamed (deprecated, for one release): each warns and returns the new method
-    effects = renamed_to("applied")
-    effect = renamed_to("scheduled_effect")
-    effect_outbox = renamed_to("scheduled_effects")
-
     def metrics(self) -> ConsumerMetrics:
         """Inbox rows per state, blocked per reason, flows at a gap, effects per
         state (one snapshot of the file), and this object's own counts since it
@@ -417,8 +409,6 @@ class Consumer:
             return consumer_metrics(reads, self.clock(), self._observed)
 
     # -- lifecycle ---------------------------------------------------------------
-
-    path = renamed_to("location")  # deprecated, for one release
 
     def close(self) -> None:
         """Close the connection (only in the process that opened it)."""

@@ -9,23 +9,34 @@ docs/effects.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from . import _envelope as envelope
-from ._checks import check_text
-from ._core.admin import effect_action_in
-from ._core.operate import replace_in, skip_in
-from ._effects import check_json_value
-from ._observe import CONSUMER, operator_action
-from ._operations import PruneResult
-from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
-from ._store import InboxStore
-from .statuses import OperatorAction
-
-if TYPE_CHECKING:
-    from ._consumer import Consumer
+from .. import _envelope as envelope
+from .._checks import check_text
+from .._core.admin import effect_action_in
+from .._core.operate import replace_in, skip_in
+from .._effects import check_json_value
+from .._observe import CONSUMER, operator_action
+from .._retention import DEFAULT_PRUNE_BATCH, prune_older_than
+from .._store import InboxStore
+from ..protocol import Protocol as FlowProtocol
+from ..records import OperatorAction, PruneResult
 
 __all__ = ["ConsumerAdmin"]
+
+
+class Owner(Protocol):
+    """What the admin object reads of its consumer (public members only)."""
+
+    protocol: FlowProtocol
+    clock: Callable[[], float]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def store(self) -> InboxStore: ...
 
 
 class ConsumerAdmin:
@@ -38,7 +49,7 @@ class ConsumerAdmin:
     ever taken automatically.  What to look at first: ``consumer.stuck``,
     ``consumer.event``, ``consumer.scheduled_effects``."""
 
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: Owner) -> None:
         self._consumer = consumer
 
     @property
