@@ -19,7 +19,7 @@ import pytest
 
 from reliable_flow import Consumer, PayloadError, Producer, aio, relay, relay_batch
 from reliable_flow.aio import AsyncConsumer, AsyncProducer
-from reliable_flow.errors import InvalidEnvelope
+from reliable_flow.errors import InvalidEnvelope, StorageError
 from reliable_flow.reservation import RESERVATION
 from support import KINDS, envelope
 
@@ -224,7 +224,7 @@ def test_open_without_blocking_and_close_twice(new_store: Callable[[str], str]) 
         await p.close()
         await p.close()
         await c.close()
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(StorageError, match="closed"):
             await c.flows()
 
     asyncio.run(main())

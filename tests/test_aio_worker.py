@@ -37,6 +37,7 @@ from reliable_flow import (
     Feedback,
     Happened,
     Producer,
+    RetryLater,
     relay,
 )
 from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer, AsyncWorker
@@ -281,6 +282,33 @@ def test_a_rate_limit_puts_effects_off(make: Callable[..., World]) -> None:
 
     asyncio.run(main())
     assert world.states(keys) == ["succeeded"] * 5
+
+
+def test_run_until_idle_takes_up_what_is_due_and_never_waits(make: Callable[..., World]) -> None:
+    """As ``EffectExecutor.run_until_idle``: run_once until nothing is due now;
+    an effect backing off is left for later, not waited for."""
+    async def call(c: EffectCall) -> str:
+        if c.payload["q"] == "F0":
+            raise RetryLater("not yet")
+        return c.payload["q"]
+
+    world = make(call)
+    keys = world.ask(5)
+
+    async def main() -> None:
+        consumer = world.consumer()
+        executor = AsyncEffectExecutor(consumer, policy=world.policy(), concurrency=2)
+        assert await executor.run_until_idle() == 5
+        assert executor.stats.outcomes == {"succeeded": 4, "pending": 1}
+        assert await executor.run_until_idle() == 0  # F0 backs off: nothing due now
+        world.clock.t += 3600
+        assert await executor.run_until_idle(max_passes=1) == 1
+        with pytest.raises(ValueError, match="max_passes"):
+            await executor.run_until_idle(max_passes=0)
+        await consumer.close()
+
+    asyncio.run(main())
+    assert world.states(keys)[1:] == ["succeeded"] * 4
 
 
 def test_feedback_advances_into_an_async_producer(make: Callable[..., World]) -> None:

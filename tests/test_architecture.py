@@ -416,17 +416,11 @@ def test_no_public_error_derives_from_an_engine_exception() -> None:
 #: Cycles still allowed, each named: only inside the runtime engineer's modules,
 #: to be emptied as the runtime becomes one step per pass.  An entry that is no
 #: longer a cycle fails too, so the list only shrinks.
-ALLOWED_CYCLES: set[frozenset[str]] = {
-    frozenset({"reliable_flow._executor", "reliable_flow._feedback"}),
-    frozenset({"reliable_flow.aio._admin", "reliable_flow.aio._consumer", "reliable_flow.aio._producer"}),
-}
+ALLOWED_CYCLES: set[frozenset[str]] = set()
 #: Modules still allowed to use another module's private members, each named
 #: (the runtime's sync and async drivers, the transport, the worker command):
 #: to be emptied the same way.
-ALLOWED_PRIVATE_USE: set[str] = {
-    "_feedback.py", "aio/_admin.py", "aio/_executor.py", "aio/_relay.py", "aio/_worker.py",
-    "transport/redis/_bridge.py", "_tools/worker_cli.py",
-}
+ALLOWED_PRIVATE_USE: set[str] = set()
 #: Underscored names that are public API of the standard library.
 _STDLIB_PUBLIC = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getframe"}
 

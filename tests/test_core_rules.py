@@ -21,6 +21,7 @@ from reliable_flow import (
     Producer,
     relay,
 )
+from reliable_flow._producer import advance_at_current
 from reliable_flow._core.admin import (
     DELIVERY_ACTIONS,
     EFFECT_ACTIONS,
@@ -234,20 +235,20 @@ def _counting_writes(p: Producer, before: Any = None) -> list[int]:
 def test_feedback_at_current_answers_like_advance(engine: str, new_store: Any) -> None:
     with Producer(new_store("producer"), NOTES) as p:
         assert _note(p, "A1", "F", "one").status == "committed"
-        first = p._advance_at_current("fb", "F", kind="note", payload={"text": "x"}, meta={"t": "1"})
+        first = advance_at_current(p, "fb", "F", kind="note", payload={"text": "x"}, meta={"t": "1"})
         assert (first.status, first.seq) == ("committed", 2)
         assert _note(p, "A3", "F", "three").seq == 3
-        again = p._advance_at_current("fb", "F", kind="note", payload={"text": "x"}, meta={"t": "1"})
+        again = advance_at_current(p, "fb", "F", kind="note", payload={"text": "x"}, meta={"t": "1"})
         assert (again.status, again.seq) == ("existing", 2)  # at its own seq, though the flow moved on
-        other = p._advance_at_current("fb", "F", kind="note", payload={"text": "y"}, meta={"t": "1"})
+        other = advance_at_current(p, "fb", "F", kind="note", payload={"text": "y"}, meta={"t": "1"})
         assert (other.status, other.seq) == ("conflict", 2)
         assert "payload" in (other.reason or "")
-        bad = p._advance_at_current("fb2", "F", kind="note", payload={"text": 5})
+        bad = advance_at_current(p, "fb2", "F", kind="note", payload={"text": 5})
         assert bad.status == "invalid_payload"
-        wrong = p._advance_at_current("fb3", "F", kind="begun", payload={"text": "x"})
+        wrong = advance_at_current(p, "fb3", "F", kind="begun", payload={"text": "x"})
         assert wrong.status == "invalid_transition"
         with pytest.raises(InvalidEnvelope):
-            p._advance_at_current("", "F", kind="note", payload={"text": "x"})
+            advance_at_current(p, "", "F", kind="note", payload={"text": "x"})
         assert p.flow("F")["seq"] == 3
         assert [e.event_id for e in p.outbox("F")] == ["A1", "fb", "A3"]
 
@@ -276,7 +277,7 @@ def test_feedback_lands_at_the_current_seq_while_others_advance(engine: str, new
                 writes = _counting_writes(mine)
                 go.wait()
                 for i in range(feeds):
-                    results[f"fb{i}"] = mine._advance_at_current(f"fb{i}", "F", kind="note", payload={"text": "r"})
+                    results[f"fb{i}"] = advance_at_current(mine, f"fb{i}", "F", kind="note", payload={"text": "r"})
                 assert len(writes) == feeds  # one transaction each, never retried
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

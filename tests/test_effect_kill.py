@@ -106,7 +106,7 @@ import pytest
 
 from children import effect_kill_worker as worker
 from reliable_flow import Consumer, Producer, relay
-from reliable_flow._executor import EffectExecutor
+from reliable_flow._effects.executor import EffectExecutor
 from reliable_flow._handlers import ApplyContext
 from reliable_flow.reservation import RESERVATION
 from support import CHILDREN, child_env

@@ -37,6 +37,7 @@ from reliable_flow import (
     RetryLater,
     Worker,
 )
+from reliable_flow._effects import feedback
 from reliable_flow.errors import CommitOutcomeUnknown, InvalidEnvelope, NotResolvable, UnknownEffect
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 from support import EffectWorld
@@ -956,15 +957,23 @@ class LosingProducer(Producer):
 
     lose = True
 
-    def _advance_at_current(self, *args: Any, **kw: Any) -> Any:
-        result = super()._advance_at_current(*args, **kw)
-        if self.lose:
-            self.lose = False
+
+@pytest.fixture
+def losing_feedback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feedback into a ``LosingProducer`` loses the answer of its first advance."""
+    real = feedback.advance_at_current
+
+    def advance(producer: Producer, *args: Any, **kw: Any) -> Any:
+        result = real(producer, *args, **kw)
+        if isinstance(producer, LosingProducer) and producer.lose:
+            producer.lose = False
             raise CommitOutcomeUnknown("the answer was lost")
         return result
 
+    monkeypatch.setattr(feedback, "advance_at_current", advance)
 
-def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: World) -> None:
+
+def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: World, losing_feedback: None) -> None:
     c, tool = tool_flow(agent)
     losing = LosingProducer(agent.producer.location, TOOL_TASK)
     try:
@@ -983,7 +992,8 @@ def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: Wor
 
 
 @pytest.mark.parametrize("moved_on", [False, True])
-def test_owed_feedback_whose_advance_committed_is_settled(agent: World, moved_on: bool) -> None:
+def test_owed_feedback_whose_advance_committed_is_settled(agent: World, moved_on: bool,
+                                                          losing_feedback: None) -> None:
     c, _ = tool_flow(agent)
     losing = LosingProducer(agent.producer.location, TOOL_TASK)
     try:

@@ -108,10 +108,12 @@ def stopped(stderr: str) -> dict[str, Any]:
     return dict(json.loads(last[len("execute: stopped: "):]))
 
 
-def test_execute_until_idle_runs_what_is_due_and_exits_0(stores: tuple[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("face", [[], ["--async"]], ids=["sync", "async"])
+def test_execute_until_idle_runs_what_is_due_and_exits_0(stores: tuple[str, str], tmp_path: Path,
+                                                         face: list[str]) -> None:
     producer, consumer = stores
     done = run_cli("execute", consumer, "--effects", "fx:QUICK", "--producer", producer, "--until-idle",
-                   "--idle-sleep", "30", cwd=tmp_path, timeout=CHILD_TIMEOUT)
+                   "--idle-sleep", "30", *face, cwd=tmp_path, timeout=CHILD_TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert stopped(done.stderr)["outcomes"] == {"succeeded": 2}
@@ -120,12 +122,13 @@ def test_execute_until_idle_runs_what_is_due_and_exits_0(stores: tuple[str, str]
         assert c.scheduled_effect("mail:A1:notify").result == {"quick": "A"}
 
 
+@pytest.mark.parametrize("face", [[], ["--async"]], ids=["sync", "async"])
 def test_execute_stops_on_sigterm_after_the_call_in_progress_is_recorded(
-    stores: tuple[str, str], tmp_path: Path,
+    stores: tuple[str, str], tmp_path: Path, face: list[str],
 ) -> None:
     _, consumer = stores
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reliable_flow", "execute", consumer, "--effects", "fx:WAITING"],
+        [sys.executable, "-m", "reliable_flow", "execute", consumer, "--effects", "fx:WAITING", *face],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         env=child_env(PYTHONDONTWRITEBYTECODE="1"),
     )

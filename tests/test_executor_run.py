@@ -30,6 +30,7 @@ from reliable_flow import (
     RetryLater,
     relay,
 )
+from reliable_flow._effects import feedback
 from reliable_flow.errors import InvalidEnvelope
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 from support import Clock
@@ -302,25 +303,27 @@ def test_run_refuses_bad_arguments_before_claiming(make: Callable[[EffectRegistr
     assert s.consumer.scheduled_effect("tools:A1:look_up").state == "pending"
 
 
-def test_run_records_a_failed_pass_and_goes_on(make: Callable[[EffectRegistry], Setup]) -> None:
-    class Broken(Producer):
-        fail = 1
+def test_run_records_a_failed_pass_and_goes_on(make: Callable[[EffectRegistry], Setup],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    fail = [1]
+    real = feedback.advance_at_current
 
-        def _advance_at_current(self, *args: Any, **kw: Any) -> Any:  # how the executor feeds back
-            if self.fail:
-                self.fail -= 1
-                raise OSError("producer unreachable")
-            return super()._advance_at_current(*args, **kw)
+    def broken(producer: Producer, *args: Any, **kw: Any) -> Any:  # how the executor feeds back
+        if fail[0]:
+            fail[0] -= 1
+            raise OSError("producer unreachable")
+        return real(producer, *args, **kw)
 
+    monkeypatch.setattr(feedback, "advance_at_current", broken)
     effects = EffectRegistry()
     effects.register("look_up", look_up, feedback=Feedback(kind="answered", payload=lambda r: {"a": r["answer"]}))
     s = make(effects)
     s.ask("A")
-    broken = Broken(s.producer_location, ASK)
+    other = Producer(s.producer_location, ASK)
     try:
-        ex = EffectExecutor(s.consumer, policy=s.policy(), producer=broken)
+        ex = EffectExecutor(s.consumer, policy=s.policy(), producer=other)
         stats = ex.run(max_passes=2, idle_sleep=0, handle_signals=False)
         assert stats.errors == 1 and stats.last_error == "OSError: producer unreachable"
         assert s.producer.flow("A")["a"] == "A"  # fed on the next pass
     finally:
-        broken.close()
+        other.close()

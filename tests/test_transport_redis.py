@@ -19,6 +19,7 @@ opened it), each opening its own Consumer on the store.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
@@ -33,7 +34,9 @@ import pytest
 from engine_reads import rows
 from redis_server import import_redis
 from reliable_flow import Consumer, Producer, Worker, relay, relay_batch
-from reliable_flow.errors import ConsumerMismatch, RemoteError, TransportError
+from reliable_flow.aio import AsyncProducer, AsyncWorker
+from reliable_flow.errors import ConsumerMismatch, InvalidEnvelope, RemoteError, TransportError
+from reliable_flow.records import WorkerStats
 from reliable_flow.reservation import RESERVATION
 from support import (
     canonical_body,
@@ -668,6 +671,58 @@ def test_a_bad_timeout_is_named(timeout: Any) -> None:
 def test_a_bad_consumer_name_is_named(name: Any) -> None:
     with pytest.raises((ValueError, TypeError), match="consumer_name"):
         RedisReceiver("redis://127.0.0.1:1/0", name)
+
+
+@pytest.mark.parametrize("value", ["", 5, "a\x00b", "x" * 129])
+def test_a_bad_prefix_or_bridge_name_is_a_value_error_naming_it(tmp_path: Path, value: Any) -> None:
+    """No envelope field: a plain ValueError naming the argument, not InvalidEnvelope."""
+    with pytest.raises(ValueError, match="prefix") as info:
+        RedisReceiver("redis://127.0.0.1:1/0", NAME, prefix=value)
+    assert not isinstance(info.value, InvalidEnvelope)
+    with Consumer(str(tmp_path / "c.db"), RESERVATION) as consumer:
+        for option in ("prefix", "name"):
+            with pytest.raises(ValueError, match=option) as info:
+                Bridge(consumer, "redis://127.0.0.1:1/0", **{option: value})
+            assert not isinstance(info.value, InvalidEnvelope)
+
+
+def test_the_bridge_parses_each_body_once(tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reliable_flow import _envelope
+    from reliable_flow.transport.redis import _bridge
+
+    parsed: list[str] = []
+    real = _envelope.parse
+
+    def counting(body: Any) -> Any:
+        parsed.append(body)
+        return real(body)
+
+    monkeypatch.setattr(_envelope, "parse", counting)
+    monkeypatch.setattr(_bridge, "parse_body", counting)
+    bodies = [_body("Z1"), _body("Z2", seq=2)]
+    with serving(str(tmp_path / "consumer.db"), redis_url), RedisReceiver(redis_url, NAME, timeout=5) as receiver:
+        assert [str(r.status) for r in receiver.accept_many(bodies)] == ["accepted", "accepted"]
+    assert sorted(parsed) == sorted(bodies)
+
+
+def test_an_async_worker_relays_through_redis_as_a_worker_does(new_store: Any, redis_url: str) -> None:
+    c_at, p_at = new_store("consumer"), new_store("producer")
+    plant(c_at)
+    with Producer(p_at, RESERVATION) as producer:
+        for f in ("A", "B", "C"):
+            commit(producer, f, 3)
+
+    async def main(receiver: RedisReceiver) -> WorkerStats:
+        async with AsyncProducer(p_at, RESERVATION) as producer:
+            worker = AsyncWorker(producer, [receiver], relay_batch=7, idle_sleep=0.05)
+            return await worker.run(until_idle=True, handle_signals=False)
+
+    with serving(c_at, redis_url) as b, RedisReceiver(redis_url, NAME, timeout=10) as receiver:
+        stats = asyncio.run(main(receiver))
+    assert (dict(stats.relayed), stats.applied, stats.errors) == ({"accepted": 9}, 9, 0)  # applied at the bridge
+    assert b.stats.requests == b.stats.answered == 2  # 7 + 2
+    with Producer(p_at, RESERVATION) as producer:
+        assert all(e.accepted for e in producer.outbox())
 
 
 def test_bad_bridge_arguments_are_named(tmp_path: Path, redis_url: str) -> None:

@@ -28,7 +28,7 @@ from ._effects import (
     PermanentFailure,
     RetryLater,
 )
-from ._executor import EffectExecutor
+from ._effects.executor import EffectExecutor
 from ._handlers import ApplyContext, AppSchema, Event
 from ._producer import Producer
 from ._producer_admin import ProducerAdmin

@@ -9,9 +9,11 @@ with the apply, or not at all::
 
     def notify(ctx: ApplyContext) -> None:
         if ctx.event.kind == "answered":
-            ctx.execute("INSERT INTO answer(ticket, text) VALUES (?, ?)",
-                        (ctx.event.flow_id, ctx.event.payload["text"]))
+            ctx.execute(SAVE_ANSWER, (ctx.event.flow_id, ctx.event.payload["text"]))
             ctx.schedule("send_email", {"to": ctx.data["email"], "text": ctx.event.payload["text"]})
+
+(``SAVE_ANSWER`` is the application's own statement on its own table;
+docs/effects.md shows whole examples.)
 
 A handler that raises :class:`~reliable_flow.PayloadError` blocks the event
 (``invalid_payload`` with its message as the detail), leaving nothing of
@@ -76,9 +78,8 @@ class AppSchema:
     mapping with a list per engine, where their SQL differs::
 
         AppSchema("shop", [
-            {"sqlite": ["CREATE TABLE hold(id INTEGER PRIMARY KEY AUTOINCREMENT, flow TEXT)"],
-             "postgres": ["CREATE TABLE hold(id BIGSERIAL PRIMARY KEY, flow TEXT)"]},
-            ["CREATE INDEX hold_flow ON hold(flow)"],
+            {"sqlite": [HOLD_TABLE_SQLITE], "postgres": [HOLD_TABLE_POSTGRES]},  # differs per engine
+            [HOLD_INDEX],  # the same on both
         ])
 
     The recorded version counts migrations, whichever form each has."""

@@ -82,12 +82,13 @@ class Loop:
                     wait = waiting() if until_idle else idle_sleep
                     if wait is None:
                         break
-                    self._idle(wait, woken)
+                    self.idle(wait, woken)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _idle(self, seconds: float, woken: Sequence[threading.Event] = ()) -> None:
+    def idle(self, seconds: float, woken: Sequence[threading.Event] = ()) -> None:
+        """Sleep ``seconds``, returning early on a stop, a signal, or once one of ``woken`` is set."""
         # Short slices rather than one Event.wait(): the signal handler must
         # not touch the Event's lock (it may be held by this very thread).
         # With one event to wake on, the slices wait on it (an ended call

@@ -30,7 +30,7 @@ from .records import AdvanceResult, OutboxEntry
 from .statuses import AdvanceStatus
 from .tracing import traced
 
-__all__ = ["Batch", "Producer"]
+__all__ = ["Batch", "Producer", "advance_at_current"]
 
 
 def _advance_span(self: object, event_id: object, flow_id: object, **_: object) -> dict[str, str]:
@@ -163,25 +163,6 @@ class Producer:
 
         return self._advanced(rerun_on_conflict(once), env.meta)
 
-    @traced("reliable_flow.advance", _advance_span)
-    def _advance_at_current(
-        self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
-        meta: dict[str, str] | None = None,
-    ) -> AdvanceResult:
-        """``advance`` at the seq the flow is at now, read in the advance's own
-        transaction (one transaction, never ``stale``): how the effect
-        executor feeds a result back.  Every other check and status of
-        :meth:`advance`; an event id already committed answers ``existing``
-        (same body at its seq) or ``conflict``."""
-
-        def once() -> tuple[AdvanceResult, Envelope]:
-            with self._store.write() as unit:
-                return advance_at_current_in(unit, self.protocol, event_id, flow_id, kind, payload, schema, meta,
-                                             self.max_backlog, time.time())
-
-        result, env = rerun_on_conflict(once)
-        return self._advanced(result, env.meta)
-
     def _advanced(self, result: AdvanceResult, meta: dict[str, str]) -> AdvanceResult:
         """After the commit: the crash point and the log record."""
         if result.status == AdvanceStatus.COMMITTED:
@@ -282,3 +263,23 @@ class Producer:
 
     def __repr__(self) -> str:
         return f"Producer({self.location!r}, {self.protocol.name})"
+
+
+@traced("reliable_flow.advance", lambda producer, event_id, flow_id, **_: _advance_span(producer, event_id, flow_id))
+def advance_at_current(
+    producer: Producer, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+    meta: dict[str, str] | None = None,
+) -> AdvanceResult:
+    """``producer.advance`` at the seq the flow is at now, read in the
+    advance's own transaction (one transaction, never ``stale``): how an
+    effect's result is fed back.  Every other check and status of
+    :meth:`Producer.advance`; an event id already committed answers
+    ``existing`` (same body at its seq) or ``conflict``."""
+
+    def once() -> tuple[AdvanceResult, Envelope]:
+        with producer._store.write() as unit:
+            return advance_at_current_in(unit, producer.protocol, event_id, flow_id, kind, payload, schema, meta,
+                                         producer.max_backlog, time.time())
+
+    result, env = rerun_on_conflict(once)
+    return producer._advanced(result, env.meta)

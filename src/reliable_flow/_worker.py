@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from ._checks import check_count, check_flag
 from ._consumer import Consumer
 from ._core.operate import refused_names, unknown_consumer
-from ._executor import EffectExecutor
+from ._effects.executor import EffectExecutor
 from ._loop import CANNOT_HEAL, Loop, until_due
 from ._observe import WARNING, WORKER, fields, log
 from ._producer import Producer
@@ -18,13 +19,36 @@ from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
 from .records import WorkerStats
 from .statuses import DrainStop, RelayStatus
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["Worker", "WorkerStats", "add_counts", "apply_open_flows", "failed", "finish_executors", "own_receiving",
+           "pump_executors"]
+
+
+def add_counts(stats: WorkerStats, tally: WorkerStats) -> None:
+    """Add to ``stats`` the counts of steps made apart (on a store's thread)."""
+    stats.relayed.update(tally.relayed)
+    stats.applied += tally.applied
+    stats.stops.update(tally.stops)
+    stats.errors += tally.errors
+    stats.last_error = tally.last_error or stats.last_error
+    stats.effects.update(tally.effects)
+
+
+def failed(tally: WorkerStats, where: str, exc: Exception) -> None:
+    """Count and log a failed step of a pass in ``tally``; raise it again
+    when retrying cannot heal it (:data:`~reliable_flow._loop.CANNOT_HEAL`)."""
+    tally.errors += 1
+    tally.last_error = f"{where}: {type(exc).__name__}: {exc}"
+    if WORKER.isEnabledFor(WARNING):
+        log(WORKER, WARNING, f"error in {where}, going on",
+            fields(status="error", where=where, error=f"{type(exc).__name__}: {exc}"))
+    if isinstance(exc, CANNOT_HEAL):
+        raise exc
 
 
 _RECEIVING = ("receive", "receive_many", "accept", "accept_many", "applying")
 
 
-def _own_receiving(consumer: Consumer) -> bool:
+def own_receiving(consumer: Consumer) -> bool:
     """True unless a subclass changed how the consumer takes events in (a
     transport in between, a test double): that path must stay in charge, so
     such a consumer is relayed to as itself."""
@@ -124,8 +148,10 @@ class Worker:
         self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
         self.producer = producer
         self.consumers = list(consumers)
-        self._receivers: list[Receiver] = [
-            c.applying() if isinstance(c, Consumer) and apply_on_receive and _own_receiving(c) else c
+        #: What each consumer is relayed to (its receive-and-apply view, or
+        #: itself); the asyncio face hands each to its consumer's thread.
+        self.receivers: list[Receiver] = [
+            c.applying() if isinstance(c, Consumer) and apply_on_receive and own_receiving(c) else c
             for c in self.consumers
         ]
         self.policy = policy or DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
@@ -151,62 +177,78 @@ class Worker:
     def run_once(self) -> int:
         """One pass over all consumers; returns how many steps did work."""
         work = 0
-        for consumer, receiver in zip(self.consumers, self._receivers):
-            if not isinstance(consumer, Consumer):  # remote: applied where it is (a transport's bridge)
-                work += self._relay_remote(receiver)
-                if self.stopping:
-                    return work
-                continue
-            for _ in range(self.relay_batch):
-                if self.stopping:
-                    return work
-                try:
-                    result = relay(self.producer, receiver, policy=self.policy, register=self.register)
-                except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
-                    self._failed(consumer.name, exc)
-                    break
-                self.stats.relayed[result.status.value] += 1
-                if result.applied:  # applied on arrival: a step too
-                    self.stats.applied += 1
-                    work += 1
-                if result.status == RelayStatus.IDLE or result.status == RelayStatus.REFUSED:
-                    break  # nothing due, or a full inbox: it waits for its backoff
-                work += 1
+        for index in range(len(self.consumers)):
             if self.stopping:
                 return work
-            work += self._apply(consumer)
-        work += pump_executors(self.executors, self.apply_limit, self.stats, self._failed, lambda: self.stopping)
+            work += self.relay_step(index, self.stats)[0]
+            if self.stopping:
+                return work
+            work += self.apply_step(index, self.stats)
+        work += pump_executors(self.executors, self.apply_limit, self.stats, partial(failed, self.stats),
+                               lambda: self.stopping)
+        self.passed()
+        return work
+
+    # -- the steps of a pass, each on one store (the asyncio face runs each on its store's thread) --
+
+    def relay_step(self, index: int, tally: WorkerStats, most: int | None = None) -> tuple[int, bool]:
+        """Relay to consumer ``index``: up to ``most`` (default
+        ``relay_batch``) due events one by one, stopping early at ``idle``
+        or ``refused``, or one ``relay_batch`` request to a consumer in
+        another process; counted in ``tally``.  Uses the producer's store.
+        Returns the work done and whether more may be due (it stopped only
+        because it reached ``most``)."""
+        receiver = self.receivers[index]
+        if not isinstance(self.consumers[index], Consumer):  # remote: applied where it is (a transport's bridge)
+            try:
+                batch = relay_batch(self.producer, receiver, self.relay_batch, policy=self.policy,
+                                    register=self.register)
+            except Exception as exc:  # noqa: BLE001 - recorded by relay_batch(), retried after backoff
+                failed(tally, receiver.name, exc)
+                return 0, False
+            for status, count in batch.counts.items():
+                tally.relayed[status] += count
+            applied = sum(1 for r in batch.results if r.applied)
+            tally.applied += applied
+            return len(batch.results) - batch.refused + applied, False
+        work = 0
+        for _ in range(self.relay_batch if most is None else most):
+            if self.stopping:
+                return work, False
+            try:
+                result = relay(self.producer, receiver, policy=self.policy, register=self.register)
+            except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
+                failed(tally, receiver.name, exc)
+                return work, False
+            tally.relayed[result.status.value] += 1
+            if result.applied:  # applied on arrival: a step too
+                tally.applied += 1
+                work += 1
+            if result.status == RelayStatus.IDLE or result.status == RelayStatus.REFUSED:
+                return work, False  # nothing due, or a full inbox: it waits for its backoff
+            work += 1
+        return work, True
+
+    def apply_step(self, index: int, tally: WorkerStats) -> int:
+        """Drain each open flow of consumer ``index`` (none for a consumer in
+        another process), counted in ``tally``.  Uses the consumer's store."""
+        consumer = self.consumers[index]
+        if not isinstance(consumer, Consumer):
+            return 0
+        return apply_open_flows(consumer, self.apply_limit, tally, partial(failed, tally), lambda: self.stopping)
+
+    def delivery_waits(self) -> list[float]:
+        """Seconds until each consumer's earliest pending delivery is due
+        (<= 0: due now); what ``until_idle`` waits out.  Uses the producer's store."""
+        now = self.policy.clock()
+        return [d - now for d in (self.producer.store.latest.next_due_at(c.name) for c in self.consumers)
+                if d is not None]
+
+    def passed(self) -> None:
+        """Count a pass and tell ``on_pass``."""
         self.stats.passes += 1
         if self._on_pass is not None:
             self._on_pass(self.stats)
-        return work
-
-    def _relay_remote(self, receiver: Receiver) -> int:
-        """One ``relay_batch`` to a consumer in another process: one request
-        of up to ``relay_batch`` events instead of one per event."""
-        try:
-            batch = relay_batch(self.producer, receiver, self.relay_batch, policy=self.policy,
-                                register=self.register)
-        except Exception as exc:  # noqa: BLE001 - recorded by relay_batch(), retried after backoff
-            self._failed(receiver.name, exc)
-            return 0
-        for status, count in batch.counts.items():
-            self.stats.relayed[status] += count
-        applied = sum(1 for r in batch.results if r.applied)
-        self.stats.applied += applied
-        return len(batch.results) - batch.refused + applied
-
-    def _apply(self, consumer: Consumer) -> int:
-        return apply_open_flows(consumer, self.apply_limit, self.stats, self._failed, lambda: self.stopping)
-
-    def _failed(self, where: str, exc: Exception) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = f"{where}: {type(exc).__name__}: {exc}"
-        if WORKER.isEnabledFor(WARNING):
-            log(WORKER, WARNING, f"error in {where}, going on",
-                fields(status="error", where=where, error=f"{type(exc).__name__}: {exc}"))
-        if isinstance(exc, CANNOT_HEAL):
-            raise exc
 
     def run(
         self, *, max_passes: int | None = None, handle_signals: bool = True, until_idle: bool = False
@@ -231,25 +273,17 @@ class Worker:
                            handle_signals=handle_signals, until_idle=until_idle,
                            woken=[e.calls_ended for e in self.executors])
         finally:
-            self._finish_calls()
+            finish_executors(self.executors, self.stats)
         return self.stats
-
-    def _finish_calls(self) -> None:
-        finish_executors(self.executors, self.stats)
 
     def _waiting(self) -> float | None:
         """Seconds to sleep until the earliest pending delivery or open effect
         is due (bounded), or None when nothing waits."""
         try:
-            now = self.policy.clock()
-            due = [d - now for d in (self.producer.store.latest.next_due_at(c.name) for c in self.consumers)
-                   if d is not None]
-            for executor in self.executors:
-                at = executor.consumer.store.latest.next_effect_due_at(list(executor.effects))
-                if at is not None:
-                    due.append(at - executor.policy.clock())
+            due = self.delivery_waits()
+            due += [d for d in (e.stepper.next_due_in() for e in self.executors) if d is not None]
         except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
-            self._failed("until_idle", exc)
+            failed(self.stats, "until_idle", exc)
             return self.idle_sleep
         return until_due(due)
 

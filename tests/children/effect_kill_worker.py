@@ -82,7 +82,7 @@ from reliable_flow._effects import (
     OutcomeUnknown,
     RetryLater,
 )
-from reliable_flow._executor import EffectExecutor
+from reliable_flow._effects.executor import EffectExecutor
 from reliable_flow.errors import LeaseLost
 from reliable_flow.reservation import RESERVATION
 

@@ -60,7 +60,7 @@ def bridge_command(args: argparse.Namespace) -> int:
 
 def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
     from .._consumer import Consumer
-    from .._executor import EffectExecutor
+    from .._effects.executor import EffectExecutor
     from .._producer import Producer
     from .._relay import DeliveryPolicy
     from .worker_cli import load_option

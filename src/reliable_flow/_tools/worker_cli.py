@@ -107,6 +107,10 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     execute.add_argument("--until-idle", action="store_true",
                          help="exit 0 once nothing is pending, running or in doubt (waiting out leases and "
                               "backoffs); what waits for a person (unknown, dead) does not count")
+    execute.add_argument("--async", dest="use_async", action="store_true",
+                         help="run an AsyncEffectExecutor on one asyncio event loop (reliable_flow.aio): "
+                              "async def effect functions awaited on that loop; the same options, stop on "
+                              "SIGTERM / SIGINT and exit codes")
 
 
 def _count(text: str) -> int:
@@ -187,7 +191,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, signals: EarlySignals) -> int:
     from .._consumer import Consumer
-    from .._executor import EffectExecutor
+    from .._effects.executor import EffectExecutor
     from .._producer import Producer
     from .._relay import DeliveryPolicy
     from .._worker import Worker
@@ -267,7 +271,7 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
                 receivers.append(RedisReceiver(args.to, name))
             else:
                 receivers.append(RedisReceiver(args.to, name, timeout=args.send_timeout))
-        talking(args.to, "run --to", receivers[0]._client.ping)
+        talking(args.to, "run --to", lambda: _ping(args.to))
     with opening():
         producer = Producer(args.producer, protocol)
     report = reporter("run", args.report_every)
@@ -283,6 +287,17 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
 
     return serve("run", worker, lambda: worker.run(max_passes=1 if args.once else None,
                                                    until_idle=args.until_idle), close)
+
+
+def _ping(url: str) -> None:
+    """Reach the Redis server once (a clear error at start, not on the first pass)."""
+    from ..transport.redis._connect import connect
+
+    client = connect(url, timeout=5.0)
+    try:
+        client.ping()
+    finally:
+        client.close()
 
 
 async def _run_async(args: argparse.Namespace, signals: EarlySignals, pairs: list[tuple[str, str]], protocol: Any,
@@ -335,7 +350,7 @@ def execute_command(args: argparse.Namespace) -> int:
 
 def _execute(args: argparse.Namespace) -> int:
     from .._consumer import Consumer
-    from .._executor import EffectExecutor
+    from .._effects.executor import EffectExecutor
     from .._producer import Producer
     from .._relay import DeliveryPolicy
     from .._store.open import is_postgres
@@ -344,6 +359,10 @@ def _execute(args: argparse.Namespace) -> int:
     effects = _load_one("effects", args.effects)
     if not is_postgres(args.consumer) and not os.path.isfile(args.consumer):
         raise OptionError(f"no consumer file at {args.consumer!r}")  # executing creates nothing
+    if args.use_async:
+        import asyncio
+
+        return asyncio.run(_execute_async(args, protocol, effects))
     opened: list[Any] = []
 
     def close() -> None:
@@ -361,3 +380,36 @@ def _execute(args: argparse.Namespace) -> int:
                                   concurrency=args.concurrency)
     return serve("execute", executor, lambda: executor.run(until_idle=args.until_idle,
                                                            idle_sleep=args.idle_sleep), close)
+
+
+async def _execute_async(args: argparse.Namespace, protocol: Any, effects: Any) -> int:
+    """``execute --async``: :func:`_execute` with the aio face, on the running loop."""
+    from .._relay import DeliveryPolicy
+    from ..aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer
+
+    opened: list[AsyncConsumer | AsyncProducer] = []
+
+    async def close() -> None:
+        for thing in reversed(opened):
+            await thing.close()
+
+    try:
+        with opening():
+            consumer = await AsyncConsumer.open(args.consumer, protocol, effects=effects)
+            opened.append(consumer)
+            producer = None
+            if args.producer is not None:
+                producer = await AsyncProducer.open(args.producer, protocol)
+                opened.append(producer)
+            executor = AsyncEffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease),
+                                           producer=producer, concurrency=args.concurrency)
+    except OptionError:
+        await close()
+        raise
+    caught = Caught()
+    try:
+        with caught:
+            await executor.run(until_idle=args.until_idle, idle_sleep=args.idle_sleep)
+    finally:
+        await close()
+    return stopped("execute", executor.stats, caught.failure)

@@ -26,6 +26,7 @@ from .._effects import EffectRegistry
 from .._handlers import AppSchema, Handler
 from .._store.open import Location
 from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
+from ..errors import StorageError
 from ..metrics import ConsumerMetrics
 from ..protocol import Protocol
 from ..records import (
@@ -145,12 +146,15 @@ class AsyncConsumer:
         return self
 
     def _adopt(self, thread: StoreThread, sync: Consumer) -> None:
+        location = sync.location
+        thread.closed_error = lambda: StorageError(f"the consumer {location} is closed")
         self._thread = thread
         self._sync = sync
-        self._admin = AsyncConsumerAdmin(self)
+        self._admin = AsyncConsumerAdmin(self, self.run_sync, sync.admin)
         weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
 
-    async def _run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    async def run_sync(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run ``fn`` on the store's thread and await it; for the aio face's own use."""
         return await self._thread.run(fn, *args, **kwargs)
 
     # -- for the aio face's own use -------------------------------------------------
@@ -195,19 +199,19 @@ class AsyncConsumer:
 
     async def receive(self, envelope_in: dict[str, Any] | str | bytes) -> ReceiveResult:
         """Like ``Consumer.receive``; awaited."""
-        return await self._run(self._sync.receive, envelope_in)
+        return await self.run_sync(self._sync.receive, envelope_in)
 
     async def receive_many(self, envelopes: Sequence[dict[str, Any] | str | bytes]) -> list[ReceiveResult]:
         """Like ``Consumer.receive_many``; awaited."""
-        return await self._run(self._sync.receive_many, envelopes)
+        return await self.run_sync(self._sync.receive_many, envelopes)
 
     async def accept(self, body: str) -> ReceiveResult:
         """Like ``Consumer.accept``; awaited."""
-        return await self._run(self._sync.accept, body)
+        return await self.run_sync(self._sync.accept, body)
 
     async def accept_many(self, bodies: Sequence[str]) -> list[ReceiveResult]:
         """Like ``Consumer.accept_many``; awaited."""
-        return await self._run(self._sync.accept_many, bodies)
+        return await self.run_sync(self._sync.accept_many, bodies)
 
     def applying(self) -> AsyncApplying:
         """This consumer in the receive-and-apply mode, for ``aio.relay`` /
@@ -216,69 +220,69 @@ class AsyncConsumer:
 
     async def apply_next(self, flow_id: str) -> ApplyResult:
         """Like ``Consumer.apply_next``; awaited."""
-        return await self._run(self._sync.apply_next, flow_id)
+        return await self.run_sync(self._sync.apply_next, flow_id)
 
     async def drain(self, flow_id: str, limit: int = 100, *, batch_size: int = 1) -> DrainResult:
         """Like ``Consumer.drain``; awaited.  Cancelled, it still drains to
         its end on the thread."""
-        return await self._run(self._sync.drain, flow_id, limit, batch_size=batch_size)
+        return await self.run_sync(self._sync.drain, flow_id, limit, batch_size=batch_size)
 
     async def process_all(self, limit: int = 1000, *, batch_size: int = 1) -> dict[str, DrainResult]:
         """Like ``Consumer.process_all``; awaited.  Cancelled, it still runs
         to its end on the thread."""
-        return await self._run(self._sync.process_all, limit, batch_size=batch_size)
+        return await self.run_sync(self._sync.process_all, limit, batch_size=batch_size)
 
     # -- reads ----------------------------------------------------------------------
 
     async def projection(self, flow_id: str) -> dict[str, Any] | None:
         """Like ``Consumer.projection``; awaited."""
-        return await self._run(self._sync.projection, flow_id)
+        return await self.run_sync(self._sync.projection, flow_id)
 
     async def applied(self, flow_id: str) -> list[AppliedEvent]:
         """Like ``Consumer.applied``; awaited."""
-        return await self._run(self._sync.applied, flow_id)
+        return await self.run_sync(self._sync.applied, flow_id)
 
     async def inbox(self, flow_id: str) -> list[InboxEntry]:
         """Like ``Consumer.inbox``; awaited."""
-        return await self._run(self._sync.inbox, flow_id)
+        return await self.run_sync(self._sync.inbox, flow_id)
 
     async def flows(self) -> list[str]:
         """Like ``Consumer.flows``; awaited."""
-        return await self._run(self._sync.flows)
+        return await self.run_sync(self._sync.flows)
 
     async def open_flows(self) -> list[str]:
         """Like ``Consumer.open_flows``; awaited."""
-        return await self._run(self._sync.open_flows)
+        return await self.run_sync(self._sync.open_flows)
 
     async def stuck(self, flow_id: str) -> StuckFlow:
         """Like ``Consumer.stuck``; awaited."""
-        return await self._run(self._sync.stuck, flow_id)
+        return await self.run_sync(self._sync.stuck, flow_id)
 
     async def event(self, event_id: str) -> dict[str, Any] | None:
         """Like ``Consumer.event``; awaited."""
-        return await self._run(self._sync.event, event_id)
+        return await self.run_sync(self._sync.event, event_id)
 
     async def scheduled_effect(self, key: str) -> ScheduledEffect | None:
         """Like ``Consumer.scheduled_effect``; awaited."""
-        return await self._run(self._sync.scheduled_effect, key)
+        return await self.run_sync(self._sync.scheduled_effect, key)
 
     async def scheduled_effects(
         self, *, state: EffectState | str | None = None, flow_id: str | None = None, limit: int | None = None
     ) -> list[ScheduledEffect]:
         """Like ``Consumer.scheduled_effects``; awaited."""
-        return await self._run(self._sync.scheduled_effects, state=state, flow_id=flow_id, limit=limit)
+        return await self.run_sync(self._sync.scheduled_effects, state=state, flow_id=flow_id, limit=limit)
 
     async def effect_history(self, key: str) -> list[EffectTransition]:
         """Like ``Consumer.effect_history``; awaited."""
-        return await self._run(self._sync.effect_history, key)
+        return await self.run_sync(self._sync.effect_history, key)
 
     async def effect_counts(self) -> dict[str, int]:
         """Like ``Consumer.effect_counts``; awaited."""
-        return await self._run(self._sync.effect_counts)
+        return await self.run_sync(self._sync.effect_counts)
 
     async def metrics(self) -> ConsumerMetrics:
         """Like ``Consumer.metrics``; awaited."""
-        return await self._run(self._sync.metrics)
+        return await self.run_sync(self._sync.metrics)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -290,7 +294,7 @@ class AsyncConsumer:
 
     async def reopen(self) -> None:
         """Like ``Consumer.reopen``; awaited (a new connection, on the same thread)."""
-        await self._run(self._sync.reopen)
+        await self.run_sync(self._sync.reopen)
 
     async def __aenter__(self) -> AsyncConsumer:  # noqa: PYI034 - Self needs Python 3.11
         return self

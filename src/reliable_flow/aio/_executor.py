@@ -11,15 +11,18 @@ threads, as in the sync face (at ``concurrency=1``, a plain function without
 its own).
 
 No step ever blocks the event loop or makes the consumer's thread wait for
-a call: each step (record what ended, renew, time out, claim and start) is
-one short call on the consumer's thread, and between steps the loop waits
-(in short ``asyncio.sleep`` slices) for a call to end or a heartbeat.
+a call: each step is the sync executor's one step
+(:meth:`~reliable_flow._effects.step.Stepper.step`: record what ended,
+renew, time out, claim and start), one short call on the consumer's
+thread; between steps the loop awaits an event that an ending call or a
+heartbeat sets (no polling).
 
 Feedback (``feedback=``) crosses threads as awaited steps, never as one
 thread waiting on another: the results still owed are listed on the
-consumer's thread, each is advanced on the producer's thread (after any
-batch another task holds open there), then marked fed on the consumer's
-thread.  The sync executor is given no producer, so it leaves every result
+consumer's thread, each is advanced on the producer's thread
+(:func:`~reliable_flow._effects.feedback.refusal`, after any batch another
+task holds open there), then marked fed on the consumer's thread
+(:meth:`~reliable_flow._effects.feedback.Feeder.mark`).  The sync executor is given no producer, so it leaves every result
 owed for these steps.  (A consumer's thread waiting on the producer's could
 deadlock with a relay, whose producer thread waits on the consumer's.)  The
 guarantee is the sync face's: advance, then mark; a crash in between
@@ -29,25 +32,21 @@ re-advances the same event id, which answers ``existing``.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
-import time
-from typing import Any
 
 from .._checks import check_count, check_flag, check_optional_count
-from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_event_id, feedback_refusal
-from .._effects import EffectRegistry
-from .._executor import EffectExecutor, ExecutorStats
-from .._observe import WARNING
-from ..delivery import DeliveryPolicy, check_seconds, error_text
+from .._effects.executor import EffectExecutor, ExecutorStats
+from .._effects.feedback import refusal
+from .._effects.registry import EffectRegistry
+from .._effects.step import Step
+from .._loop import until_due
+from ..delivery import DeliveryPolicy, check_seconds
 from ..metrics import ExecutorMetrics
-from ..records import ScheduledEffect
 from ._consumer import AsyncConsumer
+from ._drive import Signals, Waker, run_passes
 from ._producer import AsyncProducer
 
 __all__ = ["AsyncEffectExecutor"]
-
-_POLL = 0.005  # seconds: how often a wait on the loop looks whether a call ended
 
 
 class AsyncEffectExecutor:
@@ -83,9 +82,13 @@ class AsyncEffectExecutor:
         self.consumer = consumer
         self.producer = producer
         self._thread = consumer.thread
+        # Given no producer: every result stays owed for the awaited feedback steps below.
         self._sync: EffectExecutor = self._thread.call(
             EffectExecutor, consumer.sync, effects, policy=policy, concurrency=concurrency, loop=loop)
+        self._waker = Waker(loop)
+        self._sync.stepper.flights.wakers.append(self._waker.set)
         self._stop = threading.Event()
+        self._running = False  # inside run(): a stop or signal ends a step before its next claim
 
     # -- what the sync executor says --------------------------------------------------------
 
@@ -122,7 +125,7 @@ class AsyncEffectExecutor:
     @property
     def in_flight(self) -> int:
         """How many calls have not returned yet (timed-out ones included)."""
-        return len(self._sync._flights)
+        return self._sync.in_flight
 
     @property
     def calls_ended(self) -> threading.Event:
@@ -143,67 +146,58 @@ class AsyncEffectExecutor:
         recorded in doubt and not waited for); how many were taken up."""
         check_count("limit", limit)
         await self._feed_owed(limit)
-        taken = 0
-        while True:
-            taken, done, wake = await self._thread.run(self._step, limit, taken)
-            if wake is None:
-                if done:
-                    break
-                continue
-            await self._wait_woken(wake)
+        taken = await self._drive(limit, inline=True)
         self._sync.stats.passes += 1
         await self._feed_owed(limit)
         return taken
 
-    def _step(self, limit: int, taken: int) -> tuple[int, bool, float | None]:
-        """On the consumer's thread: record what ended, then claim and start
-        due effects while there is room (inline ones run here); how many
-        are taken up, whether the pass is done, and how long to wait for a
-        call (None: nothing to wait for)."""
-        sync, flights = self._sync, self._sync._flights
-        sync._tend()
-        more = True
-        while taken < limit and flights.free > 0:
-            most, claimed = sync._claim(min(limit - taken, flights.free))
-            if most == 0:
-                more = False
+    async def run_until_idle(self, max_passes: int = 1000) -> int:
+        """:meth:`EffectExecutor.run_until_idle`, awaited: :meth:`run_once`
+        until nothing is due now (at most ``max_passes``); the effects taken
+        up.  Never waits for a lease or a backoff (:meth:`run` does)."""
+        check_count("max_passes", max_passes)
+        total = 0
+        for _ in range(max_passes):
+            done = await self.run_once()
+            total += done
+            if done == 0:
                 break
-            taken += most
-            for effect, chosen in claimed:
-                sync._begin(effect, chosen, inline=sync._inline(effect, chosen))
-        wake = self._wake_in()
-        return taken, wake is None and (not more or taken >= limit or flights.free <= 0), wake
-
-    def _wake_in(self) -> float | None:
-        """On the consumer's thread: seconds until the flights need tending,
-        or None when no call is waited for (timed-out ones are not)."""
-        if not any(not f.timed_out for f in self._sync._flights.by_key.values()):
-            return None
-        return self._sync._next_wake()
+        return total
 
     async def pump(self, limit: int = 100) -> int:
-        """:meth:`EffectExecutor.pump`, awaited (one short step on the
-        consumer's thread, never waiting for a call), plus the feedback
-        still owed; returns the calls started or recorded and the results
-        fed back."""
+        """:meth:`EffectExecutor.pump`, awaited (one step on the consumer's
+        thread, never waiting for a call), plus the feedback still owed;
+        returns the calls started or recorded and the results fed back."""
         check_count("limit", limit)
         fed = await self._feed_owed(limit)
-        work = await self._thread.run(self._sync.pump, limit)
-        return work + fed + await self._feed_owed(limit)
+        step = await self._step(limit)
+        self._sync.stats.passes += 1
+        return fed + step.work + await self._feed_owed(limit)
 
     async def finish(self) -> int:
         """Wait for the calls in flight (but not those past their timeout,
         already recorded in doubt) and record them; start nothing new.
         Returns how many were recorded."""
-        recorded = 0
-        while True:
-            recorded += await self._thread.run(self._sync._tend)
-            wake = await self._thread.run(self._wake_in)
-            if wake is None:
-                break
-            await self._wait_woken(wake)
+        recorded = await self._drive(0)
         await self._feed_owed(100)
         return recorded
+
+    async def _step(self, limit: int, *, inline: bool = False) -> Step:
+        # feed=False: the sync executor has no producer; feedback is awaited here.
+        return await self._thread.run(self._sync.stepper.step, limit, inline=inline, feed=False,
+                                      stopping=self._stopping)
+
+    async def _drive(self, limit: int, *, inline: bool = False) -> int:
+        """Steps until the pass is done, awaiting the calls between them (as
+        ``EffectExecutor.run_once`` / ``finish`` wait for them)."""
+        done = 0
+        while True:
+            step = await self._step(limit - done if limit else 0, inline=inline)
+            done += step.taken if limit else step.work
+            if step.done:
+                return done
+            if step.wake_in is not None:
+                await self._waker.wait(step.wake_in)
 
     async def close(self) -> None:
         """:meth:`finish`; the consumer and producer stay open (the
@@ -213,11 +207,15 @@ class AsyncEffectExecutor:
     def stop(self) -> None:
         """Ask :meth:`run` to return once the calls in flight are recorded (any thread)."""
         self._stop.set()
+        self._waker.set()
 
     @property
     def stopping(self) -> bool:
         """True once :meth:`stop` was asked (or a signal came) during :meth:`run`."""
         return self._stop.is_set()
+
+    def _stopping(self) -> bool:
+        return self._running and self._stop.is_set()
 
     async def run(
         self, *, until_idle: bool = False, max_passes: int | None = None, idle_sleep: float = 0.5,
@@ -245,49 +243,36 @@ class AsyncEffectExecutor:
         check_optional_count("max_passes", max_passes)
         check_seconds("idle_sleep", idle_sleep, allow_zero=True)
         check_count("limit", limit)
-        with _Signals(handle_signals, self.stop):
+        idle = float(idle_sleep)
+
+        async def one_pass() -> int:
             try:
-                passes = 0
-                while not self.stopping:
-                    work = await self._pass(limit)
-                    passes += 1
-                    if max_passes is not None and passes >= max_passes:
-                        break
-                    if work:
-                        continue
-                    wait = await self._idle_for(until_idle, float(idle_sleep))
-                    if wait is None:
-                        break
-                    await self._wait_woken(wait, stoppable=True)
+                return await self.pump(limit)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+                self._sync.stepper.failed(exc)
+                return 0
+
+        async def idle_for() -> float | None:
+            wake = await self._thread.run(self._sync.stepper.wake_in)
+            if wake is not None:  # calls in flight: tend them when due
+                return min(wake, idle) if idle > 0 else wake
+            if not until_idle:
+                return idle
+            try:
+                due = await self._thread.run(self._sync.stepper.next_due_in)
+            except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
+                self._sync.stepper.failed(exc)
+                return idle
+            return until_due([] if due is None else [due])
+
+        self._running = True
+        with Signals(handle_signals, self.stop):
+            try:
+                await run_passes(one_pass, idle_for, self._waker, lambda: self.stopping, max_passes)
             finally:
+                self._running = False
                 await self.finish()
         return self._sync.stats
-
-    async def _pass(self, limit: int) -> int:
-        try:
-            return await self.pump(limit)
-        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-            self._sync._failed(exc)
-            return 0
-
-    async def _idle_for(self, until_idle: bool, idle_sleep: float) -> float | None:
-        wake = await self._thread.run(self._wake_in)
-        if wake is not None:  # calls in flight: tend them when due
-            return min(wake, idle_sleep) if idle_sleep > 0 else wake
-        if not until_idle:
-            return idle_sleep
-        return await self._thread.run(self._sync._waiting, idle_sleep)
-
-    async def _wait_woken(self, seconds: float, *, stoppable: bool = False) -> None:
-        """Until a call ends or a heartbeat comes (or ``seconds`` pass, or a
-        stop when ``stoppable``), looking every few ms: the loop stays free."""
-        deadline = time.monotonic() + seconds
-        woken = self._sync._flights.woken
-        while not woken.is_set() and not (stoppable and self.stopping):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            await asyncio.sleep(min(left, _POLL))
 
     # -- feedback --------------------------------------------------------------------------------
 
@@ -296,83 +281,17 @@ class AsyncEffectExecutor:
         first, each in awaited steps (see the module); how many were fed."""
         if self.producer is None:
             return 0
-        owed = await self._thread.run(self._unfed, limit)
+        feeder = self._sync.stepper.feeder
         fed = 0
-        for effect in owed:
+        for effect in await self._thread.run(feeder.owed, limit):
             spec = self._sync.effects.get(effect.name)
-            if spec is None:
+            if spec is None or spec.feedback is None:
+                await self._thread.run(feeder.nothing_owed, effect)
                 continue
-            if spec.feedback is None:
-                await self._thread.run(self._mark, effect, None, nothing_owed=True)
-                continue
-            feedback, refused, where = spec.feedback, None, "flow"
-            try:
-                flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
-                where = "payload"
-                payload = feedback.payload(effect.result) if feedback.payload else effect.result
-            except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback
-                refused = f"{FEEDBACK_REFUSED}refused: Feedback.{where} raised {error_text(exc)}"
-            else:
-                try:
-                    answer = await self.producer._run(
-                        self.producer.sync._advance_at_current, feedback_event_id(effect.key), flow_id,
-                        kind=feedback.kind, payload=payload, meta=effect.meta or None)
-                    refused = feedback_refusal(answer)
-                except (ValueError, TypeError) as exc:  # InvalidEnvelope: not a valid step
-                    refused = f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
-            await self._thread.run(self._mark, effect, refused)
+            refused = await self.producer.run_sync(refusal, self.producer.sync, effect, spec.feedback)
+            await self._thread.run(feeder.mark, effect, refused)
             fed += 1
         return fed
 
-    def _unfed(self, limit: int) -> list[ScheduledEffect]:
-        return self._sync.consumer.store.latest.unfed_effects(limit)
-
-    def _mark(self, effect: ScheduledEffect, refused: str | None, nothing_owed: bool = False) -> None:
-        """On the consumer's thread: the result fed back (or refused, or nothing owed)."""
-        sync = self._sync
-        with sync.consumer.store.write() as unit:
-            if nothing_owed:
-                unit.update_effect(effect.key, {"fed": None}, sync.policy.clock())
-                return
-            fed_back_in(unit, effect, refused, sync.policy.clock(), sync.policy.owner)
-        if refused is None:
-            sync.stats.fed += 1
-            return
-        sync.stats.feedback_errors += 1
-        sync.stats.last_error = f"{effect.key}: {refused}"
-        sync._observe(effect, None, "feedback_refused", level=WARNING, error=refused)
-
     def __repr__(self) -> str:
         return f"AsyncEffectExecutor({self.consumer!r}, owner={self.owner!r}, concurrency={self.concurrency})"
-
-
-class _Signals:
-    """SIGTERM / SIGINT ask ``stop`` through the running loop, while inside
-    the block (main thread, a loop that supports it); put back on exit."""
-
-    def __init__(self, enabled: bool, stop: Any) -> None:
-        self.enabled, self.stop = enabled, stop
-        self.previous: dict[signal.Signals, Any] = {}
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def __enter__(self) -> _Signals:  # noqa: PYI034 - Self needs Python 3.11
-        if not self.enabled or threading.current_thread() is not threading.main_thread():
-            return self
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                previous = signal.getsignal(sig)
-                loop.add_signal_handler(sig, self.stop)
-            except (NotImplementedError, RuntimeError, ValueError):  # not supported here
-                continue
-            self.previous[sig] = previous
-        self.loop = loop
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.loop is None:
-            return
-        for sig, previous in self.previous.items():
-            self.loop.remove_signal_handler(sig)
-            if previous is not None:
-                signal.signal(sig, previous)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from .._producer import Batch, Producer
 from .._store.open import Location
 from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
+from ..errors import StorageError
 from ..metrics import ProducerMetrics
 from ..protocol import Protocol
 from ..records import AdvanceResult, OutboxEntry
@@ -153,15 +154,18 @@ class AsyncProducer:
         return self
 
     def _adopt(self, thread: StoreThread, sync: Producer) -> None:
+        location = sync.location
+        thread.closed_error = lambda: StorageError(f"the producer {location} is closed")
         self._thread = thread
         self._sync = sync
         self._lock = asyncio.Lock()
         self._batch_task: asyncio.Task[Any] | None = None
-        self._admin = AsyncProducerAdmin(self)
+        self._admin = AsyncProducerAdmin(self, self.run_sync, sync.admin)
         weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
 
-    async def _run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run ``fn`` on the thread, after any batch another task has open."""
+    async def run_sync(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run ``fn`` on the store's thread, after any batch another task has
+        open, and await it; for the aio face's own use."""
         if self._batch_task is not None and self._batch_task is asyncio.current_task():
             return await self._thread.run(fn, *args, **kwargs)  # inside this task's own batch
         async with self._lock:
@@ -214,7 +218,7 @@ class AsyncProducer:
         """Like ``Producer.advance``; awaited.  Cancelled after the thread
         started it, it still commits (or not) as a whole; a retry of the
         same call then answers ``existing``."""
-        return await self._run(
+        return await self.run_sync(
             self._sync.advance, event_id, flow_id, expected_seq=expected_seq, kind=kind, payload=payload,
             schema=schema, meta=meta,
         )
@@ -258,23 +262,23 @@ class AsyncProducer:
 
     async def flow(self, flow_id: str) -> dict[str, Any] | None:
         """Like ``Producer.flow``; awaited."""
-        return await self._run(self._sync.flow, flow_id)
+        return await self.run_sync(self._sync.flow, flow_id)
 
     async def flows(self) -> list[str]:
         """Like ``Producer.flows``; awaited."""
-        return await self._run(self._sync.flows)
+        return await self.run_sync(self._sync.flows)
 
     async def outbox(self, flow_id: str | None = None, *, consumer: str | None = None) -> list[OutboxEntry]:
         """Like ``Producer.outbox``; awaited."""
-        return await self._run(self._sync.outbox, flow_id, consumer=consumer)
+        return await self.run_sync(self._sync.outbox, flow_id, consumer=consumer)
 
     async def event(self, event_id: str) -> dict[str, Any] | None:
         """Like ``Producer.event``; awaited."""
-        return await self._run(self._sync.event, event_id)
+        return await self.run_sync(self._sync.event, event_id)
 
     async def metrics(self, now: float | None = None) -> ProducerMetrics:
         """Like ``Producer.metrics``; awaited."""
-        return await self._run(self._sync.metrics, now)
+        return await self.run_sync(self._sync.metrics, now)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -286,7 +290,7 @@ class AsyncProducer:
 
     async def reopen(self) -> None:
         """Like ``Producer.reopen``; awaited (a new connection, on the same thread)."""
-        await self._run(self._sync.reopen)
+        await self.run_sync(self._sync.reopen)
 
     async def __aenter__(self) -> AsyncProducer:  # noqa: PYI034 - Self needs Python 3.11
         return self

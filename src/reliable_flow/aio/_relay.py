@@ -44,15 +44,15 @@ from ._consumer import AsyncApplying, AsyncConsumer
 from ._producer import AsyncProducer
 from ._thread import StoreThread
 
-__all__ = ["relay", "relay_batch"]
+__all__ = ["OnItsThread", "relay", "relay_batch"]
 
 
-class _OnItsThread:
+class OnItsThread:
     """A sync receiver (a ``Consumer`` or its ``Applying``) as a Receiver whose
     calls run on the consumer's thread, called from the producer's thread
     (which waits: :meth:`StoreThread.call`, one hop there and back)."""
 
-    def __init__(self, thread: StoreThread, target: Consumer | Applying, name: str, uid: str,
+    def __init__(self, thread: StoreThread, target: Receiver, name: str, uid: str,
                  location: str) -> None:
         self._thread = thread
         self._target = target
@@ -67,7 +67,7 @@ class _OnItsThread:
         return self._thread.call(self._target.accept_many, bodies)
 
 
-def _receiver(consumer: AsyncConsumer | AsyncApplying | Receiver) -> _OnItsThread | Receiver:
+def _receiver(consumer: AsyncConsumer | AsyncApplying | Receiver) -> OnItsThread | Receiver:
     target: Consumer | Applying
     if isinstance(consumer, AsyncConsumer):
         c, target = consumer, consumer.sync
@@ -77,7 +77,7 @@ def _receiver(consumer: AsyncConsumer | AsyncApplying | Receiver) -> _OnItsThrea
         raise TypeError("consumer must be an AsyncConsumer (a sync Consumer belongs to another thread)")
     else:
         return consumer  # another Receiver (a network client): called on the producer's thread
-    return _OnItsThread(c.thread, target, c.name, c.uid, c.location)
+    return OnItsThread(c.thread, target, c.name, c.uid, c.location)
 
 
 def _span(producer: Producer, consumer: Receiver, *args: object, **kwargs: object) -> dict[str, str]:
@@ -85,7 +85,7 @@ def _span(producer: Producer, consumer: Receiver, *args: object, **kwargs: objec
 
 
 @traced("reliable_flow.relay", _span)
-def _relay_on_thread(producer: Producer, consumer: _OnItsThread, event_id: str | None, *,
+def _relay_on_thread(producer: Producer, consumer: OnItsThread, event_id: str | None, *,
                      policy: DeliveryPolicy | None, register: bool) -> RelayResult:
     """:func:`reliable_flow.relay` to the receiver made by :func:`_receiver`:
     the same checks, span and core call, without the structural check."""
@@ -95,7 +95,7 @@ def _relay_on_thread(producer: Producer, consumer: _OnItsThread, event_id: str |
 
 
 @traced("reliable_flow.relay_batch", _span)
-def _relay_batch_on_thread(producer: Producer, consumer: _OnItsThread, limit: int, *,
+def _relay_batch_on_thread(producer: Producer, consumer: OnItsThread, limit: int, *,
                            policy: DeliveryPolicy | None, register: bool) -> RelayBatchResult:
     """:func:`reliable_flow.relay_batch` to the receiver made by :func:`_receiver` (see above)."""
     check_count("limit", limit)
@@ -123,9 +123,9 @@ async def relay(
     producer.  See the module for cancellation."""
     p = _producer(producer)
     receiver = _receiver(consumer)
-    if isinstance(receiver, _OnItsThread):
-        return await p._run(_relay_on_thread, p.sync, receiver, event_id, policy=policy, register=register)
-    return await p._run(sync_relay, p.sync, receiver, event_id, policy=policy, register=register)
+    if isinstance(receiver, OnItsThread):
+        return await p.run_sync(_relay_on_thread, p.sync, receiver, event_id, policy=policy, register=register)
+    return await p.run_sync(sync_relay, p.sync, receiver, event_id, policy=policy, register=register)
 
 
 async def relay_batch(
@@ -139,6 +139,6 @@ async def relay_batch(
     """Like :func:`reliable_flow.relay_batch`; awaited (see :func:`relay`)."""
     p = _producer(producer)
     receiver = _receiver(consumer)
-    if isinstance(receiver, _OnItsThread):
-        return await p._run(_relay_batch_on_thread, p.sync, receiver, limit, policy=policy, register=register)
-    return await p._run(sync_relay_batch, p.sync, receiver, limit, policy=policy, register=register)
+    if isinstance(receiver, OnItsThread):
+        return await p.run_sync(_relay_batch_on_thread, p.sync, receiver, limit, policy=policy, register=register)
+    return await p.run_sync(sync_relay_batch, p.sync, receiver, limit, policy=policy, register=register)

@@ -45,6 +45,9 @@ class StoreThread:
     """One daemon thread that runs calls in submission order."""
 
     def __init__(self, name: str) -> None:
+        #: What a call after the thread's end raises (the owner sets the
+        #: ``StorageError`` its sync face raises once closed).
+        self.closed_error: Callable[[], BaseException] = lambda: RuntimeError("this object is closed")
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=f"reliable_flow.aio:{name}"[:60], daemon=True)
         self._thread.start()
@@ -59,7 +62,7 @@ class StoreThread:
         Cancelling the future before the thread started the call means it
         never runs."""
         if self._stopped:
-            raise RuntimeError("this object is closed")
+            raise self.closed_error()
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
         self._calls.put((_SUBMIT, future, fn, args, kwargs, None))
         return future
@@ -74,7 +77,7 @@ class StoreThread:
         by one lock, taken without waiting by whichever comes first: the
         thread about to start the call, or the task being cancelled."""
         if self._stopped:
-            raise RuntimeError("this object is closed")
+            raise self.closed_error()
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[_T] = loop.create_future()
         gate = threading.Lock()
@@ -94,7 +97,7 @@ class StoreThread:
         if threading.current_thread() is self._thread:
             return fn(*args, **kwargs)
         if self._stopped:
-            raise RuntimeError("this object is closed")
+            raise self.closed_error()
         reply: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
         self._calls.put((_CALL, None, fn, args, kwargs, reply))
         result, error = reply.get()

@@ -1,35 +1,39 @@
 """``AsyncWorker``: :class:`~reliable_flow.Worker`, awaited, on one event loop.
 
-The same arguments, passes, statuses, stats and guarantees as the sync
-worker (its checks, its stats object and its error handling are reused: a
-sync :class:`~reliable_flow.Worker` is built, on the producer's thread, to
-hold them).  What differs is only who waits: each pass runs, concurrently on
-the loop, one task per consumer that relays (``aio.relay``: the sync relay
-on the producer's thread, the consumer's answer on the consumer's thread)
-and then applies (each open flow drained on the consumer's thread), and one
-task per executor that pumps it (:meth:`AsyncEffectExecutor.pump`); the
-``async def`` effect functions run on the same loop meanwhile.  So a slow
-consumer, a slow apply or a slow effect call holds up neither the others
-nor the loop.  Every step is one transaction on its store's thread, so a
-stop (or a SIGKILL) between two steps leaves what the sync worker leaves.
+A thin driver over the sync worker's steps: a sync
+:class:`~reliable_flow.Worker` (built on the producer's thread) holds the
+checks, the settings, the stats and every step of a pass; its
+:meth:`~reliable_flow.Worker.relay_step` runs on the producer's thread
+(the consumer's answer on the consumer's thread), its
+:meth:`~reliable_flow.Worker.apply_step` on the consumer's thread.  What
+differs is only who waits: each pass runs, concurrently on the loop, one
+task per consumer (relay, then apply) and one per executor
+(:meth:`AsyncEffectExecutor.pump`); the ``async def`` effect functions run
+on the same loop meanwhile.  So a slow consumer, a slow apply or a slow
+effect call holds up neither the others nor the loop.  Every step is one
+transaction on its store's thread, so a stop (or a SIGKILL) between two
+steps leaves what the sync worker leaves.  Between passes it awaits an
+event that an ended call, a heartbeat or a stop sets (no polling).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from .._checks import check_flag, check_optional_count
+from .._consumer import Consumer
 from .._loop import until_due
-from .._worker import Worker, WorkerStats, _own_receiving
+from .._receiver import Receiver, is_receiver
+from .._worker import Worker, WorkerStats, add_counts, failed
 from ..delivery import DeliveryPolicy
-from ..statuses import DrainStop, RelayStatus
-from ._consumer import AsyncApplying, AsyncConsumer
-from ._executor import _POLL, AsyncEffectExecutor, _Signals
+from ._consumer import AsyncConsumer
+from ._drive import Signals, Waker, run_passes
+from ._executor import AsyncEffectExecutor
 from ._producer import AsyncProducer
-from ._relay import relay
+from ._relay import OnItsThread
 
 __all__ = ["AsyncWorker"]
 
@@ -41,11 +45,15 @@ class AsyncWorker:
     Arguments as for :class:`~reliable_flow.Worker` (``policy``,
     ``relay_batch``, ``apply_limit``, ``idle_sleep``, ``on_pass``,
     ``register``, ``apply_on_receive``), with ``executors`` a sequence of
-    :class:`AsyncEffectExecutor`.  The same checks (an unknown consumer name
-    raises ``UnknownConsumer`` here unless ``register=True``), the same
-    :class:`~reliable_flow.records.WorkerStats`, the same
-    ``until_idle``, the same errors (a failed step is counted and retried;
-    one retrying cannot heal is raised by :meth:`run` after recording it).
+    :class:`AsyncEffectExecutor`.  A consumer in another process is given
+    as its :class:`~reliable_flow.Receiver` (a
+    :class:`~reliable_flow.transport.redis.RedisReceiver`), as for
+    ``Worker``: relayed to only (its blocking calls on the producer's
+    thread), applied where it is.  The same checks (an unknown consumer
+    name raises ``UnknownConsumer`` here unless ``register=True``), the same
+    :class:`~reliable_flow.records.WorkerStats`, the same ``until_idle``,
+    the same errors (a failed step is counted and retried; one retrying
+    cannot heal is raised by :meth:`run` after recording it).
 
     Stopping: :meth:`stop` (from any task or thread), or SIGTERM / SIGINT
     while :meth:`run` runs with ``handle_signals`` in the main thread
@@ -63,7 +71,7 @@ class AsyncWorker:
     def __init__(
         self,
         producer: AsyncProducer,
-        consumers: Sequence[AsyncConsumer],
+        consumers: Sequence[AsyncConsumer | Receiver],
         *,
         policy: DeliveryPolicy | None = None,
         relay_batch: int = 100,
@@ -77,25 +85,27 @@ class AsyncWorker:
         if not isinstance(producer, AsyncProducer):
             raise TypeError(f"producer must be a reliable_flow.aio AsyncProducer, got {type(producer).__name__}")
         consumers = list(consumers)
-        if not all(isinstance(c, AsyncConsumer) for c in consumers):
-            raise TypeError("consumers must be reliable_flow.aio AsyncConsumer objects")
+        for c in consumers:
+            if not isinstance(c, AsyncConsumer) and (isinstance(c, Consumer) or not is_receiver(c)):
+                raise TypeError("consumers must be reliable_flow.aio AsyncConsumer (or Receiver) objects, "
+                                f"got {type(c).__name__}")
         if not all(isinstance(e, AsyncEffectExecutor) for e in executors):
             raise TypeError("executors must be AsyncEffectExecutor objects")
         self.producer = producer
         self.consumers = consumers
         self.executors = list(executors)
         # The sync worker holds the checks, the settings, the stats and the
-        # error handling; its run_once is never called (its stores' calls
-        # would all run on one thread).  Built on the producer's thread: its
-        # checks read the producer's consumer registry.
+        # steps; each step runs on its store's thread.  Built on the
+        # producer's thread: its checks read the producer's consumer registry.
         self._worker: Worker = producer.thread.call(
-            Worker, producer.sync, [c.sync for c in consumers], policy=policy, relay_batch=relay_batch,
-            apply_limit=apply_limit, idle_sleep=idle_sleep, executors=[e.sync for e in self.executors],
-            register=register, apply_on_receive=apply_on_receive)
-        self._receivers: list[AsyncConsumer | AsyncApplying] = [
-            c.applying() if apply_on_receive and _own_receiving(c.sync) else c for c in consumers]
-        self._on_pass = on_pass
+            Worker, producer.sync, [c.sync if isinstance(c, AsyncConsumer) else c for c in consumers],
+            policy=policy, relay_batch=relay_batch, apply_limit=apply_limit, idle_sleep=idle_sleep,
+            on_pass=on_pass, register=register, apply_on_receive=apply_on_receive)
+        self._worker.receivers = [
+            OnItsThread(c.thread, r, c.name, c.uid, c.location) if isinstance(c, AsyncConsumer) else r
+            for c, r in zip(consumers, self._worker.receivers)]
         self._stop = threading.Event()
+        self._waker: Waker | None = None
 
     # -- settings and totals, as for Worker --------------------------------------------------
 
@@ -138,6 +148,8 @@ class AsyncWorker:
         """Ask :meth:`run` to return after the steps in progress (any thread)."""
         self._stop.set()
         self._worker.stop()
+        if self._waker is not None:
+            self._waker.set()
 
     @property
     def stopping(self) -> bool:
@@ -151,62 +163,33 @@ class AsyncWorker:
         pumped, at once; returns how many steps did work.  Raises, after
         recording it, an error retrying cannot heal (the pass's other tasks
         end first)."""
-        tasks = [self._consumer_pass(c, r) for c, r in zip(self.consumers, self._receivers)]
+        tasks = [self._consumer_pass(i) for i in range(len(self.consumers))]
         tasks += [self._executor_pass(e) for e in self.executors]
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        if self.stopping:
-            return sum(r for r in results if isinstance(r, int))
-        self.stats.passes += 1
-        if self._on_pass is not None:
-            self._on_pass(self.stats)
+        if not self.stopping:
+            self._worker.passed()
         return sum(r for r in results if isinstance(r, int))
 
-    async def _consumer_pass(self, consumer: AsyncConsumer, receiver: AsyncConsumer | AsyncApplying) -> int:
-        work = 0
-        for _ in range(self.relay_batch):
-            if self.stopping:
-                return work
-            try:
-                result = await relay(self.producer, receiver, policy=self.policy, register=self.register)
-            except Exception as exc:  # noqa: BLE001 - recorded by relay(), retried after backoff
-                self._worker._failed(consumer.name, exc)
-                break
-            self.stats.relayed[result.status.value] += 1
-            if result.applied:  # applied on arrival: a step too
-                self.stats.applied += 1
-                work += 1
-            if result.status == RelayStatus.IDLE or result.status == RelayStatus.REFUSED:
-                break
-            work += 1
-        if self.stopping:
-            return work
-        return work + await self._apply(consumer)
-
-    async def _apply(self, consumer: AsyncConsumer) -> int:
-        """Drain each open flow on its own (on the consumer's thread), so a flow
-        whose apply raises is recorded and skipped and the others go on."""
-        applied = 0
+    async def _consumer_pass(self, index: int) -> int:
+        """The worker's relay step on the producer's thread, one event per
+        call (so the application's own producer calls take turns with the
+        relays), then its apply step on the consumer's; the counts added
+        once the steps ended."""
+        worker, consumer = self._worker, self.consumers[index]
+        tally = WorkerStats()
+        work, more, left = 0, True, worker.relay_batch
         try:
-            flows = await consumer.open_flows()
-        except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-            self._worker._failed(consumer.name, exc)
-            return 0
-        for flow in flows:
-            if self.stopping:
-                break
-            try:
-                drained = await consumer.drain(flow, limit=self.apply_limit)
-            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-                self._worker._failed(f"{consumer.name} flow {flow!r}", exc)
-                continue
-            self.stats.applied += drained.applied
-            applied += drained.applied
-            if drained.stop != DrainStop.IDLE:
-                self.stats.stops[drained.stop.value] += 1
-        return applied
+            while more and left > 0 and not self.stopping:
+                done, more = await self.producer.run_sync(worker.relay_step, index, tally, 1)
+                work, left = work + done, left - 1
+            if isinstance(consumer, AsyncConsumer) and not self.stopping:
+                work += await consumer.run_sync(worker.apply_step, index, tally)
+        finally:
+            add_counts(self.stats, tally)
+        return work
 
     async def _executor_pass(self, executor: AsyncEffectExecutor) -> int:
         if self.stopping:
@@ -216,7 +199,7 @@ class AsyncWorker:
         try:
             work = await executor.pump(limit=self.apply_limit)
         except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-            self._worker._failed(f"effects of {executor.consumer.name}", exc)
+            failed(self.stats, f"effects of {executor.consumer.name}", exc)
         self.stats.effects.update(executor.stats.outcomes - before)
         return work
 
@@ -233,25 +216,23 @@ class AsyncWorker:
         an error, a cancelled task) the calls in flight are waited for and
         recorded.
         """
-        from .._checks import check_flag, check_optional_count
-
         check_optional_count("max_passes", max_passes)
         check_flag("handle_signals", handle_signals)
         check_flag("until_idle", until_idle)
-        with _Signals(handle_signals, self.stop):
+        waker = self._waker = Waker(asyncio.get_running_loop())
+        for executor in self.executors:
+            executor.sync.stepper.flights.wakers.append(waker.set)
+
+        async def idle_for() -> float | None:
+            return await self._waiting() if until_idle else self.idle_sleep
+
+        with Signals(handle_signals, self.stop):
             try:
-                passes = 0
-                while not self.stopping:
-                    work = await self.run_once()
-                    passes += 1
-                    if max_passes is not None and passes >= max_passes:
-                        break
-                    if work == 0:
-                        wait = await self._waiting() if until_idle else self.idle_sleep
-                        if wait is None:
-                            break
-                        await self._idle(wait)
+                await run_passes(self.run_once, idle_for, waker, lambda: self.stopping, max_passes)
             finally:
+                for executor in self.executors:
+                    executor.sync.stepper.flights.wakers.remove(waker.set)
+                self._waker = None
                 await self._finish_calls()
         return self.stats
 
@@ -269,33 +250,15 @@ class AsyncWorker:
         """Seconds until the earliest pending delivery or open effect is due
         (bounded), or None when nothing waits."""
         try:
-            now = self.policy.clock()
-            sync = self.producer.sync
-            due = [d - now for d in [await self.producer._run(lambda n: sync.store.latest.next_due_at(n), c.name)
-                                     for c in self.consumers] if d is not None]
+            due = await self.producer.run_sync(self._worker.delivery_waits)
             for executor in self.executors:
-                at = await executor.consumer.thread.run(_next_effect_due_at, executor)
+                at = await executor.consumer.run_sync(executor.sync.stepper.next_due_in)
                 if at is not None:
-                    due.append(at - executor.policy.clock())
+                    due.append(at)
         except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
-            self._worker._failed("until_idle", exc)
+            failed(self.stats, "until_idle", exc)
             return self.idle_sleep
         return until_due(due)
 
-    async def _idle(self, seconds: float) -> None:
-        """Sleep in short slices, woken by a stop or an executor's ended call or heartbeat."""
-        deadline = time.monotonic() + seconds
-        woken = [e.sync._flights.woken for e in self.executors]
-        while not self.stopping and not any(event.is_set() for event in woken):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            await asyncio.sleep(min(left, _POLL))
-
     def __repr__(self) -> str:
         return f"AsyncWorker({self.producer!r}, {[c.name for c in self.consumers]!r})"
-
-
-def _next_effect_due_at(executor: AsyncEffectExecutor) -> float | None:
-    """On the executor's consumer thread."""
-    return executor.sync.consumer.store.latest.next_effect_due_at(list(executor.effects))

@@ -14,9 +14,8 @@ import redis
 
 from ..._checks import check_count, check_flag, check_seconds
 from ..._consumer import Consumer
-from ..._envelope import check_name
+from ..._effects.executor import EffectExecutor
 from ..._envelope import parse as parse_body
-from ..._executor import EffectExecutor
 from ..._loop import CANNOT_HEAL, Loop
 from ..._observe import WARNING, WORKER, fields, log
 from ..._receiver import Receiver
@@ -24,7 +23,7 @@ from ..._worker import WorkerStats, apply_open_flows, finish_executors, pump_exe
 from ...errors import InvalidEnvelope, ReliableFlowError
 from ...records import ReceiveResult
 from .. import _wire as wire
-from ._connect import Keys, check_url, connect, fields_of, shown, talking
+from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
 
 __all__ = ["Bridge", "BridgeStats"]
 
@@ -126,8 +125,8 @@ class Bridge:
         self.consumer = consumer
         self.apply_on_receive = check_flag("apply_on_receive", apply_on_receive)
         self._receiver: Receiver = consumer.applying() if apply_on_receive else consumer
-        self.prefix = check_name("prefix", prefix)
-        self.name = check_name("name", name) if name is not None else f"{socket.gethostname()}:{os.getpid()}"
+        self.prefix = check_key_part("prefix", prefix)
+        self.name = check_key_part("name", name) if name is not None else f"{socket.gethostname()}:{os.getpid()}"
         self.batch = check_count("batch", batch)
         self.block = check_seconds("block", block, allow_zero=False)
         self.claim_after = check_seconds("claim_after", claim_after, allow_zero=False)
@@ -194,7 +193,7 @@ class Bridge:
         except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
             self._failed("requests", exc)
             if not self.stopping and isinstance(exc, (ConnectionError, redis.RedisError)):
-                self._loop._idle(min(self.block, 0.5))  # the server is away: do not spin
+                self._loop.idle(min(self.block, 0.5))  # the server is away: do not spin
         if not self.stopping:
             work += apply_open_flows(self.consumer, self.apply_limit, self.stats, self._failed,
                                      lambda: self.stopping)
@@ -255,13 +254,18 @@ class Bridge:
 
     def _answer(self, entries: list[Any]) -> int:
         """Refuse the malformed, drop the expired, receive the rest in one
-        transaction, answer every request, then acknowledge them all."""
+        transaction, answer every request, then acknowledge them all.
+
+        Each body is parsed once, by the inbox's receive; only when that
+        finds a body that is no envelope are the requests' bodies looked at
+        one by one, to refuse those requests and receive the others."""
         now = time.time()
-        good: list[tuple[Any, wire.Request]] = []
+        good: list[tuple[int, Any, dict[str, str], wire.Request]] = []
+        refused: list[tuple[int, Any, wire.BadMessage, dict[str, str]]] = []
         done: list[Any] = []  # acknowledged at the end, after every answer is written
         answers: list[tuple[str, dict[str, str]]] = []
         uid, location = self.consumer.uid, self.consumer.location
-        for entry in entries:
+        for index, entry in enumerate(entries):
             self.stats.requests += 1
             entry_id = entry[0]
             done.append(entry_id)
@@ -270,7 +274,7 @@ class Bridge:
                 raw = wire.decode(fields_of(entry))
                 request = self._checked(raw)
             except wire.BadMessage as exc:
-                self._malformed(entry_id, exc, raw, answers, uid, location)
+                refused.append((index, entry_id, exc, raw))
                 continue
             if request.deadline <= now:
                 self.stats.expired += 1
@@ -279,30 +283,46 @@ class Bridge:
                 answers.append((request.reply, wire.error_fields(request.id, uid, location, _mismatch(
                     self.consumer, request.uid))))
                 continue
-            good.append((entry_id, request))
+            good.append((index, entry_id, raw, request))
         if good:
-            answers.extend(self._receive([r for _e, r in good], uid, location))
+            try:
+                answers.extend(self._receive([g[3] for g in good], uid, location, strict=True))
+            except InvalidEnvelope:  # a body is no envelope: refuse its request, receive the others
+                fine = []
+                for index, entry_id, raw, request in good:
+                    bad = _bad_body(request)
+                    if bad is None:
+                        fine.append((index, entry_id, raw, request))
+                    else:
+                        refused.append((index, entry_id, bad, raw))
+                good = fine
+                answers.extend(self._receive([g[3] for g in good], uid, location, strict=False))
+        for _index, entry_id, why, raw in sorted(refused, key=lambda r: r[0]):  # recorded in the stream's order
+            self._malformed(entry_id, why, raw, answers, uid, location)
         self._finish(answers, done)
         return len(good)
 
     def _checked(self, raw: dict[str, str]) -> wire.Request:
-        """The request, its reply address one of this consumer's, every body an envelope."""
+        """The request, its reply address one of this consumer's (its bodies
+        are parsed by the receive)."""
         request = wire.parse_request(raw)
         if not request.reply.startswith(self.keys.replies + ":"):
             raise wire.BadMessage("reply", "not a reply stream of this consumer")
-        for i, body in enumerate(request.bodies):
-            try:
-                parse_body(body)
-            except InvalidEnvelope as exc:
-                raise wire.BadMessage(f"bodies[{i}]", str(exc)) from None
         return request
 
-    def _receive(self, requests: list[wire.Request], uid: str, location: str) -> list[tuple[str, dict[str, str]]]:
-        """One inbox transaction for every body of ``requests``; the answers."""
+    def _receive(self, requests: list[wire.Request], uid: str, location: str, *,
+                 strict: bool) -> list[tuple[str, dict[str, str]]]:
+        """One inbox transaction for every body of ``requests``; the answers.
+        ``strict``: a body that is no envelope raises ``InvalidEnvelope``
+        (nothing stored) instead of being answered as a failed receive."""
+        if not requests:
+            return []
         bodies = [b for r in requests for b in r.bodies]
         try:
             results = self._receiver.accept_many(bodies)
-        except Exception as exc:  # noqa: BLE001 - answered (nothing stored), recorded, retried by the sender
+        except Exception as exc:  # answered (nothing stored), recorded, retried by the sender
+            if strict and isinstance(exc, InvalidEnvelope):
+                raise
             self._failed("receive", exc)
             return [(r.reply, wire.error_fields(r.id, uid, location, exc)) for r in requests]
         out: list[tuple[str, dict[str, str]]] = []
@@ -372,6 +392,16 @@ class Bridge:
 
     def __repr__(self) -> str:
         return f"Bridge({self.consumer!r}, {shown(self.url)!r})"
+
+
+def _bad_body(request: wire.Request) -> wire.BadMessage | None:
+    """The first body of ``request`` that is no event envelope, as a refusal; None when all are."""
+    for i, body in enumerate(request.bodies):
+        try:
+            parse_body(body)
+        except InvalidEnvelope as exc:
+            return wire.BadMessage(f"bodies[{i}]", str(exc))
+    return None
 
 
 def _mismatch(consumer: Consumer, wanted: str) -> ReliableFlowError:

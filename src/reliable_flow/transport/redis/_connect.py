@@ -9,9 +9,10 @@ from typing import Any, TypeVar
 
 import redis
 
-from ...errors import TransportError
+from ..._envelope import check_name
+from ...errors import InvalidEnvelope, TransportError
 
-__all__ = ["Keys", "check_url", "connect", "shown", "talking"]
+__all__ = ["Keys", "check_key_part", "check_url", "connect", "shown", "talking"]
 
 _T = TypeVar("_T")
 _SCHEMES = ("redis", "rediss", "unix")
@@ -30,6 +31,16 @@ def check_url(url: object) -> str:
     if parts.scheme != "unix" and not parts.hostname:
         raise ValueError(f"url: no host in {shown(url)!r}")
     return url
+
+
+def check_key_part(name: str, value: object) -> str:
+    """An argument that becomes part of a Redis key (``prefix``, a bridge's
+    ``name``): 1-128 characters, no control characters; a ValueError naming
+    the argument otherwise (it is no envelope field: not ``InvalidEnvelope``)."""
+    try:
+        return check_name(name, value)
+    except InvalidEnvelope as exc:
+        raise ValueError(f"{name} {exc.problem}, got {value!r}"[:300]) from None
 
 
 def shown(url: str) -> str:

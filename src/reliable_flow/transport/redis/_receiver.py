@@ -14,7 +14,7 @@ from ..._observe import RELAY, WARNING, fields, log
 from ...errors import ConsumerMismatch, TransportError
 from ...records import ReceiveResult
 from .. import _wire as wire
-from ._connect import Keys, check_url, connect, fields_of, shown, talking
+from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
 
 __all__ = ["RedisReceiver"]
 
@@ -65,7 +65,7 @@ class RedisReceiver:
         self.url = check_url(url)
         self._name = check_name("consumer_name", consumer_name)
         self.timeout = check_seconds("timeout", timeout, allow_zero=False)
-        self.prefix = check_name("prefix", prefix)
+        self.prefix = check_key_part("prefix", prefix)
         if type(max_requests) is not int or max_requests < 1:
             raise ValueError(f"max_requests must be an int >= 1, got {max_requests!r}")
         self.max_requests = max_requests

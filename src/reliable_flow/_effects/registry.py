@@ -2,7 +2,7 @@
 
 Register each effect once, by name, in an :class:`EffectRegistry` that
 both the consumer (so apply handlers can only schedule known effects) and
-the :class:`~reliable_flow._executor.EffectExecutor` use::
+the :class:`~reliable_flow.EffectExecutor` use::
 
     effects = EffectRegistry()
     effects.register("send_email", send_email, reconcile=email_was_sent)
@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _envelope as envelope
-from ._checks import check_count, check_optional_count, check_seconds
-from .errors import InvalidEnvelope, LeaseLost
+from .. import _envelope as envelope
+from .._checks import check_count, check_optional_count, check_seconds
+from ..errors import InvalidEnvelope, LeaseLost
 
 __all__ = [
     "EffectCall",

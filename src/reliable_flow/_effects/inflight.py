@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._core.effects import Outcome, Plan
-from ._effects import EffectCall, EffectSpec, Lease, OutcomeUnknown, PermanentFailure, RetryLater
-from .delivery import error_text
-from .records import ScheduledEffect
+from .._core.effects import Outcome, Plan
+from ..delivery import error_text
+from ..records import ScheduledEffect
+from .registry import EffectCall, EffectSpec, Lease, OutcomeUnknown, PermanentFailure, RetryLater
 
 __all__ = ["HEARTBEAT_WAIT", "Flight", "Flights", "acall", "areconciled", "call", "classified", "reconciled"]
 
@@ -70,7 +70,9 @@ class Flights:
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.ended = threading.Event()  # set whenever a call ends; cleared by whoever records them
-        self.woken = threading.Event()  # ... or a heartbeat asks for a renewal (what an async driver polls)
+        # Called (from any thread) when a call ends or a heartbeat asks for a
+        # renewal: how an asyncio driver is woken instead of looking.
+        self.wakers: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -90,8 +92,7 @@ class Flights:
             return
         flight.beaten.clear()
         flight.beat = True  # a plain write; the executor's thread reads it
-        self._events.put(key)
-        self.woken.set()
+        self._wake(key)
         if self._given is not None and _running_loop() is self._given:
             # On the caller's loop, whose own tasks drive the executor: waiting
             # here would hold them up; the next pump writes the renewal.
@@ -124,9 +125,13 @@ class Flights:
         task.add_done_callback(self._tasks.discard)
 
     def _ended(self, key: str) -> None:
-        self._events.put(key)
         self.ended.set()
-        self.woken.set()
+        self._wake(key)
+
+    def _wake(self, key: str) -> None:
+        self._events.put(key)
+        for waker in list(self.wakers):
+            waker()
 
     def wait(self, seconds: float) -> None:
         """Until a call ends or a heartbeat comes (or ``seconds`` pass)."""
@@ -143,7 +148,6 @@ class Flights:
     def finished(self) -> list[Flight]:
         """The flights whose call has ended, in the order they were started."""
         self.ended.clear()  # before the look: a call that ends after it sets it again
-        self.woken.clear()
         return [f for f in self.by_key.values() if f.future.done()]
 
     def forget(self, key: str) -> None:

@@ -1,0 +1,94 @@
+"""Feeding effects' results back into a producer (``Feedback``): one
+producer transaction at the flow's current seq, then the effect marked fed.
+
+Written once for both faces, in two halves that each touch one store:
+:func:`refusal` advances on the producer (its thread, in the asyncio face)
+and :meth:`Feeder.mark` records the answer on the consumer.  A crash in
+between re-advances the same event id, which answers ``existing``.  The
+decisions -- the event id, what counts as refused, what is written -- are
+in :mod:`reliable_flow._core.effects`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_event_id, feedback_refusal
+from .._observe import WARNING
+from .._producer import Producer, advance_at_current
+from ..delivery import DeliveryPolicy, error_text
+from ..records import ExecutorStats, ScheduledEffect
+from .registry import EffectRegistry, Feedback
+
+if TYPE_CHECKING:
+    from .._consumer import Consumer
+
+__all__ = ["Feeder", "refusal"]
+
+
+def refusal(producer: Producer, effect: ScheduledEffect, feedback: Feedback) -> str | None:
+    """Advance ``effect``'s result into ``producer`` as ``feedback`` says, in
+    one producer transaction at the flow's current seq; None when the step
+    is in the flow (now or before), else why not (the effect's
+    ``last_error``).  A ``Feedback`` function that raises, or a result that
+    is not a valid step, is a refusal; a storage error propagates."""
+    where = "flow"
+    try:
+        flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
+        where = "payload"
+        payload = feedback.payload(effect.result) if feedback.payload else effect.result
+    except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback, not a stop
+        return f"{FEEDBACK_REFUSED}refused: Feedback.{where} raised {error_text(exc)}"
+    try:
+        return feedback_refusal(advance_at_current(
+            producer, feedback_event_id(effect.key), flow_id, kind=feedback.kind, payload=payload,
+            meta=effect.meta or None))
+    except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
+        return f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
+
+
+class Feeder:
+    """The consumer's half of one executor's feedback (and, for the sync
+    face, the whole of it through :meth:`feed`)."""
+
+    def __init__(self, consumer: Consumer, effects: EffectRegistry, producer: Producer | None,
+                 policy: DeliveryPolicy, stats: ExecutorStats, observe: Callable[..., None]) -> None:
+        self.consumer, self.effects, self.producer = consumer, effects, producer
+        self.policy, self.stats, self._observe = policy, stats, observe
+
+    def owed(self, limit: int) -> list[ScheduledEffect]:
+        """The results still owed of this registry's effects (at most ``limit``), oldest first."""
+        return [e for e in self.consumer.store.latest.unfed_effects(limit) if self.effects.get(e.name) is not None]
+
+    def nothing_owed(self, effect: ScheduledEffect) -> None:
+        """Mark an effect whose spec has no ``feedback=`` as owing nothing."""
+        with self.consumer.store.write() as unit:
+            unit.update_effect(effect.key, {"fed": None}, self.policy.clock())
+
+    def feed_owed(self, limit: int) -> None:
+        """Feed the results still owed (at most ``limit``), oldest first."""
+        if self.producer is not None:
+            for effect in self.owed(limit):
+                self.feed(effect)
+
+    def feed(self, effect: ScheduledEffect) -> None:
+        """Advance the result into the producer, then mark it fed."""
+        spec = self.effects.get(effect.name)
+        assert spec is not None, effect.name
+        if spec.feedback is None:
+            self.nothing_owed(effect)
+        elif self.producer is not None:
+            self.mark(effect, refusal(self.producer, effect, spec.feedback))
+
+    def mark(self, effect: ScheduledEffect, refused: str | None) -> None:
+        """Record the producer's answer: fed (``refused`` None), or refused
+        (counted, logged, tried again on a later pass)."""
+        with self.consumer.store.write() as unit:
+            fed_back_in(unit, effect, refused, self.policy.clock(), self.policy.owner)
+        if refused is None:
+            self.stats.fed += 1
+            return
+        self.stats.feedback_errors += 1
+        self.stats.last_error = f"{effect.key}: {refused}"
+        self._observe(effect, None, "feedback_refused", level=WARNING, error=refused)
