@@ -21,7 +21,6 @@ from reliable_flow import (
     Producer,
     relay,
 )
-from reliable_flow._producer import advance_at_current
 from reliable_flow._core.admin import (
     DELIVERY_ACTIONS,
     EFFECT_ACTIONS,
@@ -37,6 +36,7 @@ from reliable_flow._core.effects import (
     lease_held,
     record_outcome_in,
 )
+from reliable_flow._producer import advance_at_current
 from reliable_flow.errors import InvalidEnvelope, NotResolvable, UnknownEffect, UnknownEvent
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 from reliable_flow.records import AdvanceResult, ScheduledEffect

@@ -206,9 +206,9 @@ def test_with_info_off_the_hot_path_builds_no_record(
 ) -> None:
     """Default levels (WARNING): a clean advance / relay / apply / effect run
     builds no field dict at all; the control shows the stub does fire."""
-    from reliable_flow._effects import step as executor
     from reliable_flow import _observe as observe
     from reliable_flow import _worker as worker
+    from reliable_flow._effects import step as executor
 
     built: list[str] = []
 
