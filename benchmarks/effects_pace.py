@@ -188,9 +188,9 @@ def library_run(kind: str, n: int, effects: int, sleep: float, tmp: str) -> Run:
         flows = _schedule(producer, consumer, effects)
         executor = EffectExecutor(consumer, concurrency=n)
         cpu0, t0 = time.process_time(), time.perf_counter()
-        taken = executor.run_once(limit=effects)
+        taken = executor.run_once(limit=effects).work
         while taken < effects:  # never expected: run_once(limit) takes all that are due
-            more = executor.run_once(limit=effects - taken)
+            more = executor.run_once(limit=effects - taken).work
             if more == 0:
                 break
             taken += more

@@ -89,7 +89,7 @@ def child(args: argparse.Namespace) -> int:
                     kind=steps[step - 1],
                     payload={"amount": amount},
                 )
-        while worker.run_once():
+        while worker.run_once().work:
             pass
         done += n
         if done >= next_sample or done == args.events:

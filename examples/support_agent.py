@@ -302,7 +302,7 @@ def settle(worker: Worker, consumer: Consumer, clock: Clock) -> None:
     """Worker passes until nothing is left to do; when only backoffs remain, move the clock on."""
     for _ in range(100):
         effects_before, applied_before = _effects(consumer), _applied(consumer)
-        work = worker.run_once()
+        work = worker.run_once().work
         # The worker starts effect calls off its thread and records them on a
         # later pass; to tell the story pass by pass, wait for them here.
         work += sum(executor.finish() for executor in worker.executors)

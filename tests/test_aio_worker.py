@@ -42,6 +42,7 @@ from reliable_flow import (
 )
 from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer, AsyncWorker
 from reliable_flow.protocol import Protocol, by_kind, exact, text
+from reliable_flow.records import PassResult
 from reliable_flow.reservation import RESERVATION
 from support import CHILDREN, Clock, child_process, chosen_seed, commit, run_script
 from test_worker import (
@@ -147,10 +148,10 @@ def test_async_calls_run_on_the_applications_loop_together(make: Callable[..., W
     async def main() -> None:
         consumer = world.consumer()
         executor = AsyncEffectExecutor(consumer, policy=world.policy(), concurrency=4)
-        assert await executor.run_once(limit=4) == 4
+        assert (await executor.run_once(limit=4)).work == 4
         assert set(loops) == {asyncio.get_running_loop()}  # the test's own loop
         assert together["most"] == 4
-        assert await executor.run_once() == 2
+        assert (await executor.run_once()).work == 2
         assert executor.stats.outcomes == {"succeeded": 6} and executor.in_flight == 0
         await executor.close()
         await consumer.close()
@@ -184,7 +185,7 @@ def test_plain_calls_run_on_threads_and_never_block_the_loop(make: Callable[...,
                 ticks += 1
 
         tick = asyncio.create_task(ticker())
-        assert await executor.run_once() == 3
+        assert (await executor.run_once()).work == 3
         tick.cancel()
         assert ticks >= 20  # the loop ran on while three plain calls slept on threads
         assert threading.main_thread().name not in threads and len(threads) == 3
@@ -239,7 +240,7 @@ def test_a_call_past_its_timeout_is_recorded_in_doubt_then_reconciled(make: Call
         gates.append(asyncio.Event())
         consumer = world.consumer()
         executor = AsyncEffectExecutor(consumer, policy=world.policy(), concurrency=2)
-        assert await executor.run_once() == 1  # returns: past its timeout, still running
+        assert (await executor.run_once()).work == 1  # returns: past its timeout, still running
         effect = await consumer.scheduled_effect(key)
         assert effect is not None and effect.state == "in_doubt" and "timed out after 5 s" in effect.last_error
         assert executor.stats.outcomes == {"timed_out": 1} and executor.in_flight == 1
@@ -270,12 +271,12 @@ def test_a_rate_limit_puts_effects_off(make: Callable[..., World]) -> None:
     async def main() -> None:
         consumer = world.consumer()
         executor = AsyncEffectExecutor(consumer, policy=world.policy(), concurrency=4)
-        assert await executor.run_once() == 2 and calls == [T0, T0]
+        assert (await executor.run_once()).work == 2 and calls == [T0, T0]
         assert executor.stats.rate_limited >= 1
         world.clock.t += 10
-        assert await executor.run_once() == 2
+        assert (await executor.run_once()).work == 2
         world.clock.t += 10
-        assert await executor.run_once() == 1
+        assert (await executor.run_once()).work == 1
         metrics = await executor.metrics()
         assert metrics.started == {"call": 5} and metrics.in_flight == {}
         await consumer.close()
@@ -328,7 +329,7 @@ def test_feedback_advances_into_an_async_producer(make: Callable[..., World]) ->
             flow = await producer.flow(f"F{i}")
             assert flow is not None and (flow["seq"], flow["state"]) == (2, "answered")
         assert [e.event_id for e in await producer.outbox("F0")] == ["F0-1", "k-F0:result"]
-        assert await executor.run_once() == 0 and executor.stats.fed == 3  # fed once
+        assert (await executor.run_once()).work == 0 and executor.stats.fed == 3  # fed once
         await consumer.close()
         await producer.close()
 
@@ -371,7 +372,7 @@ def test_a_sync_executor_given_a_loop_awaits_there_and_leaves_it_running(make: C
     try:
         with world.sync_consumer() as consumer:
             executor = EffectExecutor(consumer, policy=world.policy(), loop=loop)
-            assert executor.run_once() == 1
+            assert executor.run_once().work == 1
             executor.close()
         assert seen == [loop] and loop.is_running()
     finally:
@@ -415,6 +416,7 @@ def test_the_worker_delivers_applies_and_executes_with_a_responsive_loop(make: C
         tick = asyncio.create_task(ticker())
         stats = await worker.run(until_idle=True, handle_signals=False)
         tick.cancel()
+        assert await worker.run_once() == PassResult(0, None)  # as Worker.run_once: nothing waits now
         assert set(loops) == {asyncio.get_running_loop()} and len(loops) == 10
         # the 10 asked events and the 10 answers fed back, relayed and applied
         assert stats.relayed["accepted"] == 20 and stats.applied == 20 and stats.errors == 0

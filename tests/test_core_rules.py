@@ -317,7 +317,7 @@ def test_the_executor_feeds_back_in_one_transaction_though_the_flow_keeps_moving
         # Another writer moves the flow on as each of the feeder's transactions is asked for.
         writes = _counting_writes(feeder, lambda: _note(rival, f"R{len(writes)}", "N", "rival"))
         ex = EffectExecutor(c, producer=feeder)
-        assert ex.run_once() == 1
+        assert ex.run_once().work == 1
         effect = c.scheduled_effects()[0]
         assert (effect.state, effect.fed, effect.last_error) == ("succeeded", True, None)
         assert (ex.stats.fed, ex.stats.feedback_errors) == (1, 0)

@@ -606,7 +606,7 @@ def test_already_expired_deadline_is_stored_and_expires_without_running(world: W
     stored = c.scheduled_effect("default:A1:notify")
     assert (stored.state, stored.deadline) == ("pending", 900.0)
     ex = world.executor(c)
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     expired = c.scheduled_effect("default:A1:notify")
     assert (expired.state, expired.attempts) == ("expired", 0)
     assert "deadline 900.000 passed" in expired.reason

@@ -365,7 +365,7 @@ def finish(consumer_path: Location, config: str, socket: str) -> dict[str, int]:
     with Consumer(consumer_path, RESERVATION, effects=worker.build_effects(config, socket, "final")) as consumer:
         executor = EffectExecutor(consumer, policy=policy)
         for _ in range(FINAL_PASSES):
-            if executor.run_once() == 0:
+            if executor.run_once().work == 0:
                 if sum(consumer.effect_counts()[s] for s in UNSETTLED) == 0:
                     return executor.stats.outcomes
                 shift[0] += 1.0
@@ -608,7 +608,7 @@ def finish_concurrent(consumer_path: Location, config: str, socket: str) -> dict
         try:
             end = time.monotonic() + FINAL_SECONDS
             while time.monotonic() < end:
-                if executor.run_once() == 0:
+                if executor.run_once().work == 0:
                     if executor.in_flight:  # a call past its timeout: held until it returns
                         time.sleep(0.01)
                     elif sum(consumer.effect_counts()[s] for s in UNSETTLED) == 0:

@@ -131,7 +131,7 @@ def test_eight_plain_calls_are_in_flight_at_once(make: Callable[..., World]) -> 
     world = make(call)
     keys = world.ask(8)
     executor = world.executor(concurrency=8)
-    assert executor.run_once() == 8
+    assert executor.run_once().work == 8
     assert world.states(keys) == ["succeeded"] * 8
     assert gauge.most == 8 and threading.current_thread().name not in gauge.threads
     assert executor.stats.started == 8 and executor.stats.outcomes == {"succeeded": 8}
@@ -148,7 +148,7 @@ def test_never_more_calls_in_flight_than_concurrency(make: Callable[..., World])
 
     world = make(call)
     keys = world.ask(9)
-    assert world.executor(concurrency=3).run_once() == 9
+    assert world.executor(concurrency=3).run_once().work == 9
     assert world.states(keys) == ["succeeded"] * 9
     assert gauge.most == 3
 
@@ -168,7 +168,7 @@ def test_async_calls_run_together_on_the_executors_event_loop(make: Callable[...
     keys = world.ask(6)
     executor = world.executor(concurrency=6)
     started = time.monotonic()
-    assert executor.run_once() == 6
+    assert executor.run_once().work == 6
     assert time.monotonic() - started < 0.1 * 6  # not one after another
     assert world.states(keys) == ["succeeded"] * 6
     assert world.consumer.scheduled_effect(keys[0]).result == {"q": "F0"}  # type: ignore[union-attr]
@@ -198,7 +198,7 @@ def test_concurrency_one_still_calls_in_the_executors_thread(make: Callable[...,
     threads: list[str] = []
     world = make(lambda c: threads.append(threading.current_thread().name))
     world.ask(2)
-    assert world.executor().run_once() == 2
+    assert world.executor().run_once().work == 2
     assert threads == [threading.current_thread().name] * 2
 
 
@@ -230,14 +230,14 @@ def test_the_executor_renews_the_lease_of_a_long_call_by_itself(make: Callable[.
             world.clock.t += 6
             time.sleep(0.25)  # the executor's thread looks every 0.1 s at least
         other = world.open_consumer()  # another executor, in another thread: finds nothing to take
-        seen.append(world.executor(other, owner="other").run_once())
+        seen.append(world.executor(other, owner="other").run_once().work)
         other.close()
         return "done"
 
     world = make(call)
     [key] = world.ask(1)
     executor = world.executor(concurrency=2)
-    assert executor.run_once() == 1
+    assert executor.run_once().work == 1
     assert seen == [0]
     effect = world.consumer.scheduled_effect(key)
     assert effect is not None and (effect.state, effect.result) == ("succeeded", "done")
@@ -283,7 +283,7 @@ def test_after_the_lease_was_lost_heartbeat_raises_and_the_outcome_is_discarded(
 
     def call(c: EffectCall) -> str:
         world.clock.t += LEASE + 1  # the lease ran out: another executor takes the effect up
-        assert world.executor(owner="second").run_once() == 1
+        assert world.executor(owner="second").run_once().work == 1
         try:
             c.heartbeat()
         except LeaseLost as exc:
@@ -328,14 +328,14 @@ def test_a_call_past_its_timeout_is_in_doubt_and_held_until_it_returns(make: Cal
     world = make(call, reconcile=reconcile, timeout=5)
     [key] = world.ask(1)
     executor = world.executor(concurrency=2)
-    assert executor.run_once() == 1  # returns: the call is past its timeout, still running
+    assert executor.run_once().work == 1  # returns: the call is past its timeout, still running
     effect = world.consumer.scheduled_effect(key)
     assert effect is not None and (effect.state, effect.lease_owner) == ("in_doubt", executor.owner)
     assert effect.last_error is not None and "timed out after 5 s" in effect.last_error
     assert executor.stats.outcomes == {"timed_out": 1} and executor.in_flight == 1
     world.clock.t += LEASE + 1
     executor.run_once()  # renews the held doubt's lease; takes nothing
-    assert world.executor(owner="other").run_once() == 0  # held: nothing runs it meanwhile
+    assert world.executor(owner="other").run_once().work == 0  # held: nothing runs it meanwhile
     release.set()
     assert returned.wait(20)
     executor.finish()
@@ -344,7 +344,7 @@ def test_a_call_past_its_timeout_is_in_doubt_and_held_until_it_returns(make: Cal
     effect = world.consumer.scheduled_effect(key)
     assert effect is not None and (effect.state, effect.lease_owner) == ("in_doubt", None)
     assert executor.stats.outcomes["late_outcome_discarded"] == 1
-    assert world.executor(owner="other").run_once() == 1
+    assert world.executor(owner="other").run_once().work == 1
     effect = world.consumer.scheduled_effect(key)
     assert effect is not None and (effect.state, effect.result) == ("succeeded", "reconciled")
 
@@ -383,9 +383,9 @@ def test_retry_later_after_sets_the_next_due_time_and_counts_the_attempt(make: C
     effect = world.consumer.scheduled_effect(key)
     assert effect is not None and (effect.state, effect.attempts, effect.due_at) == ("pending", 1, T0 + 7.5)
     world.clock.t += 7.4
-    assert executor.run_once() == 0
+    assert executor.run_once().work == 0
     world.clock.t += 0.1
-    assert executor.run_once() == 1
+    assert executor.run_once().work == 1
     assert world.states([key]) == ["dead"]  # max_attempts still bounds it
 
 
@@ -525,7 +525,7 @@ def test_a_timeout_a_lease_takeover_and_an_operator_are_in_the_history(make: Cal
 def test_a_lease_that_ran_out_is_in_the_history_of_both_executors(make: Callable[..., World]) -> None:
     def call(c: EffectCall) -> str:
         world.clock.t += LEASE + 1
-        assert world.executor(owner="second").run_once() == 1
+        assert world.executor(owner="second").run_once().work == 1
         return "late"
 
     world = make(call, reconcile=lambda c: Happened("checked"))
@@ -590,7 +590,7 @@ def test_a_names_concurrency_cap_holds_across_executors(make: Callable[..., Worl
         try:
             executor = world.executor(consumer, owner=owner, concurrency=4)
             while True:
-                taken = executor.run_once()
+                taken = executor.run_once().work
                 done.append(taken)
                 if taken == 0 and consumer.effect_counts()["succeeded"] == 8:
                     return
@@ -612,16 +612,16 @@ def test_a_rate_limit_holds_across_executors_and_puts_effects_off(make: Callable
     world = make(lambda c: calls.append(world.clock.t), rate_limit=(2, 10))
     keys = world.ask(5)
     first, second = world.executor(owner="a", concurrency=4), world.executor(owner="b", concurrency=4)
-    assert first.run_once() == 2
-    assert second.run_once() == 0  # the same name's starts, counted from the store
+    assert first.run_once().work == 2
+    assert second.run_once().work == 0  # the same name's starts, counted from the store
     assert calls == [T0, T0]
     waiting = [world.consumer.scheduled_effect(k) for k in keys[2:]]
     assert [(e.state, e.due_at) for e in waiting] == [("pending", T0 + 10)] * 3  # type: ignore[union-attr]
     assert "rate_limited" in [str(t.transition) for t in world.consumer.effect_history(keys[2])]
     world.clock.t += 10
-    assert second.run_once() == 2 and calls == [T0, T0, T0 + 10, T0 + 10]
+    assert second.run_once().work == 2 and calls == [T0, T0, T0 + 10, T0 + 10]
     world.clock.t += 10
-    assert first.run_once() == 1
+    assert first.run_once().work == 1
     assert world.states(keys) == ["succeeded"] * 5
 
 

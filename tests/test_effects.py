@@ -123,14 +123,14 @@ def test_success_stores_json_result_and_the_call_sees_everything(world: World) -
     run = Script({"sent": [1, "two", None], "n": 1.5})
     c = one_effect(world, run, meta={"trace": "t-9"})
     ex = world.executor(c)
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     (call,) = run.calls
     assert call == EffectCall(KEY, "notify", {"flow": "A"}, {"trace": "t-9"}, 1, "A", "A1")
     e = c.scheduled_effect(KEY)
     assert (e.state, e.result, e.attempts, e.failures, e.lease_owner, e.last_error, e.fed) == (
         "succeeded", {"sent": [1, "two", None], "n": 1.5}, 1, 0, None, None, None)
     assert e.updated_at == T0
-    assert ex.run_once() == 0
+    assert ex.run_once().work == 0
     assert len(run.calls) == 1
     assert ex.stats.outcomes == {"succeeded": 1}
 
@@ -154,20 +154,20 @@ def test_retry_later_backs_off_exactly_then_goes_dead_at_max_attempts(world: Wor
     # due = end of call + random() * min(cap, base * 2**(failures-1))
     for failures, (start, due) in enumerate([(1000, 1002.0), (1002, 1005.0), (1005, 1008.5)], start=1):
         world.clock.t = start
-        assert ex.run_once() == 1
+        assert ex.run_once().work == 1
         e = c.scheduled_effect(KEY)
         assert (e.state, e.attempts, e.failures, e.due_at, e.last_error, e.lease_owner) == (
             "pending", failures, failures, due, "RetryLater: busy", None)
         world.clock.t = due - 0.01
-        assert ex.run_once() == 0  # not due yet
+        assert ex.run_once().work == 0  # not due yet
     world.clock.t = 1008.5
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.failures, e.reason, e.last_error) == (
         "dead", 4, 4, "failed 4 of max_attempts=4 times", "RetryLater: busy")
     for _ in range(5):
         world.clock.t += 3600
-        assert ex.run_once() == 0
+        assert ex.run_once().work == 0
     assert run.attempts == [1, 2, 3, 4]
     assert {call.key for call in run.calls} == {KEY}  # the same key on every attempt
     assert ex.stats.outcomes == {"pending": 3, "dead": 1}
@@ -195,12 +195,12 @@ def test_failures_that_may_have_happened_go_in_doubt(world: World, raised: Excep
     run = Script(raised)
     c = one_effect(world, run, reconcile=Script(Happened()))
     ex = world.executor(c)
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     e = c.scheduled_effect(KEY)
     assert (e.state, e.attempts, e.failures, e.due_at, e.last_error, e.lease_owner) == (
         "in_doubt", 1, 1, T0 + 0.25, error, None)  # 0.5 * min(300, 0.5 * 2**0)
     world.clock.t = T0 + 0.2
-    assert ex.run_once() == 0
+    assert ex.run_once().work == 0
 
 
 def test_in_doubt_reconciled_as_happened_succeeds_without_calling_again(world: World) -> None:
@@ -211,7 +211,7 @@ def test_in_doubt_reconciled_as_happened_succeeds_without_calling_again(world: W
     ex.run_once()
     assert check.calls == []  # not before it is due
     world.clock.t = T0 + 0.25
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     e = c.scheduled_effect(KEY)
     assert (e.state, e.result, e.attempts, e.lease_owner) == ("succeeded", {"receipt": "r-1"}, 1, None)
     assert [(call.key, call.attempt) for call in check.calls] == [(KEY, 1)]
@@ -226,10 +226,10 @@ def test_in_doubt_reconciled_as_not_happened_runs_again_with_the_same_key(world:
     ex = world.executor(c)
     ex.run_once()
     world.clock.t = T0 + 1
-    assert ex.run_once(limit=1) == 1  # only the reconcile
+    assert ex.run_once(limit=1).work == 1  # only the reconcile
     e = c.scheduled_effect(KEY)
     assert (e.state, e.due_at, e.attempts, e.last_error) == ("pending", T0 + 1, 1, None)
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).result, c.scheduled_effect(KEY).attempts) == ("succeeded", {"ok": 2}, 2)
     assert [(call.key, call.attempt) for call in run.calls] == [(KEY, 1), (KEY, 2)]
     assert len(check.calls) == 1
@@ -257,22 +257,22 @@ def test_reconcile_that_cannot_tell_backs_off_then_parks_unknown(world: World) -
     ex.run_once()  # the doubt is failure 1: due + 0.5 * min(300, 0.5 * 2**0)
     assert (c.scheduled_effect(KEY).failures, c.scheduled_effect(KEY).due_at) == (1, T0 + 0.25)
     world.clock.t = T0 + 1
-    assert ex.run_once() == 1  # reconcile raises: failure 2, due + 0.5 * min(300, 0.5 * 2**1)
+    assert ex.run_once().work == 1  # reconcile raises: failure 2, due + 0.5 * min(300, 0.5 * 2**1)
     e = c.scheduled_effect(KEY)
     assert (e.state, e.failures, e.due_at, e.last_error) == ("in_doubt", 2, T0 + 1.5, "OSError: ledger down")
     world.clock.t = T0 + 2
-    assert ex.run_once() == 1  # a non-answer also counts as "could not tell": failure 3
+    assert ex.run_once().work == 1  # a non-answer also counts as "could not tell": failure 3
     e = c.scheduled_effect(KEY)
     assert (e.state, e.failures, e.due_at) == ("in_doubt", 3, T0 + 3)
     assert e.last_error.startswith("TypeError: reconcile must return Happened or NotHappened")
     world.clock.t = T0 + 3
-    assert ex.run_once() == 1  # max_attempts=3 reconciles could not tell: parked
+    assert ex.run_once().work == 1  # max_attempts=3 reconciles could not tell: parked
     e = c.scheduled_effect(KEY)
     assert (e.state, e.failures, e.lease_owner) == ("unknown", 4, None)
     assert e.reason == "reconcile could not tell in 3 tries (max_attempts)"
     for _ in range(5):
         world.clock.t += 3600
-        assert ex.run_once() == 0
+        assert ex.run_once().work == 0
     assert len(run.calls) == 1 and len(check.calls) == 3
     assert ex.stats.outcomes == {"in_doubt": 1, "reconciled_in_doubt": 2, "reconciled_unknown": 1}
 
@@ -284,7 +284,7 @@ def test_each_doubt_starts_its_own_backoff_and_reconcile_budget(world: World) ->
     ex = world.executor(c)
     for t in (T0, T0 + 0.25, T0 + 0.75):  # retries due after 0.25, then 0.5
         world.clock.t = t
-        assert ex.run_once() == 1
+        assert ex.run_once().work == 1
     e = c.scheduled_effect(KEY)  # the two retries before do not count: the doubt is failure 1
     assert (e.state, e.attempts, e.failures, e.due_at) == ("in_doubt", 3, 1, T0 + 1.0)
     for _ in range(10):
@@ -348,9 +348,9 @@ def test_running_effect_whose_lease_ran_out_is_in_doubt(world: World, mode: str)
     assert dead.owner.startswith("dead-one/")  # the policy's owner, made this executor's own
     other = world.executor(c, owner="survivor")
     world.clock.t = T0 + 29.9
-    assert other.run_once() == 0  # the lease still holds
+    assert other.run_once().work == 0  # the lease still holds
     world.clock.t = T0 + 30
-    assert other.run_once() == 1
+    assert other.run_once().work == 1
     e = c.scheduled_effect(KEY)
     if mode == "reconcile":
         assert (e.state, e.result, e.attempts) == ("succeeded", {"ok": "checked"}, 1)
@@ -379,7 +379,7 @@ def test_a_runner_dying_starts_a_new_doubt_after_earlier_retries(world: World) -
     run_dying(ex)
     assert (c.scheduled_effect(KEY).state, c.scheduled_effect(KEY).failures) == ("running", 2)
     world.clock.t = T0 + 0.75 + 30  # the lease ran out: reconcile, which cannot tell
-    assert world.executor(c, owner="survivor").run_once() == 1
+    assert world.executor(c, owner="survivor").run_once().work == 1
     e = c.scheduled_effect(KEY)  # the doubt is failure 1, the failed reconcile failure 2
     assert (e.state, e.failures, e.due_at) == ("in_doubt", 2, world.clock.t + 0.5)
 
@@ -389,13 +389,13 @@ def test_late_outcome_after_the_lease_was_taken_over_is_discarded(world: World) 
 
     def slow(call: EffectCall) -> dict[str, str]:
         world.clock.t += 31  # longer than the lease: another executor takes the effect up
-        assert takeover[0].run_once() == 1
+        assert takeover[0].run_once().work == 1
         return {"by": "slow"}
 
     c = one_effect(world, Script(slow), reconcile=Script(Happened({"by": "checker"})))
     first, second = world.executor(c, owner="first"), world.executor(c, owner="second")
     takeover.append(second)
-    assert first.run_once() == 1
+    assert first.run_once().work == 1
     e = c.scheduled_effect(KEY)
     assert (e.state, e.result) == ("succeeded", {"by": "checker"})
     assert first.stats.outcomes == {"lease_lost": 1}
@@ -490,7 +490,7 @@ def test_non_json_result_is_unknown_and_never_rerun(world: World, result: Any) -
     assert e.last_error.startswith("result")
     for _ in range(5):
         world.clock.t += 3600
-        assert ex.run_once() == 0
+        assert ex.run_once().work == 0
     assert len(run.calls) == 1
 
 
@@ -542,7 +542,7 @@ def test_due_effects_are_taken_oldest_due_first(world: World) -> None:
     world.deliver(c)
     c.process_all()
     world.clock.t = T0 + 1
-    assert world.executor(c).run_once(limit=1) == 1
+    assert world.executor(c).run_once(limit=1).work == 1
     assert [call.flow_id for call in run.calls] == ["A", "B"]
 
 
@@ -659,7 +659,7 @@ def build_zoo(w: World) -> Consumer:
     ex = w.executor(c, owner="exec-1")
     for _ in range(20):
         try:
-            if ex.run_once() == 0:
+            if ex.run_once().work == 0:
                 break
         except Died:
             continue
@@ -908,7 +908,7 @@ def result_events(w: World) -> list[str]:
 def test_feedback_advances_the_result_as_the_next_step_exactly_once(agent: World) -> None:
     c, tool = tool_flow(agent)
     ex = agent.executor(c, producer=agent.producer)
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     assert agent.producer.flow("T") == {"state": "tool_result", "seq": 3, "question": "6 x 7?", "tool": "calc",
                                         "input": "6*7", "output": "calc(6*7) = 42"}
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
@@ -935,7 +935,7 @@ def test_feedback_owed_is_advanced_by_a_later_executor_with_a_producer(agent: Wo
     assert (c.scheduled_effect(TOOL_KEY).state, c.scheduled_effect(TOOL_KEY).fed) == ("succeeded", False)
     assert result_events(agent) == []
     feeder = agent.executor(c, owner="feeder", producer=agent.producer)
-    assert feeder.run_once() == 0
+    assert feeder.run_once().work == 0
     assert c.scheduled_effect(TOOL_KEY).fed is True
     assert result_events(agent) == [f"{TOOL_KEY}:result"]
     assert feeder.stats.fed == 1
@@ -983,7 +983,7 @@ def test_feedback_interrupted_after_the_advance_is_not_advanced_twice(agent: Wor
         assert (c.scheduled_effect(TOOL_KEY).state, c.scheduled_effect(TOOL_KEY).fed) == ("succeeded", False)
         assert result_events(agent) == [f"{TOOL_KEY}:result"]
         for _ in range(3):  # the result is owed: every pass tries to feed it again
-            assert ex.run_once() == 0
+            assert ex.run_once().work == 0
         assert result_events(agent) == [f"{TOOL_KEY}:result"]
         assert agent.producer.flow("T")["seq"] == 3
         assert len(tool.calls) == 1

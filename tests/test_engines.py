@@ -296,7 +296,7 @@ def test_the_worker_relays_and_applies_through_the_receive_and_apply_mode(p: Pro
     for flow in ("A", "B"):
         commit(p, flow)
     worker = Worker(p, [c], idle_sleep=0)
-    while worker.run_once():
+    while worker.run_once().work:
         pass
     assert worker.stats.relayed["accepted"] == 6
     # Each event was its flow's next step on arrival: applied in its receive
@@ -326,8 +326,8 @@ def test_the_effect_executor_runs_a_scheduled_effect_once(where: Locations, p: P
         relay_log(p, c)
         c.process_all()
         executor = EffectExecutor(c, policy=DeliveryPolicy(lease_seconds=30, clock=clock, random=lambda: 0.5))
-        assert executor.run_once() == 1
-        assert executor.run_once() == 0
+        assert executor.run_once().work == 1
+        assert executor.run_once().work == 0
         assert calls == ["default:A1:notify"]
         effect = c.scheduled_effect("default:A1:notify")
         assert (effect.state, effect.result, effect.attempts, effect.lease_owner) == (
@@ -350,7 +350,7 @@ def test_delivery_across_engines(pair: tuple[str, str], request: pytest.FixtureR
         assert relay(p, c).status == "accepted"
         assert relay_batch(p, c, limit=2).counts == {"accepted": 2}
         worker = Worker(p, [c], idle_sleep=0)
-        while worker.run_once():
+        while worker.run_once().work:
             pass
         assert relay(p, c, event_id="A1").status == "duplicate"
         for flow in ("A", "B"):

@@ -33,6 +33,7 @@ from reliable_flow import (
 from reliable_flow._effects import feedback
 from reliable_flow.errors import InvalidEnvelope
 from reliable_flow.protocol import Protocol, by_kind, exact, text
+from reliable_flow.records import PassResult
 from support import Clock
 
 T0 = 1000.0
@@ -131,20 +132,20 @@ def test_a_raising_feedback_function_is_recorded_as_refused_and_other_effects_go
     s = make(effects)
     s.ask("A")
     ex = s.executor()
-    assert ex.run_once() == 1  # before the fix: raised KeyError out of run_once, after recording the call
+    assert ex.run_once().work == 1  # before the fix: raised KeyError out of run_once, after recording the call
     a = s.consumer.scheduled_effect("tools:A1:look_up")
     assert (a.state, a.fed) == ("succeeded", False)
     assert a.last_error == f"feedback refused: Feedback.{which} raised KeyError: 'answer_text'"
     assert (ex.stats.feedback_errors, ex.stats.fed) == (1, 0)
     # Every later pass tries it again, and still claims and runs the other effects.
     s.ask("B")
-    assert ex.run_once() == 1  # before the fix: raised from the owed feed, B never claimed
+    assert ex.run_once().work == 1  # before the fix: raised from the owed feed, B never claimed
     b = s.consumer.scheduled_effect("tools:B1:look_up")
     assert (b.state, b.fed) == ("succeeded", False)
     assert ex.stats.feedback_errors == 3  # A again, then B
     assert answers(s) == {"A": None, "B": None}
     flaky.fixed = True  # the application's bug fixed: the owed feedback goes through
-    assert ex.run_once() == 0
+    assert ex.run_once().work == 0
     assert answers(s) == {"A": "A", "B": "B"}
     assert [s.consumer.scheduled_effect(f"tools:{f}1:look_up").fed for f in "AB"] == [True, True]
     assert ex.stats.fed == 2
@@ -218,7 +219,7 @@ def test_two_executors_given_one_policy_each_claim_as_themselves(make: Callable[
     s.ask("A")
     shared = s.policy(owner="host:1")
     first, second = s.executor(shared), s.executor(shared)
-    assert first.run_once() == 1
+    assert first.run_once().work == 1
     e = s.consumer.scheduled_effect("tools:A1:look_up")
     # Before the fix both claimed as "host:1": the first executor's late outcome
     # overwrote the second's live claim (succeeded, "late").
@@ -264,6 +265,23 @@ def test_run_until_idle_waits_out_backoff_and_returns_when_nothing_waits(
     assert tries == [1, 2]
     assert stats.outcomes == {"pending": 1, "succeeded": 1} and stats.fed == 1
     assert s.producer.flow("A")["a"] == "ok"
+
+
+def test_a_pass_says_when_the_executor_next_has_work(make: Callable[[EffectRegistry], Setup]) -> None:
+    def busy(call: EffectCall) -> dict[str, str]:
+        raise RetryLater("busy")
+
+    effects = EffectRegistry()
+    effects.register("look_up", busy)
+    s = make(effects)
+    ex = s.executor(s.policy(backoff_base=2.0, backoff_cap=2.0))
+    assert ex.run_once() == PassResult(0, None)  # no effect at all: nothing waits
+    s.ask("A")
+    assert ex.run_once() == PassResult(1, 0.0)  # taken up; it backs off 0.5 * 2 s
+    after = ex.run_once()
+    assert after.work == 0 and after.wake_in == pytest.approx(1.0)
+    s.clock.t += 0.75
+    assert ex.run_once().wake_in == pytest.approx(0.25)
 
 
 def test_run_stops_after_the_call_in_progress_and_claims_nothing_more(make: Callable[[EffectRegistry], Setup]) -> None:

@@ -66,7 +66,7 @@ PUBLIC_NAMES = [
 RECORD_NAMES = [
     "AdvanceResult", "AppliedEvent", "ApplyResult", "ConsumerEntry", "DeliveryRecord",
     "DrainResult", "EffectTransition", "ExecutorStats", "InboxEntry", "InboxRow",
-    "OperatorAction", "OutboxEntry", "PruneResult", "ReceiveResult",
+    "OperatorAction", "OutboxEntry", "PassResult", "PruneResult", "ReceiveResult",
     "RelayBatchResult", "RelayResult", "ScheduledEffect", "StuckFlow", "WorkerStats",
 ]
 STATUS_NAMES = [

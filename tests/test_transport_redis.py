@@ -36,7 +36,7 @@ from redis_server import import_redis
 from reliable_flow import Consumer, Producer, Worker, relay, relay_batch
 from reliable_flow.aio import AsyncProducer, AsyncWorker
 from reliable_flow.errors import ConsumerMismatch, InvalidEnvelope, RemoteError, TransportError
-from reliable_flow.records import WorkerStats
+from reliable_flow.records import PassResult, WorkerStats
 from reliable_flow.reservation import RESERVATION
 from support import (
     canonical_body,
@@ -785,6 +785,18 @@ def test_cli_bridge_once_serves_what_waits(tmp_path: Path, redis_url: str, clien
     assert json.loads(err.rsplit("run: stopped: ", 1)[1])["relayed"] == {"accepted": 3}
     assert [(row[0], row[4]) for row in raw_inbox(c_at)] == [("A1", "applied"), ("A2", "applied"),
                                                              ("A3", "applied")]
+
+
+def test_a_bridge_pass_says_what_it_did_and_to_come_back_at_once(tmp_path: Path, redis_url: str) -> None:
+    with Consumer(str(tmp_path / "consumer.db"), RESERVATION) as consumer, \
+            Bridge(consumer, redis_url, block=0.05) as bridge:
+        assert bridge.run_once() == PassResult(0, 0.0)  # the next pass waits for requests itself
+        with RedisReceiver(redis_url, NAME, timeout=5) as receiver:
+            sent = threading.Thread(target=receiver.accept_many, args=([_body("Z1"), _body("Z2", seq=2)],))
+            sent.start()
+            done = eventually(lambda: bridge.run_once().work, what="the requests answered")
+            sent.join(timeout=10)
+        assert done >= 1 and consumer.projection("Z") is not None
 
 
 def test_cli_unreachable_server_and_misplaced_options(tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ import pytest
 
 from engine_reads import rows
 from reliable_flow import Consumer, DeliveryPolicy, Producer, Worker
-from reliable_flow.records import WorkerStats
+from reliable_flow._loop import UNTIL_IDLE_MAX_SLEEP
+from reliable_flow.records import PassResult, WorkerStats
 from reliable_flow.reservation import RESERVATION
 from support import (
     CHILD_TIMEOUT,
@@ -121,7 +122,7 @@ def test_small_batches_take_several_passes_and_count_every_step(two: tuple[Produ
         commit(producer, flow, sep="-")
     # The two-step path (relay, then an apply pass) is what this test counts.
     worker = Worker(producer, [a, b], relay_batch=2, apply_limit=1, idle_sleep=0, apply_on_receive=False)
-    assert worker.run_once() == 2 + 1 + 2 + 1  # 2 relays and 1 apply for each consumer
+    assert worker.run_once().work == 2 + 1 + 2 + 1  # 2 relays and 1 apply for each consumer
     stats = worker.run(max_passes=10, handle_signals=False)
     assert stats.relayed["accepted"] == 12 and stats.applied == 12
     assert all(c.projection(f) == RELEASED for c in (a, b) for f in "AB")
@@ -137,7 +138,7 @@ def test_by_default_the_worker_applies_on_arrival_and_the_apply_pass_finds_the_r
     a.receive({"event_id": "G-2", "flow_id": "G", "seq": 2, "kind": "confirmed", "schema": 1,
                "payload": {"amount": 3}})
     worker = Worker(producer, [a, b], relay_batch=2, apply_limit=1, idle_sleep=0)
-    assert worker.run_once() == (2 + 2) * 2  # each relay applied its event: a relay step and an apply step
+    assert worker.run_once().work == (2 + 2) * 2  # each relay applied its event: a relay step and an apply step
     assert a.open_flows() == ["G"] and b.open_flows() == []
     stats = worker.run(max_passes=10, handle_signals=False)
     assert stats.relayed["accepted"] == 12 and stats.applied == 12
@@ -167,6 +168,28 @@ def test_a_consumer_that_raises_is_recorded_and_the_others_go_on(at: At) -> None
         clock.t += 10.0
         worker.run(max_passes=1, handle_signals=False)
         assert stats.errors == 4
+
+
+def test_a_pass_says_when_the_worker_next_has_work(at: At) -> None:
+    clock = Clock()
+    policy = DeliveryPolicy(clock=clock, random=lambda: 1.0, backoff_base=3.0)
+    with Producer(at("p"), RESERVATION) as producer, \
+            Unreachable(at("down"), RESERVATION, name="down", exc=lambda n: ConnectionError("refused")) as down:
+        worker = Worker(producer, [down], policy=policy, idle_sleep=0, register=True)
+        assert worker.run_once() == PassResult(0, None)  # nothing committed: nothing waits
+        producer.advance("A-1", "A", expected_seq=0, kind="reserved", payload={"amount": 3})
+        first = worker.run_once()  # the send fails: the event backs off 3 s
+        assert first.work == 0 and first.wake_in == pytest.approx(3.0)
+        clock.t += 2.0
+        assert worker.run_once().wake_in == pytest.approx(1.0)
+        clock.t += 60.0  # due long ago; it fails again and backs off 6 s (capped at the loop's look-again bound)
+        assert worker.run_once().wake_in == pytest.approx(min(6.0, UNTIL_IDLE_MAX_SLEEP))
+    with Producer(at("p2"), RESERVATION) as producer, Consumer(at("c2"), RESERVATION) as consumer:
+        commit(producer, "B", sep="-")
+        worker = Worker(producer, [consumer], idle_sleep=0)
+        done = worker.run_once()
+        assert done.work > 0 and done.wake_in == 0.0
+        assert worker.run_once() == PassResult(0, None)
 
 
 def test_a_flow_that_keeps_failing_does_not_hold_back_the_workers_other_flows(at: At) -> None:

@@ -17,8 +17,9 @@ from types import FrameType
 from typing import Any
 
 from .errors import ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread
+from .records import PassResult
 
-__all__ = ["CANNOT_HEAL", "UNTIL_IDLE_MAX_SLEEP", "UNTIL_IDLE_PAUSE", "Loop", "until_due"]
+__all__ = ["CANNOT_HEAL", "UNTIL_IDLE_MAX_SLEEP", "UNTIL_IDLE_PAUSE", "Loop", "sooner", "until_due"]
 
 # Errors that retrying cannot heal (a consumer name bound to another file, a
 # file of the wrong kind or too new, an object used after fork or in another
@@ -42,6 +43,13 @@ def until_due(waits: list[float]) -> float | None:
     return min(wait if wait > 0 else UNTIL_IDLE_PAUSE, UNTIL_IDLE_MAX_SLEEP)
 
 
+def sooner(idle_sleep: float, wake_in: float | None) -> float:
+    """How long a loop without ``until_idle`` sleeps after a pass with no
+    work: ``idle_sleep``, or less when the pass knows of work due sooner
+    (a call in flight to tend, a delivery or effect due)."""
+    return idle_sleep if wake_in is None else min(idle_sleep, wake_in)
+
+
 class Loop:
     """Stop flag, signal handlers and idle sleeps of one loop object."""
 
@@ -58,15 +66,15 @@ class Loop:
         return self._signalled or self._stop.is_set()
 
     def run(
-        self, one_pass: Callable[[], int], waiting: Callable[[], float | None], *, idle_sleep: float,
-        max_passes: int | None, handle_signals: bool, until_idle: bool, woken: Sequence[threading.Event] = (),
+        self, one_pass: Callable[[], PassResult], *, idle_sleep: float, max_passes: int | None,
+        handle_signals: bool, until_idle: bool, woken: Sequence[threading.Event] = (),
     ) -> None:
-        """Call ``one_pass`` (the work it did) until :meth:`stop`, SIGTERM /
-        SIGINT (handled only when ``handle_signals`` and in the main thread;
-        the previous handlers are put back on return), or ``max_passes``.
-        After a pass that did no work: sleep ``idle_sleep``, or with
-        ``until_idle`` sleep ``waiting()`` seconds, returning when it is None;
-        a sleep ends early once one of ``woken`` is set (an effect call ended)."""
+        """Call ``one_pass`` until :meth:`stop`, SIGTERM / SIGINT (handled
+        only when ``handle_signals`` and in the main thread; the previous
+        handlers are put back on return), or ``max_passes``.  After a pass
+        that did no work: sleep ``idle_sleep``, or with ``until_idle`` sleep
+        the pass's ``wake_in``, returning when it is None; a sleep ends early
+        once one of ``woken`` is set (an effect call ended)."""
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -74,12 +82,12 @@ class Loop:
         try:
             passes = 0
             while not self.stopping:
-                work = one_pass()
+                done = one_pass()
                 passes += 1
                 if max_passes is not None and passes >= max_passes:
                     break
-                if work == 0:
-                    wait = waiting() if until_idle else idle_sleep
+                if done.work == 0:
+                    wait = done.wake_in if until_idle else sooner(idle_sleep, done.wake_in)
                     if wait is None:
                         break
                     self.idle(wait, woken)

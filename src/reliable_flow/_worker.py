@@ -16,7 +16,7 @@ from ._producer import Producer
 from ._receiver import Receiver, is_receiver
 from ._relay import DeliveryPolicy, relay, relay_batch
 from .delivery import DEFAULT_LEASE_SECONDS, check_seconds
-from .records import WorkerStats
+from .records import PassResult, WorkerStats
 from .statuses import DrainStop, RelayStatus
 
 __all__ = ["Worker", "WorkerStats", "add_counts", "apply_open_flows", "failed", "finish_executors", "own_receiving",
@@ -174,20 +174,23 @@ class Worker:
         """True once :meth:`stop` was called or a stop signal arrived."""
         return self._loop.stopping
 
-    def run_once(self) -> int:
-        """One pass over all consumers; returns how many steps did work."""
+    def run_once(self) -> PassResult:
+        """One pass over all consumers: relay to each and apply what waits,
+        then pump the executors; returns the steps that did work and, after
+        a pass with none, when something waits for its time (a delivery
+        leased or backing off, an effect due later; :class:`~reliable_flow.records.PassResult`)."""
         work = 0
         for index in range(len(self.consumers)):
             if self.stopping:
-                return work
+                return PassResult(work, 0.0)
             work += self.relay_step(index, self.stats)[0]
             if self.stopping:
-                return work
+                return PassResult(work, 0.0)
             work += self.apply_step(index, self.stats)
         work += pump_executors(self.executors, self.apply_limit, self.stats, partial(failed, self.stats),
                                lambda: self.stopping)
         self.passed()
-        return work
+        return PassResult(work, 0.0 if work else self._wake_in())
 
     # -- the steps of a pass, each on one store (the asyncio face runs each on its store's thread) --
 
@@ -269,21 +272,22 @@ class Worker:
         (:data:`~reliable_flow._loop.CANNOT_HEAL`).
         """
         try:
-            self._loop.run(self.run_once, self._waiting, idle_sleep=self.idle_sleep, max_passes=max_passes,
+            self._loop.run(self.run_once, idle_sleep=self.idle_sleep, max_passes=max_passes,
                            handle_signals=handle_signals, until_idle=until_idle,
                            woken=[e.calls_ended for e in self.executors])
         finally:
             finish_executors(self.executors, self.stats)
         return self.stats
 
-    def _waiting(self) -> float | None:
-        """Seconds to sleep until the earliest pending delivery or open effect
-        is due (bounded), or None when nothing waits."""
+    def _wake_in(self) -> float | None:
+        """Seconds until the earliest pending delivery or open effect is due
+        (bounded; :func:`~reliable_flow._loop.until_due`), or None when
+        nothing waits; a failed read is recorded and answers ``idle_sleep``."""
         try:
             due = self.delivery_waits()
             due += [d for d in (e.stepper.next_due_in() for e in self.executors) if d is not None]
         except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
-            failed(self.stats, "until_idle", exc)
+            failed(self.stats, "due times", exc)
             return self.idle_sleep
         return until_due(due)
 

@@ -61,6 +61,7 @@ __all__ = [
     "InboxRow",
     "OperatorAction",
     "OutboxEntry",
+    "PassResult",
     "PruneResult",
     "ReceiveResult",
     "RelayBatchResult",
@@ -430,7 +431,27 @@ class PruneResult:
     tombstones_forgotten: int = 0
 
 
-# -- running totals -----------------------------------------------------------------
+# -- a pass of a long-running object, and running totals ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one pass of a ``Worker``, an ``EffectExecutor`` or a ``Bridge``
+    did (``run_once``), and when that object next has work.
+
+    ``work``: the steps that did something (an event relayed or applied, an
+    effect call started, recorded or taken up, a request answered); 0 when
+    the pass found nothing to do.  ``wake_in``: seconds until the object
+    next has work it knows of -- 0.0 when the pass did work (call again at
+    once); a positive number when something waits for its time (a delivery
+    leased or backing off, an effect due later, a call in flight to tend;
+    at most :data:`~reliable_flow._loop.UNTIL_IDLE_MAX_SLEEP`, so a loop
+    looks again); None when nothing waits, so only new events or effects
+    give it work.  ``run(until_idle=True)`` returns on a pass with no work
+    and ``wake_in`` None, and otherwise sleeps ``wake_in``."""
+
+    work: int
+    wake_in: float | None
 
 
 @dataclass

@@ -87,7 +87,7 @@ async def kill_mode(d: str, seed: int, finish: bool) -> int:
         work, fed = await asyncio.gather(worker.run_once(), feed(producer, consumers, rng, quota))
         if fed:
             return fed
-        if finish and work == 0 and await settled(producer):
+        if finish and work.work == 0 and await settled(producer):
             print("done", json.dumps(worker.stats.as_dict()), flush=True)
             return 0
     return 3

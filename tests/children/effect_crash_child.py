@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     effects.register(NAME, record_calls(calls_path))
     policy = DeliveryPolicy(lease_seconds=LEASE, clock=lambda: now, random=lambda: 0.5, owner=OWNER)
     with Consumer(consumer_path, RESERVATION, effects=effects, clock=lambda: now) as consumer:
-        print(EffectExecutor(consumer, policy=policy).run_once(), flush=True)
+        print(EffectExecutor(consumer, policy=policy).run_once().work, flush=True)
     return 0
 
 

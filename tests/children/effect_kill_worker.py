@@ -389,7 +389,7 @@ def run(consumer_path: str, socket_path: str, config: str, owner: str, ready: Ca
             executor = EffectExecutor(consumer, policy=policy(owner=owner))
             ready()
             while time.monotonic() < end and os.getppid() == parent:
-                if executor.run_once(limit=10) == 0:
+                if executor.run_once(limit=10).work == 0:
                     time.sleep(IDLE_PAUSE)
             return
         executor = EffectExecutor(consumer, policy=policy_for(config, owner=owner), concurrency=CONCURRENCY)
@@ -401,7 +401,7 @@ def run(consumer_path: str, socket_path: str, config: str, owner: str, ready: Ca
             if pump:
                 if executor.pump(limit=CONCURRENCY) == 0:
                     executor.calls_ended.wait(0.02)
-            elif executor.run_once(limit=100) == 0:
+            elif executor.run_once(limit=100).work == 0:
                 time.sleep(IDLE_PAUSE)
 
 

@@ -113,7 +113,7 @@ def kill_mode(d: str, seed: int, finish: bool) -> int:
                 if status not in allowed:
                     print("receive answered", status, "for", event_id, file=sys.stderr)
                     return 2
-        work = worker.run_once()
+        work = worker.run_once().work
         if finish and work == 0 and settled(producer):
             print("done", json.dumps(worker.stats.as_dict()), flush=True)
             return 0

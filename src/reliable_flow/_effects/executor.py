@@ -32,7 +32,7 @@ from .._loop import Loop, until_due
 from .._producer import Producer
 from ..delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, own_claims
 from ..metrics import ExecutorMetrics
-from ..records import ExecutorStats
+from ..records import ExecutorStats, PassResult
 from .registry import EffectRegistry
 from .step import Step, Stepper
 
@@ -90,22 +90,25 @@ class EffectExecutor:
         self.stats: ExecutorStats = self.stepper.stats
         self._loop = Loop()
         self._running = False  # inside run(): a stop or signal ends run_once after the call in progress
+        self._idle_sleep = 0.5  # run()'s: how long to wait after a failed read of the due times
 
     @property
     def owner(self) -> str:
         """The name this executor's claims are recorded under (``lease_owner``), its own."""
         return self.policy.owner
 
-    def run_once(self, limit: int = 100) -> int:
+    def run_once(self, limit: int = 100) -> PassResult:
         """Feed back results still owed, then take up to ``limit`` due effects,
         at most ``concurrency`` calls in flight at once, and return once each
         call taken up has ended and its outcome is recorded (a call past its
-        ``timeout`` is recorded in doubt and not waited for); returns how many
-        were taken up (0: nothing due)."""
+        ``timeout`` is recorded in doubt and not waited for).  ``work``: how
+        many were taken up (0: nothing due); ``wake_in`` after a pass with
+        none: seconds until the earliest open effect is due, None when none
+        waits (:class:`~reliable_flow.records.PassResult`)."""
         check_count("limit", limit)
         taken = self._drive(limit, inline=True)
         self.stats.passes += 1
-        return taken
+        return PassResult(taken, 0.0 if taken else self._wake_in())
 
     def pump(self, limit: int = 100) -> int:
         """One step that never waits for a call: record the calls that ended,
@@ -179,7 +182,7 @@ class EffectExecutor:
         check_count("max_passes", max_passes)
         total = 0
         for _ in range(max_passes):
-            done = self.run_once()
+            done = self.run_once().work
             total += done
             if done == 0:
                 break
@@ -221,27 +224,29 @@ class EffectExecutor:
         check_count("limit", limit)
         self._running = True
         try:
-            self._loop.run(lambda: self._pass(limit), lambda: self._waiting(float(idle_sleep)),
-                           idle_sleep=float(idle_sleep), max_passes=max_passes, handle_signals=handle_signals,
-                           until_idle=until_idle)
+            self._idle_sleep = float(idle_sleep)
+            self._loop.run(lambda: self._pass(limit), idle_sleep=self._idle_sleep,
+                           max_passes=max_passes, handle_signals=handle_signals, until_idle=until_idle)
         finally:
             self._running = False
         return self.stats
 
-    def _pass(self, limit: int) -> int:
+    def _pass(self, limit: int) -> PassResult:
         try:
             return self.run_once(limit)
         except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
             self.stepper.failed(exc)
-            return 0
+            return PassResult(0, self._idle_sleep)
 
-    def _waiting(self, idle_sleep: float) -> float | None:
-        """Seconds until the earliest open effect is due (bounded), or None when none waits."""
+    def _wake_in(self) -> float | None:
+        """Seconds until the earliest open effect of this registry is due
+        (bounded; :func:`~reliable_flow._loop.until_due`), or None when none
+        waits; a failed read is recorded and answers the idle sleep."""
         try:
             due = self.stepper.next_due_in()
-        except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
+        except Exception as exc:  # noqa: BLE001 - recorded; look again after an idle sleep
             self.stepper.failed(exc)
-            return idle_sleep
+            return self._idle_sleep
         return until_due([] if due is None else [due])
 
     def _stopping(self) -> bool:

@@ -16,6 +16,9 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._loop import sooner
+from ..records import PassResult
+
 __all__ = ["Signals", "Waker", "run_passes"]
 
 
@@ -43,20 +46,21 @@ class Waker:
         self.event.clear()
 
 
-async def run_passes(one_pass: Callable[[], Awaitable[int]], idle_for: Callable[[], Awaitable[float | None]],
+async def run_passes(one_pass: Callable[[], Awaitable[PassResult]], idle_sleep: float, until_idle: bool,
                      waker: Waker, stopping: Callable[[], bool], max_passes: int | None) -> None:
     """``one_pass`` until ``stopping()`` or ``max_passes``; after a pass that
-    did no work, wait ``idle_for()`` seconds (woken early by ``waker``), and
-    return when it is None."""
+    did no work, wait as :meth:`reliable_flow._loop.Loop.run` does
+    (``idle_sleep``, less when ``wake_in`` is sooner; with ``until_idle``
+    ``wake_in``, returning when it is None), woken early by ``waker``."""
     passes = 0
     while not stopping():
-        work = await one_pass()
+        done = await one_pass()
         passes += 1
         if max_passes is not None and passes >= max_passes:
             return
-        if work:
+        if done.work:
             continue
-        seconds = await idle_for()
+        seconds = done.wake_in if until_idle else sooner(idle_sleep, done.wake_in)
         if seconds is None:
             return
         if not stopping():

@@ -42,6 +42,7 @@ from .._effects.step import Step
 from .._loop import until_due
 from ..delivery import DeliveryPolicy, check_seconds
 from ..metrics import ExecutorMetrics
+from ..records import PassResult
 from ._consumer import AsyncConsumer
 from ._drive import Signals, Waker, run_passes
 from ._producer import AsyncProducer
@@ -138,18 +139,30 @@ class AsyncEffectExecutor:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    async def run_once(self, limit: int = 100) -> int:
+    async def run_once(self, limit: int = 100) -> PassResult:
         """:meth:`EffectExecutor.run_once`, awaited: feed back the results
         still owed, take up to ``limit`` due effects (at most
         ``concurrency`` in flight) and return once each call taken up has
         ended and its outcome is recorded (a call past its ``timeout`` is
-        recorded in doubt and not waited for); how many were taken up."""
+        recorded in doubt and not waited for); ``work``: how many were
+        taken up, ``wake_in`` after a pass with none: when the earliest
+        open effect is due (None: none waits)."""
         check_count("limit", limit)
         await self._feed_owed(limit)
         taken = await self._drive(limit, inline=True)
         self._sync.stats.passes += 1
         await self._feed_owed(limit)
-        return taken
+        return PassResult(taken, 0.0 if taken else await self._wake_in(0.5))
+
+    async def _wake_in(self, idle: float) -> float | None:
+        """Seconds until the earliest open effect is due (bounded), None when
+        none waits; a failed read is recorded and answers ``idle``."""
+        try:
+            due = await self._thread.run(self._sync.stepper.next_due_in)
+        except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
+            self._sync.stepper.failed(exc)
+            return idle
+        return until_due([] if due is None else [due])
 
     async def run_until_idle(self, max_passes: int = 1000) -> int:
         """:meth:`EffectExecutor.run_until_idle`, awaited: :meth:`run_once`
@@ -158,7 +171,7 @@ class AsyncEffectExecutor:
         check_count("max_passes", max_passes)
         total = 0
         for _ in range(max_passes):
-            done = await self.run_once()
+            done = (await self.run_once()).work
             total += done
             if done == 0:
                 break
@@ -245,30 +258,21 @@ class AsyncEffectExecutor:
         check_count("limit", limit)
         idle = float(idle_sleep)
 
-        async def one_pass() -> int:
+        async def one_pass() -> PassResult:
             try:
-                return await self.pump(limit)
+                work = await self.pump(limit)
             except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
                 self._sync.stepper.failed(exc)
-                return 0
-
-        async def idle_for() -> float | None:
-            wake = await self._thread.run(self._sync.stepper.wake_in)
-            if wake is not None:  # calls in flight: tend them when due
-                return min(wake, idle) if idle > 0 else wake
-            if not until_idle:
-                return idle
-            try:
-                due = await self._thread.run(self._sync.stepper.next_due_in)
-            except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
-                self._sync.stepper.failed(exc)
-                return idle
-            return until_due([] if due is None else [due])
+                return PassResult(0, idle)
+            if work:
+                return PassResult(work, 0.0)
+            wake = await self._thread.run(self._sync.stepper.wake_in)  # calls in flight: tend them when due
+            return PassResult(0, wake if wake is not None else await self._wake_in(idle))
 
         self._running = True
         with Signals(handle_signals, self.stop):
             try:
-                await run_passes(one_pass, idle_for, self._waker, lambda: self.stopping, max_passes)
+                await run_passes(one_pass, idle, until_idle, self._waker, lambda: self.stopping, max_passes)
             finally:
                 self._running = False
                 await self.finish()

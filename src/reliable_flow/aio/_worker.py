@@ -29,6 +29,7 @@ from .._loop import until_due
 from .._receiver import Receiver, is_receiver
 from .._worker import Worker, WorkerStats, add_counts, failed
 from ..delivery import DeliveryPolicy
+from ..records import PassResult
 from ._consumer import AsyncConsumer
 from ._drive import Signals, Waker, run_passes
 from ._executor import AsyncEffectExecutor
@@ -158,11 +159,12 @@ class AsyncWorker:
 
     # -- passes --------------------------------------------------------------------------------
 
-    async def run_once(self) -> int:
+    async def run_once(self) -> PassResult:
         """One pass: every consumer relayed to and applied, every executor
-        pumped, at once; returns how many steps did work.  Raises, after
-        recording it, an error retrying cannot heal (the pass's other tasks
-        end first)."""
+        pumped, at once; returns the steps that did work and, after a pass
+        with none, when something waits for its time
+        (:meth:`Worker.run_once`).  Raises, after recording it, an error
+        retrying cannot heal (the pass's other tasks end first)."""
         tasks = [self._consumer_pass(i) for i in range(len(self.consumers))]
         tasks += [self._executor_pass(e) for e in self.executors]
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -171,7 +173,8 @@ class AsyncWorker:
                 raise result
         if not self.stopping:
             self._worker.passed()
-        return sum(r for r in results if isinstance(r, int))
+        work = sum(r for r in results if isinstance(r, int))
+        return PassResult(work, 0.0 if work or self.stopping else await self._wake_in())
 
     async def _consumer_pass(self, index: int) -> int:
         """The worker's relay step on the producer's thread, one event per
@@ -223,12 +226,10 @@ class AsyncWorker:
         for executor in self.executors:
             executor.sync.stepper.flights.wakers.append(waker.set)
 
-        async def idle_for() -> float | None:
-            return await self._waiting() if until_idle else self.idle_sleep
-
         with Signals(handle_signals, self.stop):
             try:
-                await run_passes(self.run_once, idle_for, waker, lambda: self.stopping, max_passes)
+                await run_passes(self.run_once, self.idle_sleep, until_idle, waker, lambda: self.stopping,
+                                 max_passes)
             finally:
                 for executor in self.executors:
                     executor.sync.stepper.flights.wakers.remove(waker.set)
@@ -246,7 +247,7 @@ class AsyncWorker:
                 self.stats.last_error = f"effects of {executor.consumer.name}: {type(exc).__name__}: {exc}"
             self.stats.effects.update(executor.stats.outcomes - before)
 
-    async def _waiting(self) -> float | None:
+    async def _wake_in(self) -> float | None:
         """Seconds until the earliest pending delivery or open effect is due
         (bounded), or None when nothing waits."""
         try:
@@ -256,7 +257,7 @@ class AsyncWorker:
                 if at is not None:
                     due.append(at)
         except Exception as exc:  # noqa: BLE001 - recorded; look again after the idle sleep
-            failed(self.stats, "until_idle", exc)
+            failed(self.stats, "due times", exc)
             return self.idle_sleep
         return until_due(due)
 

@@ -21,7 +21,7 @@ from ..._observe import WARNING, WORKER, fields, log
 from ..._receiver import Receiver
 from ..._worker import WorkerStats, apply_open_flows, finish_executors, pump_executors
 from ...errors import InvalidEnvelope, ReliableFlowError
-from ...records import ReceiveResult
+from ...records import PassResult, ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
 
@@ -178,15 +178,17 @@ class Bridge:
         wait for the effect calls in flight; return the totals."""
         try:
             # Each pass waits up to ``block`` for requests itself: no idle sleep on top.
-            self._loop.run(self.run_once, lambda: None, idle_sleep=0.0, max_passes=max_passes,
+            self._loop.run(self.run_once, idle_sleep=0.0, max_passes=max_passes,
                            handle_signals=handle_signals, until_idle=False)
         finally:
             finish_executors(self.executors, self.stats)
         return self.stats
 
-    def run_once(self) -> int:
+    def run_once(self) -> PassResult:
         """One pass: answer the requests waiting (up to ``batch``, waiting up
-        to ``block`` seconds for one), apply what waits, pump the executors."""
+        to ``block`` seconds for one), apply what waits, pump the executors.
+        Its ``wake_in`` is always 0.0: the next pass waits for requests
+        itself (:class:`~reliable_flow.records.PassResult`)."""
         work = 0
         try:
             work += self._serve()
@@ -202,7 +204,7 @@ class Bridge:
         self.stats.passes += 1
         if self._on_pass is not None:
             self._on_pass(self.stats)
-        return work
+        return PassResult(work, 0.0)
 
     def _serve(self) -> int:
         if time.monotonic() - self._announced_at >= ANNOUNCE_EVERY:
