@@ -42,7 +42,7 @@ def awaited(fn: Callable[Concatenate[Any, P], R], note: str = "") -> Callable[Co
     async def method(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return await self._run(fn, self._sync, *args, **kwargs)  # type: ignore[no-any-return]
 
-    method.__name__ = fn.__name__
+    method.__name__, method.__qualname__ = fn.__name__, f"Async{fn.__qualname__}"  # AsyncConsumer.receive
     method.__doc__ = f"Like ``{fn.__qualname__}``; awaited.  {note}".rstrip()
     method.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     return method
