@@ -7,7 +7,7 @@ crash points and logs), and :class:`Applying`, the consumer seen as a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .. import _envelope as envelope
 from .._core.apply import ApplyRules
@@ -21,7 +21,7 @@ from ..crash import crash_point
 from ..records import ApplyResult, ReceiveResult
 from ..statuses import ApplyStatus, ReceiveStatus
 
-__all__ = ["Applying", "Receiving"]
+__all__ = ["Applying", "ConsumerView", "Receiving"]
 
 
 class Receiving:
@@ -85,7 +85,41 @@ class Receiving:
             ])
 
 
-class Applying:
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def location(self) -> str: ...
+
+
+class ConsumerView:
+    """A consumer seen another way (in the receive-and-apply mode, of the
+    sync or the asyncio face): named, stored and located as ``consumer``."""
+
+    consumer: _Named
+
+    @property
+    def name(self) -> str:
+        """The consumer's name (as ``consumer.name``)."""
+        return self.consumer.name
+
+    @property
+    def uid(self) -> str:
+        """The consumer store's identity (as ``consumer.uid``)."""
+        return self.consumer.uid
+
+    @property
+    def location(self) -> str:
+        """Where the consumer's store lives (as ``consumer.location``)."""
+        return self.consumer.location
+
+    def __repr__(self) -> str:
+        return f"{self.consumer!r}.applying()"
+
+
+class Applying(ConsumerView):
     """A consumer seen as a :class:`~reliable_flow.Receiver` in the
     receive-and-apply mode (:meth:`Consumer.applying`): same name, file and
     uid; only ``accept`` and ``accept_many`` differ (they apply on arrival
@@ -95,18 +129,6 @@ class Applying:
     def __init__(self, consumer: Receiver, receiving: Receiving, rules: ApplyRules) -> None:
         self.consumer, self._receiving, self._rules = consumer, receiving, rules
         self.applied = 0
-
-    @property
-    def name(self) -> str:
-        return self.consumer.name
-
-    @property
-    def uid(self) -> str:
-        return self.consumer.uid
-
-    @property
-    def location(self) -> str:
-        return self.consumer.location
 
     def accept(self, body: str) -> ReceiveResult:
         result = self._receiving.one(body, self._rules)
@@ -118,6 +140,3 @@ class Applying:
         results = self._receiving.all(bodies, self._rules)
         self.applied += sum(1 for r in results if r.applied)
         return results
-
-    def __repr__(self) -> str:
-        return f"{self.consumer!r}.applying()"

@@ -11,117 +11,49 @@ call either did not start (nothing recorded) or finishes on the thread
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from .._consumer import ConsumerAdmin
 from .._producer_admin import ProducerAdmin
-from .._retention import DEFAULT_PRUNE_BATCH
-from ..records import ConsumerEntry, OperatorAction, PruneResult
-
-_T = TypeVar("_T")
-
-
-class Run(Protocol):
-    """How an admin runs a call of its sync admin: its owner's ``run_sync``."""
-
-    def __call__(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Awaitable[_T]: ...
+from ._face import awaited
 
 __all__ = ["AsyncConsumerAdmin", "AsyncProducerAdmin"]
 
+Run = Callable[..., Awaitable[Any]]  # how an admin runs a call of its sync admin: its owner's ``run_sync``
+_PRUNE = "Cancelled, the prune still runs to its end on the thread."
 
-class AsyncProducerAdmin:
+
+class _Admin:
+    """An owner's sync admin, whose calls ``run`` runs on the owner's store thread."""
+
+    def __init__(self, owner: object, run: Run, admin: ProducerAdmin | ConsumerAdmin) -> None:
+        self._owner, self._run, self._sync = owner, run, admin
+
+    def __repr__(self) -> str:
+        return f"{self._owner!r}.admin"
+
+
+class AsyncProducerAdmin(_Admin):
     """``ProducerAdmin``, awaited (``await producer.admin.skip(...)``)."""
 
-    def __init__(self, owner: object, run: Run, admin: ProducerAdmin) -> None:
-        self._owner, self._run, self._admin = owner, run, admin
-
-    async def redeliver(self, event_id: str, *, consumer: str, actor: str, reason: str) -> OperatorAction:
-        """Like ``ProducerAdmin.redeliver``; awaited."""
-        return await self._run(self._admin.redeliver, event_id, consumer=consumer, actor=actor, reason=reason)
-
-    async def skip(self, event_id: str, *, consumer: str, actor: str, reason: str) -> OperatorAction:
-        """Like ``ProducerAdmin.skip``; awaited."""
-        return await self._run(self._admin.skip, event_id, consumer=consumer, actor=actor, reason=reason)
-
-    async def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        """Like ``ProducerAdmin.operator_actions``; awaited."""
-        return await self._run(self._admin.operator_actions, event_id)
-
-    async def consumers(self) -> list[ConsumerEntry]:
-        """Like ``ProducerAdmin.consumers``; awaited."""
-        return await self._run(self._admin.consumers)
-
-    async def register_consumer(
-        self, name: str, from_now: bool = False, *, actor: str, reason: str
-    ) -> OperatorAction:
-        """Like ``ProducerAdmin.register_consumer``; awaited."""
-        return await self._run(self._admin.register_consumer, name, from_now, actor=actor, reason=reason)
-
-    async def remove_consumer(self, name: str, *, actor: str, reason: str) -> OperatorAction:
-        """Like ``ProducerAdmin.remove_consumer``; awaited."""
-        return await self._run(self._admin.remove_consumer, name, actor=actor, reason=reason)
-
-    async def registry_actions(self, name: str | None = None) -> list[OperatorAction]:
-        """Like ``ProducerAdmin.registry_actions``; awaited."""
-        return await self._run(self._admin.registry_actions, name)
-
-    async def prune(
-        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
-        limit: int | None = None, forget_after: float | None = None,
-    ) -> PruneResult:
-        """Like ``ProducerAdmin.prune``; awaited.  Cancelled, the prune still
-        runs to its end on the thread."""
-        return await self._run(self._admin.prune, older_than, now=now, batch_size=batch_size, limit=limit,
-                            forget_after=forget_after)
-
-    def __repr__(self) -> str:
-        return f"{self._owner!r}.admin"
+    redeliver = awaited(ProducerAdmin.redeliver)
+    skip = awaited(ProducerAdmin.skip)
+    operator_actions = awaited(ProducerAdmin.operator_actions)
+    consumers = awaited(ProducerAdmin.consumers)
+    register_consumer = awaited(ProducerAdmin.register_consumer)
+    remove_consumer = awaited(ProducerAdmin.remove_consumer)
+    registry_actions = awaited(ProducerAdmin.registry_actions)
+    prune = awaited(ProducerAdmin.prune, _PRUNE)
 
 
-class AsyncConsumerAdmin:
+class AsyncConsumerAdmin(_Admin):
     """``ConsumerAdmin``, awaited (``await consumer.admin.skip_event(...)``)."""
 
-    def __init__(self, owner: object, run: Run, admin: ConsumerAdmin) -> None:
-        self._owner, self._run, self._admin = owner, run, admin
-
-    async def skip_event(self, event_id: str, *, actor: str, reason: str) -> OperatorAction:
-        """Like ``ConsumerAdmin.skip_event``; awaited."""
-        return await self._run(self._admin.skip_event, event_id, actor=actor, reason=reason)
-
-    async def replace_event(
-        self, event_id: str, corrected_envelope: dict[str, Any] | str | bytes, *, actor: str, reason: str
-    ) -> OperatorAction:
-        """Like ``ConsumerAdmin.replace_event``; awaited."""
-        return await self._run(self._admin.replace_event, event_id, corrected_envelope, actor=actor, reason=reason)
-
-    async def operator_actions(self, event_id: str | None = None) -> list[OperatorAction]:
-        """Like ``ConsumerAdmin.operator_actions``; awaited."""
-        return await self._run(self._admin.operator_actions, event_id)
-
-    async def retry_effect(self, key: str, *, actor: str, reason: str) -> OperatorAction:
-        """Like ``ConsumerAdmin.retry_effect``; awaited."""
-        return await self._run(self._admin.retry_effect, key, actor=actor, reason=reason)
-
-    async def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> OperatorAction:
-        """Like ``ConsumerAdmin.resolve_effect``; awaited."""
-        return await self._run(self._admin.resolve_effect, key, result=result, actor=actor, reason=reason)
-
-    async def cancel_effect(self, key: str, *, actor: str, reason: str) -> OperatorAction:
-        """Like ``ConsumerAdmin.cancel_effect``; awaited."""
-        return await self._run(self._admin.cancel_effect, key, actor=actor, reason=reason)
-
-    async def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
-        """Like ``ConsumerAdmin.effect_actions``; awaited."""
-        return await self._run(self._admin.effect_actions, key)
-
-    async def prune(
-        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
-        limit: int | None = None, forget_after: float | None = None,
-    ) -> PruneResult:
-        """Like ``ConsumerAdmin.prune``; awaited.  Cancelled, the prune still
-        runs to its end on the thread."""
-        return await self._run(self._admin.prune, older_than, now=now, batch_size=batch_size, limit=limit,
-                            forget_after=forget_after)
-
-    def __repr__(self) -> str:
-        return f"{self._owner!r}.admin"
+    skip_event = awaited(ConsumerAdmin.skip_event)
+    replace_event = awaited(ConsumerAdmin.replace_event)
+    operator_actions = awaited(ConsumerAdmin.operator_actions)
+    retry_effect = awaited(ConsumerAdmin.retry_effect)
+    resolve_effect = awaited(ConsumerAdmin.resolve_effect)
+    cancel_effect = awaited(ConsumerAdmin.cancel_effect)
+    effect_actions = awaited(ConsumerAdmin.effect_actions)
+    prune = awaited(ConsumerAdmin.prune, _PRUNE)

@@ -41,10 +41,10 @@ from .._effects.registry import EffectRegistry
 from .._effects.step import Step
 from .._loop import until_due
 from ..delivery import DeliveryPolicy, check_seconds
-from ..metrics import ExecutorMetrics
 from ..records import PassResult
 from ._consumer import AsyncConsumer
 from ._drive import Signals, Waker, run_passes
+from ._face import awaited
 from ._producer import AsyncProducer
 
 __all__ = ["AsyncEffectExecutor"]
@@ -83,6 +83,7 @@ class AsyncEffectExecutor:
         self.consumer = consumer
         self.producer = producer
         self._thread = consumer.thread
+        self._run = self._thread.run  # what an awaited method runs through
         # Given no producer: every result stays owed for the awaited feedback steps below.
         self._sync: EffectExecutor = self._thread.call(
             EffectExecutor, consumer.sync, effects, policy=policy, concurrency=concurrency, loop=loop)
@@ -133,9 +134,7 @@ class AsyncEffectExecutor:
         """Set when a call in flight ends, until the next step records it."""
         return self._sync.calls_ended
 
-    async def metrics(self) -> ExecutorMetrics:
-        """:meth:`EffectExecutor.metrics`, read on the consumer's thread."""
-        return await self._thread.run(self._sync.metrics)
+    metrics = awaited(EffectExecutor.metrics)
 
     # -- steps ---------------------------------------------------------------------------------
 

@@ -15,54 +15,18 @@ happened) or the call finishes on the thread and its result is dropped.  An
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 from .._producer import Batch, Producer
-from .._store.open import Location
-from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
-from ..errors import StorageError
-from ..metrics import ProducerMetrics
-from ..protocol import Protocol
-from ..records import AdvanceResult, OutboxEntry
+from ..records import AdvanceResult
 from ._admin import AsyncProducerAdmin
-from ._thread import StoreThread
+from ._face import OnThread, awaited, same_arguments
 
-__all__ = ["AsyncBatch", "AsyncProducer", "open_on_thread", "open_on_thread_async"]
+__all__ = ["AsyncBatch", "AsyncProducer"]
 
 _T = TypeVar("_T")
-_O = TypeVar("_O")
-
-
-def _close_if_opened(opened: Any) -> None:
-    """On the thread, after an open whose awaiting task went away: close what it opened."""
-    if not opened.cancelled() and opened.exception() is None:
-        opened.result().close()
-
-
-def open_on_thread(thread: StoreThread, factory: Callable[..., _O], *args: Any, **kwargs: Any) -> _O:
-    """Open the sync object on ``thread`` and wait (blocking); stop the
-    thread if it raises."""
-    try:
-        return thread.call(factory, *args, **kwargs)
-    except BaseException:
-        thread.stop()
-        raise
-
-
-async def open_on_thread_async(thread: StoreThread, factory: Callable[..., _O], *args: Any, **kwargs: Any) -> _O:
-    """:func:`open_on_thread`, awaited.  If the awaiting task is cancelled
-    the open still finishes on the thread; what it opened is then closed
-    there and the thread stops."""
-    opened = thread.submit(factory, *args, **kwargs)
-    try:
-        return await asyncio.wrap_future(opened)
-    except BaseException:
-        thread.submit(_close_if_opened, opened)
-        thread.stop()
-        raise
 
 
 class AsyncBatch:
@@ -70,30 +34,22 @@ class AsyncBatch:
     :meth:`AsyncProducer.batch`; ``await b.advance(...)`` inside its block."""
 
     def __init__(self, owner: AsyncProducer, batch: Batch) -> None:
-        self._owner = owner
-        self._batch = batch
+        # Straight on the thread: the block holds the producer's lock (its
+        # advances may come from tasks it started, which do not hold it).
+        self._sync, self._run = batch, owner.thread.run
 
     @property
     def results(self) -> list[AdvanceResult]:
         """Every advance's result, in order (they hold once the block exited normally)."""
-        return list(self._batch.results)
+        return list(self._sync.results)
 
     @property
     def committed(self) -> int:
         """How many advances of this batch will commit (status ``committed``)."""
-        return self._batch.committed
+        return self._sync.committed
 
-    async def advance(
-        self, event_id: str, flow_id: str, *, expected_seq: int, kind: str, payload: dict[str, Any],
-        schema: int = 1, meta: dict[str, str] | None = None,
-    ) -> AdvanceResult:
-        """Like ``Batch.advance``; awaited.  Cancelled, the advance either did
-        not run or ran inside the batch; the block then ends with the
-        ``CancelledError`` and the whole batch rolls back (unless caught)."""
-        return await self._owner.thread.run(
-            self._batch.advance, event_id, flow_id, expected_seq=expected_seq, kind=kind, payload=payload,
-            schema=schema, meta=meta,
-        )
+    advance = awaited(Batch.advance, "Cancelled, the advance either did not run or ran inside the batch; "
+                      "the block then ends with the ``CancelledError`` and the whole batch rolls back (unless caught).")
 
 
 def _rollback(entered: Any, cm: AbstractContextManager[Batch]) -> None:
@@ -106,7 +62,7 @@ def _rollback(entered: Any, cm: AbstractContextManager[Batch]) -> None:
             pass
 
 
-class AsyncProducer:
+class AsyncProducer(OnThread[Producer]):
     """:class:`~reliable_flow.Producer`, awaited: the same arguments, statuses,
     results, errors and guarantees (it calls the same core and store).
 
@@ -124,44 +80,19 @@ class AsyncProducer:
     cancelling a call does.
     """
 
-    def __init__(
-        self,
-        location: Location,
-        protocol: Protocol,
-        *,
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
-        max_backlog: int | None = None,
-    ) -> None:
-        thread = StoreThread("producer")
-        self._adopt(thread, open_on_thread(
-            thread, Producer, location, protocol, busy_timeout=busy_timeout, max_backlog=max_backlog))
+    @same_arguments(Producer.__init__)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(Producer, *args, **kwargs)
 
     @classmethod
-    async def open(
-        cls,
-        location: Location,
-        protocol: Protocol,
-        *,
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
-        max_backlog: int | None = None,
-    ) -> AsyncProducer:
+    @same_arguments(Producer.__init__)
+    async def open(cls, *args: Any, **kwargs: Any) -> AsyncProducer:
         """Like the constructor, without blocking the event loop."""
-        thread = StoreThread("producer")
-        sync = await open_on_thread_async(
-            thread, Producer, location, protocol, busy_timeout=busy_timeout, max_backlog=max_backlog)
-        self = cls.__new__(cls)
-        self._adopt(thread, sync)
-        return self
+        return await cls._opened(Producer, args, kwargs)
 
-    def _adopt(self, thread: StoreThread, sync: Producer) -> None:
-        location = sync.location
-        thread.closed_error = lambda: StorageError(f"the producer {location} is closed")
-        self._thread = thread
-        self._sync = sync
-        self._lock = asyncio.Lock()
+    def _adopted(self) -> None:
         self._batch_task: asyncio.Task[Any] | None = None
-        self._admin = AsyncProducerAdmin(self, self.run_sync, sync.admin)
-        weakref.finalize(self, thread.stop)  # a forgotten object does not keep its thread
+        self._admin = AsyncProducerAdmin(self, self.run_sync, self._sync.admin)
 
     async def run_sync(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run ``fn`` on the store's thread, after any batch another task has
@@ -171,25 +102,10 @@ class AsyncProducer:
         async with self._lock:
             return await self._thread.run(fn, *args, **kwargs)
 
-    # -- for the aio face's own use -------------------------------------------------
-
-    @property
-    def sync(self) -> Producer:
-        """The sync ``Producer`` behind this object; for the aio face's own use,
-        and only on :attr:`thread`."""
-        return self._sync
-
-    @property
-    def thread(self) -> StoreThread:
-        """The thread the store lives on; for the aio face's own use."""
-        return self._thread
-
     @property
     def lock(self) -> asyncio.Lock:
         """Held while a batch is open; for the aio face's own use (relay)."""
         return self._lock
-
-    # -- the producer ------------------------------------------------------------------
 
     @property
     def admin(self) -> AsyncProducerAdmin:
@@ -197,31 +113,12 @@ class AsyncProducer:
         return self._admin
 
     @property
-    def location(self) -> str:
-        """Where the store lives (password masked)."""
-        return self._sync.location
-
-    @property
-    def protocol(self) -> Protocol:
-        """The protocol this producer was opened for."""
-        return self._sync.protocol
-
-    @property
     def max_backlog(self) -> int | None:
         """``advance`` answers ``backlog_full`` at this many pending deliveries (None: never)."""
         return self._sync.max_backlog
 
-    async def advance(
-        self, event_id: str, flow_id: str, *, expected_seq: int, kind: str, payload: dict[str, Any],
-        schema: int = 1, meta: dict[str, str] | None = None,
-    ) -> AdvanceResult:
-        """Like ``Producer.advance``; awaited.  Cancelled after the thread
-        started it, it still commits (or not) as a whole; a retry of the
-        same call then answers ``existing``."""
-        return await self.run_sync(
-            self._sync.advance, event_id, flow_id, expected_seq=expected_seq, kind=kind, payload=payload,
-            schema=schema, meta=meta,
-        )
+    advance = awaited(Producer.advance, "Cancelled after the thread started it, it still commits (or not) "
+                      "as a whole; a retry of the same call then answers ``existing``.")
 
     def batch(self) -> AbstractAsyncContextManager[AsyncBatch]:
         """``async with producer.batch() as b: await b.advance(...)``: like
@@ -260,43 +157,8 @@ class AsyncProducer:
             finally:
                 self._batch_task = None
 
-    async def flow(self, flow_id: str) -> dict[str, Any] | None:
-        """Like ``Producer.flow``; awaited."""
-        return await self.run_sync(self._sync.flow, flow_id)
-
-    async def flows(self) -> list[str]:
-        """Like ``Producer.flows``; awaited."""
-        return await self.run_sync(self._sync.flows)
-
-    async def outbox(self, flow_id: str | None = None, *, consumer: str | None = None) -> list[OutboxEntry]:
-        """Like ``Producer.outbox``; awaited."""
-        return await self.run_sync(self._sync.outbox, flow_id, consumer=consumer)
-
-    async def event(self, event_id: str) -> dict[str, Any] | None:
-        """Like ``Producer.event``; awaited."""
-        return await self.run_sync(self._sync.event, event_id)
-
-    async def metrics(self, now: float | None = None) -> ProducerMetrics:
-        """Like ``Producer.metrics``; awaited."""
-        return await self.run_sync(self._sync.metrics, now)
-
-    # -- lifecycle ---------------------------------------------------------------
-
-    async def close(self) -> None:
-        """Like ``Producer.close``; awaited, then the thread ends.  Once asked
-        for, the close happens even if the awaiting task is cancelled."""
-        async with self._lock:
-            await self._thread.finish(self._sync.close)
-
-    async def reopen(self) -> None:
-        """Like ``Producer.reopen``; awaited (a new connection, on the same thread)."""
-        await self.run_sync(self._sync.reopen)
-
-    async def __aenter__(self) -> AsyncProducer:  # noqa: PYI034 - Self needs Python 3.11
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncProducer({self.location!r}, {self.protocol.name})"
+    flow = awaited(Producer.flow)
+    flows = awaited(Producer.flows)
+    outbox = awaited(Producer.outbox)
+    event = awaited(Producer.event)
+    metrics = awaited(Producer.metrics)

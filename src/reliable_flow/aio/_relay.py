@@ -15,31 +15,18 @@ consumer commits, then the producer marks) and the result is dropped -- the
 guarantees of the sync relay hold whatever the task does: at least once
 delivered, stored once (a later relay answers ``idle``, or ``duplicate``
 for an event the producer had not marked).
-
-To an :class:`AsyncConsumer` (or its ``applying()``), the relay calls the
-sync relay's driver (:func:`~reliable_flow._relay.relay_to`) with the
-sync relay's argument checks and span, less one: the structural
-``isinstance(..., Receiver)`` check of a receiver, which costs some 15-20
-microseconds a call on Python 3.11 (it inspects every member) and can only
-pass for the receiver made here.  Any other receiver goes through
-:func:`reliable_flow.relay` itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._checks import check_count, check_flag
 from .._consumer import Applying, Consumer
-from .._producer import Producer
 from .._receiver import Receiver
 from .._relay import relay as sync_relay
 from .._relay import relay_batch as sync_relay_batch
-from .._relay import relay_batch_to, relay_to
 from ..delivery import DeliveryPolicy
-from ..errors import InvalidEnvelope
 from ..records import ReceiveResult, RelayBatchResult, RelayResult
-from ..tracing import traced
 from ._consumer import AsyncApplying, AsyncConsumer
 from ._producer import AsyncProducer
 from ._thread import StoreThread
@@ -54,11 +41,21 @@ class OnItsThread:
 
     def __init__(self, thread: StoreThread, target: Receiver, name: str, uid: str,
                  location: str) -> None:
-        self._thread = thread
-        self._target = target
-        self.name = name
-        self.uid = uid
-        self.location = location
+        self._thread, self._target, self._named = thread, target, (name, uid, location)
+
+    # Properties, not instance attributes: the relay's is_receiver check then
+    # knows the class after its first look (one set look-up a relay).
+    @property
+    def name(self) -> str:
+        return self._named[0]
+
+    @property
+    def uid(self) -> str:
+        return self._named[1]
+
+    @property
+    def location(self) -> str:
+        return self._named[2]
 
     def accept(self, body: str) -> ReceiveResult:
         return self._thread.call(self._target.accept, body)
@@ -78,28 +75,6 @@ def _receiver(consumer: AsyncConsumer | AsyncApplying | Receiver) -> OnItsThread
     else:
         return consumer  # another Receiver (a network client): called on the producer's thread
     return OnItsThread(c.thread, target, c.name, c.uid, c.location)
-
-
-def _span(producer: Producer, consumer: Receiver, *args: object, **kwargs: object) -> dict[str, str]:
-    return {"reliable_flow.consumer": str(getattr(consumer, "name", ""))}
-
-
-@traced("reliable_flow.relay", _span)
-def _relay_on_thread(producer: Producer, consumer: OnItsThread, event_id: str | None, *,
-                     policy: DeliveryPolicy | None, register: bool) -> RelayResult:
-    """:func:`reliable_flow.relay` to the receiver made by :func:`_receiver`:
-    the same checks, span and core call, without the structural check."""
-    if event_id is not None and (not isinstance(event_id, str) or not event_id):
-        raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")
-    return relay_to(producer.store, consumer, event_id, policy, check_flag("register", register))
-
-
-@traced("reliable_flow.relay_batch", _span)
-def _relay_batch_on_thread(producer: Producer, consumer: OnItsThread, limit: int, *,
-                           policy: DeliveryPolicy | None, register: bool) -> RelayBatchResult:
-    """:func:`reliable_flow.relay_batch` to the receiver made by :func:`_receiver` (see above)."""
-    check_count("limit", limit)
-    return relay_batch_to(producer.store, consumer, limit, policy, check_flag("register", register))
 
 
 def _producer(producer: object) -> AsyncProducer:
@@ -122,10 +97,7 @@ async def relay(
     producer's thread).  Waits for any batch another task has open on the
     producer.  See the module for cancellation."""
     p = _producer(producer)
-    receiver = _receiver(consumer)
-    if isinstance(receiver, OnItsThread):
-        return await p.run_sync(_relay_on_thread, p.sync, receiver, event_id, policy=policy, register=register)
-    return await p.run_sync(sync_relay, p.sync, receiver, event_id, policy=policy, register=register)
+    return await p.run_sync(sync_relay, p.sync, _receiver(consumer), event_id, policy=policy, register=register)
 
 
 async def relay_batch(
@@ -138,7 +110,4 @@ async def relay_batch(
 ) -> RelayBatchResult:
     """Like :func:`reliable_flow.relay_batch`; awaited (see :func:`relay`)."""
     p = _producer(producer)
-    receiver = _receiver(consumer)
-    if isinstance(receiver, OnItsThread):
-        return await p.run_sync(_relay_batch_on_thread, p.sync, receiver, limit, policy=policy, register=register)
-    return await p.run_sync(sync_relay_batch, p.sync, receiver, limit, policy=policy, register=register)
+    return await p.run_sync(sync_relay_batch, p.sync, _receiver(consumer), limit, policy=policy, register=register)
