@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import engine_reads
 from engine_reads import new_location
 from reliable_flow import (
     ApplyContext,
@@ -497,6 +498,11 @@ def test_every_transition_is_a_history_row_in_order(make: Callable[..., World]) 
     assert rows[3].detail.startswith(f"due at {T0 + 2:.3f}")  # type: ignore[union-attr]
     assert rows[8].detail == "reconcile: it happened"
     assert world.consumer.effect_history("no-such-key") == []
+    # The due time is a field where the transition left the effect due again;
+    # the in-doubt backoff is the policy's, as its detail says.
+    doubt = rows[6].due_at
+    assert doubt is not None and doubt > rows[6].at and rows[6].detail == f"due at {doubt:.3f}: OutcomeUnknown: no reply"
+    assert [t.due_at for t in rows] == [T0, None, None, T0 + 2, None, None, doubt, None, None, None]
 
 
 def test_a_timeout_a_lease_takeover_and_an_operator_are_in_the_history(make: Callable[..., World]) -> None:
@@ -518,6 +524,9 @@ def test_a_timeout_a_lease_takeover_and_an_operator_are_in_the_history(make: Cal
     world.consumer.admin.resolve_effect(key, result={"by": "hand"}, actor="ada", reason="checked the ledger")
     kinds = [str(t.transition) for t in world.consumer.effect_history(key)]
     assert kinds == ["scheduled", "claimed", "timed_out", "released", "parked", "operator"]
+    released = world.consumer.effect_history(key)[3]
+    assert released.due_at == released.at  # the doubt is due at once; a held timeout and a resolve are not due
+    assert [t.due_at is None for t in world.consumer.effect_history(key)] == [False, True, True, False, True, True]
     operator = world.consumer.effect_history(key)[-1]
     assert operator.owner is None and operator.detail == "resolve by ada (unknown -> succeeded): checked the ledger"
 
@@ -538,6 +547,70 @@ def test_a_lease_that_ran_out_is_in_the_history_of_both_executors(make: Callable
         ("lease_expired", 1, first.owner), ("reconciling", 1, second_owner), ("reconciled", 1, second_owner),
         ("succeeded", 1, second_owner), ("lease_lost", 1, first.owner),
     ]
+
+
+def test_an_operators_retry_is_due_at_once_in_the_history(make: Callable[..., World]) -> None:
+    from reliable_flow import PermanentFailure
+
+    def call(c: EffectCall) -> None:
+        raise PermanentFailure("no such account")
+
+    world = make(call)
+    [key] = world.ask(1)
+    world.executor().run_once()
+    world.clock.t += 5
+    world.consumer.admin.retry_effect(key, actor="ada", reason="account fixed")
+    *_, dead, operator = world.consumer.effect_history(key)
+    assert (str(dead.transition), dead.due_at) == ("dead", None)
+    assert (str(operator.transition), operator.due_at) == ("operator", T0 + 5)
+
+
+def _consumer_store_one_version_back(engine: str, location: str) -> int:
+    """Create a consumer store of ``ask`` named ``tools`` at ``location`` as
+    the release before ``effect_history.due_at`` made it (every migration
+    but the last), the way that release's own code did; its version."""
+    meta = "INSERT INTO meta(key, value) VALUES ('protocol', 'ask'), ('name', 'tools'), ('uid', 'u-old')"
+    if engine == "sqlite":
+        from reliable_flow._store.sqlite import connection as lite
+        from reliable_flow._store.sqlite.schema import CONSUMER, FileKind
+
+        old = FileKind(CONSUMER.name, CONSUMER.application_id, CONSUMER.migrations[:-1])
+        lite.Database(location, old, on_create=lambda conn: conn.execute(meta)).close()
+        return old.version
+    from reliable_flow._store.postgres import connection as pg
+    from reliable_flow._store.postgres import location as where
+    from reliable_flow._store.postgres.schema import CONSUMER as PG_CONSUMER
+    from reliable_flow._store.postgres.schema import StoreKind
+
+    old_pg = StoreKind(PG_CONSUMER.name, PG_CONSUMER.migrations[:-1])
+    pg.Database(where.parse(location, old_pg.name), old_pg, on_create=lambda conn: conn.execute(meta)).close()
+    return old_pg.version
+
+
+def _schema_version(engine: str, location: str) -> int:
+    query = "PRAGMA user_version" if engine == "sqlite" else "SELECT version FROM rf_identity"
+    return int(engine_reads.rows(location, query)[0][0])
+
+
+def test_an_older_store_gains_the_due_time_and_its_old_rows_have_none(engine: str, tmp_path: Path) -> None:
+    location = new_location(engine, tmp_path, "consumer")
+    old = _consumer_store_one_version_back(engine, location)
+    engine_reads.execute(location, (
+        "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail) "
+        "VALUES ('k-old', 'call', 900.0, 'retry_planned', 1, 'ex', 'due at 950.000: busy')"))
+    assert _schema_version(engine, location) == old
+    effects = EffectRegistry()
+    effects.register("call", lambda c: "ok")
+    with Producer(new_location(engine, tmp_path, "producer"), ASK) as producer, \
+            Consumer(location, ASK, name="tools", effects=effects, clock=Clock(T0), handlers=[
+                lambda ctx: ctx.schedule("call", {"q": "x"}, key="k-new")]) as consumer:
+        assert _schema_version(engine, location) == old + 1
+        [row] = consumer.effect_history("k-old")
+        assert (row.detail, row.due_at) == ("due at 950.000: busy", None)  # kept as written; no due time then
+        producer.advance("F-1", "F", expected_seq=0, kind="asked", payload={"q": "x"})
+        assert relay(producer, consumer, register=True).status == "accepted"
+        assert consumer.apply_next("F").status == "applied"
+        assert [(str(t.transition), t.due_at) for t in consumer.effect_history("k-new")] == [("scheduled", T0)]
 
 
 def test_pruning_removes_an_effects_history_with_it(make: Callable[..., World]) -> None:
@@ -565,9 +638,11 @@ def test_inspect_effect_shows_the_history(make: Callable[..., World], capsys: py
     steps = [line.split()[1] for line in out.splitlines() if " attempt " in line]
     assert steps == ["scheduled", "claimed", "called", "succeeded"], out
     assert "called           attempt 1 [" in out and out.rstrip().endswith("nothing needs attention (stuck after 300 s)")
+    assert "scheduled        attempt 0 due 1970-01-01T00:16:40+00:00\n" in out  # T0: due from its scheduling
     assert main(["inspect", producer, consumer, "--effect", key, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [t["transition"] for t in report["consumer"]["history"]] == ["scheduled", "claimed", "called", "succeeded"]
+    assert [t["due_at"] for t in report["consumer"]["history"]] == [T0, None, None, None]
 
 
 # -- caps and rate limits, across executors ---------------------------------------------------
@@ -617,7 +692,8 @@ def test_a_rate_limit_holds_across_executors_and_puts_effects_off(make: Callable
     assert calls == [T0, T0]
     waiting = [world.consumer.scheduled_effect(k) for k in keys[2:]]
     assert [(e.state, e.due_at) for e in waiting] == [("pending", T0 + 10)] * 3  # type: ignore[union-attr]
-    assert "rate_limited" in [str(t.transition) for t in world.consumer.effect_history(keys[2])]
+    limited = [t for t in world.consumer.effect_history(keys[2]) if str(t.transition) == "rate_limited"]
+    assert [t.due_at for t in limited] == [T0 + 10]
     world.clock.t += 10
     assert second.run_once().work == 2 and calls == [T0, T0, T0 + 10, T0 + 10]
     world.clock.t += 10

@@ -333,7 +333,11 @@ class EffectTransition:
     ``claimed``); ``owner``: the executor that made the change (its claim
     owner), None for an apply or an operator; ``detail``: what happened, in
     words (the error, the reconcile answer, the due time, the actor and
-    reason of an operator)."""
+    reason of an operator).  ``due_at``: when the transition left the effect
+    due to be taken up again (``scheduled``, ``rate_limited``,
+    ``retry_planned``, ``in_doubt``, ``released``, an operator's
+    ``retry``); None when it left the effect final or held under a lease,
+    and for rows written before the field existed."""
 
     key: str
     name: str
@@ -342,6 +346,7 @@ class EffectTransition:
     attempt: int
     owner: str | None = None
     detail: str | None = None
+    due_at: float | None = None
 
 
 # -- what an operator reads when something is stuck ---------------------------------

@@ -88,5 +88,6 @@ def effect_action_in(unit: EffectUnit, action: str, key: str, actor: str, reason
     record = OperatorAction(at=now, target=ActionTarget.EFFECT, key=key, action=action, actor=actor, reason=reason)
     unit.record_action(record)
     unit.add_transitions([note(effect, Transition.OPERATOR, now, None,
-                               f"{action} by {actor} ({effect.state} -> {changes['state']}): {reason}")])
+                               f"{action} by {actor} ({effect.state} -> {changes['state']}): {reason}",
+                               due_at=now if "due_at" in changes else None)])  # a retry: due at once
     return record, effect

@@ -166,7 +166,7 @@ def claim_in(unit: EffectUnit, specs: Mapping[str, EffectSpec], policy: Delivery
                 unit.update_effect(effect.key, {"due_at": free_at}, now)
                 notes.append(note(effect, Transition.RATE_LIMITED, now, policy.owner, (
                     f"{starts[name][0]} starts of {name!r} in the last {spec.rate_limit[1]:g} s "
-                    f"(rate_limit {spec.rate_limit[0]}): due at {free_at:.3f}")))
+                    f"(rate_limit {spec.rate_limit[0]}): due at {free_at:.3f}"), due_at=free_at))
                 continue
             chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
             changes = claim_changes(effect, chosen, reason, policy, now)
@@ -371,16 +371,17 @@ def release_in(unit: EffectUnit, effect: ScheduledEffect, owner: str, now: float
         return False
     unit.update_effect(effect.key, {"lease_owner": None, "due_at": now}, now)
     unit.add_transitions([note(held, Transition.RELEASED, now, owner,
-                               "the timed-out call returned; its outcome is discarded")])
+                               "the timed-out call returned; its outcome is discarded", due_at=now)])
     return True
 
 
 def note(effect: ScheduledEffect, transition: Transition, at: float, owner: str | None = None,
-         detail: str | None = None, attempt: int | None = None) -> EffectTransition:
-    """A history row of ``effect`` (its attempts so far unless ``attempt``)."""
+         detail: str | None = None, attempt: int | None = None, due_at: float | None = None) -> EffectTransition:
+    """A history row of ``effect`` (its attempts so far unless ``attempt``;
+    ``due_at``: when the transition left it due again, if it did)."""
     return EffectTransition(effect.key, effect.name, at, transition,
                             effect.attempts if attempt is None else attempt, owner,
-                            None if detail is None else detail[:1000])
+                            None if detail is None else detail[:1000], due_at)
 
 
 _LEFT = {_S.SUCCEEDED: Transition.SUCCEEDED, _S.PENDING: Transition.RETRY_PLANNED, _S.IN_DOUBT: Transition.IN_DOUBT,
@@ -391,13 +392,15 @@ def _left(effect: ScheduledEffect, changes: Changes, now: float, owner: str) -> 
     """The history row of what an outcome left."""
     state = _S(changes["state"])
     attempts = changes.get("attempts", effect.attempts)
+    due_at: float | None = None
     if state is _S.PENDING or state is _S.IN_DOUBT:
-        detail = f"due at {changes['due_at']:.3f}"
+        due_at = float(changes["due_at"])
+        detail = f"due at {due_at:.3f}"
         if changes.get("last_error"):
             detail += f": {changes['last_error']}"
     else:
         detail = str(changes.get("reason") or changes.get("last_error") or "")
-    return note(effect, _LEFT[state], now, owner, detail or None, attempts)
+    return note(effect, _LEFT[state], now, owner, detail or None, attempts, due_at)
 
 
 def ended_words(outcome: Outcome | None, value: Any) -> str:
@@ -442,7 +445,9 @@ def schedule_in(unit: EffectUnit, new: NewEffect) -> ScheduledEffect | None:
     conflict, and the apply rolls back."""
     held = unit.add_effect(new)
     if held is None:
-        unit.add_transitions([EffectTransition(new.key, new.name, new.created_at, Transition.SCHEDULED, 0)])
+        # Due from its scheduling on (the outbox row's due_at 0 means "at once").
+        unit.add_transitions([EffectTransition(new.key, new.name, new.created_at, Transition.SCHEDULED, 0,
+                                               due_at=new.created_at)])
         return None
     same = (held.name, envelope.canonical(held.payload), held.event_id, held.deadline, held.version, held.ordered) == (
         new.name, new.payload, new.event_id, new.deadline, new.version, new.ordered

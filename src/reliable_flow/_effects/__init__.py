@@ -10,32 +10,6 @@ record (:mod:`reliable_flow.records`).  The decisions are in
 consumer needs it; the executor needs the consumer).
 """
 
-from .registry import (
-    EffectCall,
-    EffectRegistry,
-    EffectSpec,
-    Feedback,
-    Happened,
-    Lease,
-    NotHappened,
-    OutcomeUnknown,
-    PermanentFailure,
-    RetryLater,
-    check_json_object,
-    check_json_value,
-)
-
-__all__ = [
-    "EffectCall",
-    "EffectRegistry",
-    "EffectSpec",
-    "Feedback",
-    "Happened",
-    "Lease",
-    "NotHappened",
-    "OutcomeUnknown",
-    "PermanentFailure",
-    "RetryLater",
-    "check_json_object",
-    "check_json_value",
-]
+# The registry is this package's face: its names, and only those, are the package's.
+from .registry import *
+from .registry import __all__ as __all__

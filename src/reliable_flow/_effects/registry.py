@@ -40,10 +40,13 @@ __all__ = [
     "EffectSpec",
     "Feedback",
     "Happened",
+    "Lease",
     "NotHappened",
     "OutcomeUnknown",
     "PermanentFailure",
     "RetryLater",
+    "check_json_object",
+    "check_json_value",
 ]
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..records import InboxEntry, InboxRow
-from ..statuses import BlockReason, InboxState
 
 __all__ = [
     "DeliveryCounts",
@@ -48,24 +47,16 @@ class StoredEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredRow:
-    """An inbox row as stored: what an operator sees of it (:meth:`row`), and
-    its canonical body (whose ``meta`` a reader sees: :meth:`entry`)."""
+class StoredRow(InboxRow):
+    """An inbox row as stored: what an operator sees of it (its
+    :class:`~reliable_flow.records.InboxRow` fields, alone: :meth:`row`),
+    and its canonical body (whose ``meta`` a reader sees: :meth:`entry`)."""
 
-    event_id: str
-    flow_id: str
-    seq: int
-    state: InboxState
-    reason: BlockReason | None
-    detail: str | None
-    received_at: float | None
-    blocked_at: float | None
     body: str
 
     def row(self) -> InboxRow:
-        """The row in full, as :class:`~reliable_flow.records.InboxRow` (no body)."""
-        return InboxRow(self.event_id, self.flow_id, self.seq, self.state, self.reason, self.detail,
-                        self.received_at, self.blocked_at)
+        """The row in full, as a plain :class:`~reliable_flow.records.InboxRow` (no body)."""
+        return InboxRow(*(getattr(self, f.name) for f in fields(InboxRow)))
 
     def entry(self) -> InboxEntry:
         """The row as :class:`~reliable_flow.records.InboxEntry`, with the event's ``meta``."""

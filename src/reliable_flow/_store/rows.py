@@ -144,9 +144,10 @@ def effect_action(row: Row) -> OperatorAction:
 
 
 def effect_transition(row: Row) -> EffectTransition:
-    """``(key, name, at, transition, attempt, owner, detail)``."""
+    """``(key, name, at, transition, attempt, owner, detail, due_at)``."""
     return EffectTransition(key=row[0], name=row[1], at=float(row[2]), transition=Transition(row[3]),
-                            attempt=int(row[4]), owner=row[5], detail=row[6])
+                            attempt=int(row[4]), owner=row[5], detail=row[6],
+                            due_at=None if row[7] is None else float(row[7]))
 
 
 #: The effect-outbox columns :func:`effect` reads, in its order.

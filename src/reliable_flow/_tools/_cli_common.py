@@ -8,6 +8,7 @@ and ``bridge``, SIGTERM / SIGINT from the command's start.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -19,10 +20,38 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
+from .._checks import check_seconds
 from ..errors import ReliableFlowError
 from .loading import DEFAULT_PROTOCOL, OptionError
 
-__all__ = ["Caught", "EarlySignals", "add_shared", "command", "opening", "reporter", "schemas_option", "serve", "stopped"]
+__all__ = [
+    "Caught", "EarlySignals", "Opened", "add_shared", "command", "count_type", "opening", "reporter", "schemas_option",
+    "seconds_type", "serve", "stopped",
+]
+
+
+def seconds_type(allow_zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, > 0 (or >= 0 with ``allow_zero``)."""
+    def parse(text: str) -> float:
+        try:
+            return check_seconds("value", float(text), allow_zero=allow_zero)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def count_type(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
 
 
 def command(name: str, body: Callable[[], int]) -> int:
@@ -35,16 +64,15 @@ def command(name: str, body: Callable[[], int]) -> int:
         return 2
 
 
-def add_shared(parser: Any, seconds: Callable[[bool], Callable[[str], float]], *options: str) -> None:
-    """Add ``options`` (in that order) where several commands spell them
-    alike; ``seconds(allow_zero)`` is the argparse type of a duration."""
+def add_shared(parser: Any, *options: str) -> None:
+    """Add ``options`` (in that order) where several commands spell them alike."""
     specs: dict[str, dict[str, Any]] = {
         "--producer": {"metavar": "PATH", "help": "where results of effects with feedback= are advanced"},
         "--protocol": {"default": DEFAULT_PROTOCOL, "metavar": "MODULE:ATTR",
                        "help": "the protocol object to import (default: %(default)s)"},
-        "--idle-sleep": {"type": seconds(True), "default": 0.5, "metavar": "SECONDS",
+        "--idle-sleep": {"type": seconds_type(True), "default": 0.5, "metavar": "SECONDS",
                          "help": "how long to sleep after a pass that found nothing (default 0.5)"},
-        "--report-every": {"type": seconds(True), "default": 10.0, "metavar": "SECONDS",
+        "--report-every": {"type": seconds_type(True), "default": 10.0, "metavar": "SECONDS",
                            "help": "print progress counts to stderr this often (0: only at exit)"},
     }
     for option in options:
@@ -71,6 +99,22 @@ def opening(close: Callable[[], None] = lambda: None) -> Iterator[None]:
     except (ReliableFlowError, ValueError) as exc:
         close()
         raise OptionError(str(exc)) from None
+
+
+class Opened:
+    """The stores a command opened, closed in the reverse order by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._things: list[Any] = []
+
+    def add(self, thing: Any) -> Any:
+        """``thing``, now closed by :meth:`close`."""
+        self._things.append(thing)
+        return thing
+
+    def close(self) -> None:
+        for thing in reversed(self._things):
+            thing.close()
 
 
 def reporter(command: str, every: float) -> Callable[[Any], None]:

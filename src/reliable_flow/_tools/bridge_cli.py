@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from ..delivery import DEFAULT_LEASE_SECONDS
-from ._cli_common import EarlySignals, add_shared, command, opening, reporter, schemas_option, serve
+from ._cli_common import (
+    EarlySignals,
+    Opened,
+    add_shared,
+    command,
+    count_type,
+    opening,
+    reporter,
+    schemas_option,
+    seconds_type,
+    serve,
+)
 from .loading import OptionError
 
 __all__ = ["add_bridge_command", "bridge_command"]
 
 
-def add_bridge_command(sub: Any, seconds: Callable[[bool], Callable[[str], float]],
-                       count: Callable[[str], int]) -> None:
+def add_bridge_command(sub: Any) -> None:
     """Add ``bridge`` to the subcommands ``sub``."""
     bridge = sub.add_parser(
         "bridge", help="serve a consumer to producers on other hosts through Redis, until SIGTERM / SIGINT",
@@ -36,19 +45,19 @@ def add_bridge_command(sub: Any, seconds: Callable[[bool], Callable[[str], float
     bridge.add_argument("--bridge-name", metavar="NAME",
                         help="this bridge's name in the Redis consumer group (default: host:pid); several "
                              "bridges for one consumer need different names")
-    add_shared(bridge, seconds, "--protocol")
+    add_shared(bridge, "--protocol")
     bridge.add_argument("--schemas", metavar="N,N", help="schemas the consumer decodes (default: the protocol's)")
     bridge.add_argument("--handlers", metavar="MODULE:ATTR", help="a list of apply handlers")
     bridge.add_argument("--effects", metavar="MODULE:ATTR", help="an EffectRegistry the bridge runs")
     bridge.add_argument("--app-schema", metavar="MODULE:ATTR", help="the application's own tables (an AppSchema)")
-    add_shared(bridge, seconds, "--producer")
-    bridge.add_argument("--effect-lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
+    add_shared(bridge, "--producer")
+    bridge.add_argument("--effect-lease", type=seconds_type(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                         help=f"effect lease (default {DEFAULT_LEASE_SECONDS:g})")
-    bridge.add_argument("--concurrency", type=count, default=1, metavar="N",
+    bridge.add_argument("--concurrency", type=count_type, default=1, metavar="N",
                         help="effect calls in flight at once (default 1)")
-    bridge.add_argument("--claim-after", type=seconds(False), default=10.0, metavar="SECONDS",
+    bridge.add_argument("--claim-after", type=seconds_type(False), default=10.0, metavar="SECONDS",
                         help="take over requests another bridge left unacknowledged this long (default 10)")
-    add_shared(bridge, seconds, "--report-every")
+    add_shared(bridge, "--report-every")
     bridge.add_argument("--once", action="store_true", help="one pass, then exit")
 
 
@@ -73,20 +82,11 @@ def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
     app = {key: load_option(key, getattr(args, key)) for key in ("handlers", "effects", "app_schema")
            if getattr(args, key)}
     schemas = schemas_option(args.schemas)
-    opened: list[Any] = []
+    opened = Opened()
     report = reporter("bridge", args.report_every)
-
-    def close() -> None:
-        for thing in reversed(opened):
-            thing.close()
-
-    with opening(close):
-        consumer = Consumer(args.consumer, protocol, name=args.name, schemas=schemas, **app)
-        opened.append(consumer)
-        producer = None
-        if args.producer is not None:
-            producer = Producer(args.producer, protocol)
-            opened.append(producer)
+    with opening(opened.close):
+        consumer = opened.add(Consumer(args.consumer, protocol, name=args.name, schemas=schemas, **app))
+        producer = None if args.producer is None else opened.add(Producer(args.producer, protocol))
         executors = []
         if "effects" in app:
             executors.append(EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.effect_lease),
@@ -101,6 +101,6 @@ def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
 
     def close_all() -> None:
         bridge.close()
-        close()
+        opened.close()
 
     return serve("bridge", bridge, lambda: bridge.run(max_passes=1 if args.once else None), close_all)

@@ -5,27 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
-from .._checks import check_seconds
 from ..errors import ReliableFlowError
+from ._cli_common import seconds_type
 
 __all__ = ["main"]
-
-
-def _seconds(allow_zero: bool) -> Callable[[str], float]:
-    """An argparse type: a finite number of seconds, > 0 (or >= 0 with ``allow_zero``)."""
-    def parse(text: str) -> float:
-        try:
-            return check_seconds("value", float(text), allow_zero=allow_zero)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, got {text!r}"
-            ) from None
-
-    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     focus.add_argument("--flow", metavar="FLOW_ID", help="why this flow waits, on both sides")
     focus.add_argument("--event", metavar="EVENT_ID", help="this event on both sides")
     focus.add_argument("--effect", metavar="KEY", help="this effect (by idempotency key) and its history, in order")
-    inspect.add_argument("--stuck-after", type=_seconds(True), default=300.0, metavar="SECONDS",
+    inspect.add_argument("--stuck-after", type=seconds_type(True), default=300.0, metavar="SECONDS",
                          help="a gap, or a next step pending, older than this is stuck (default 300)")
     compare = sub.add_parser(
         "compare",
@@ -102,11 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     metrics_format.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     from .worker_cli import add_worker_commands
 
-    add_worker_commands(sub, _seconds)
+    add_worker_commands(sub)
     from .bridge_cli import add_bridge_command
-    from .worker_cli import _count
 
-    add_bridge_command(sub, _seconds, _count)
+    add_bridge_command(sub)
     from .operator_cli import add_operator_commands
 
     add_operator_commands(sub)

@@ -284,8 +284,9 @@ def format_effect_report(report: dict[str, Any]) -> str:
         lines.append("history:")
         for t in c["history"]:
             who = f" [{t['owner']}]" if t["owner"] else ""
+            due = f" due {when(t['due_at'])}" if t["due_at"] is not None else ""
             detail = f": {t['detail']}" if t["detail"] else ""
-            lines.append(f"  {when(t['at'])}  {t['transition']:<16} attempt {t['attempt']}{who}{detail}")
+            lines.append(f"  {when(t['at'])}  {t['transition']:<16} attempt {t['attempt']}{who}{due}{detail}")
     return "\n".join(lines + attention_lines(report))
 
 

@@ -18,11 +18,14 @@ from ..errors import ReliableFlowError
 from ._cli_common import (
     Caught,
     EarlySignals,
+    Opened,
     add_shared,
     command,
+    count_type,
     opening,
     reporter,
     schemas_option,
+    seconds_type,
     serve,
     stopped,
 )
@@ -34,9 +37,8 @@ __all__ = ["add_worker_commands", "execute_command", "load_option", "run_command
 _APP_OPTIONS = ("handlers", "effects", "app_schema")
 
 
-def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], float]]) -> None:
-    """Add ``run`` and ``execute`` to the subcommands ``sub``; ``seconds(allow_zero)``
-    is the argparse type of a duration."""
+def add_worker_commands(sub: Any) -> None:
+    """Add ``run`` and ``execute`` to the subcommands ``sub``."""
     lease = f"{DEFAULT_LEASE_SECONDS:g}"
     run = sub.add_parser(
         "run", help="relay and apply continuously until SIGTERM / SIGINT",
@@ -50,10 +52,10 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                      help="relay only, through the Redis server at URL (redis://host:port/db or "
                           "unix:///path?db=0), to consumers served there by `reliable-flow bridge`; "
                           "applying and effects happen at the bridge (docs/transport.md)")
-    run.add_argument("--send-timeout", type=seconds(False), metavar="SECONDS",
+    run.add_argument("--send-timeout", type=seconds_type(False), metavar="SECONDS",
                      help="with --to: how long a request waits for the bridge's answer before it counts as a "
                           "failed send, retried after backoff (default 10; keep it below --lease)")
-    add_shared(run, seconds, "--protocol")
+    add_shared(run, "--protocol")
     run.add_argument("--schemas", metavar="N,N", help="schemas the consumers decode (default: the protocol's)")
     each = " (NAME=MODULE:ATTR: for that consumer only, repeatable; MODULE:ATTR: for every other consumer)"
     run.add_argument("--handlers", action="append", metavar="[NAME=]MODULE:ATTR",
@@ -63,13 +65,13 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                           "runs them" + each)
     run.add_argument("--app-schema", action="append", metavar="[NAME=]MODULE:ATTR",
                      help="the application's own tables (an AppSchema)" + each)
-    run.add_argument("--lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
+    run.add_argument("--lease", type=seconds_type(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                      help=f"relay lease (default {lease}, as for Worker)")
-    run.add_argument("--effect-lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
+    run.add_argument("--effect-lease", type=seconds_type(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                      help=f"effect lease, longer than any effect function's own timeout (default {lease})")
-    run.add_argument("--concurrency", type=_count, default=1, metavar="N",
+    run.add_argument("--concurrency", type=count_type, default=1, metavar="N",
                      help="effect calls in flight at once per consumer, off the worker's thread (default 1)")
-    add_shared(run, seconds, "--idle-sleep", "--report-every")
+    add_shared(run, "--idle-sleep", "--report-every")
     run.add_argument("--register", action="store_true",
                      help="register consumer names the producer does not know yet (each gets every event "
                           "from the first one); without it an unknown name is refused, except the first "
@@ -96,14 +98,14 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
     execute.add_argument("consumer", metavar="CONSUMER", help="the consumer's store")
     execute.add_argument("--effects", required=True, metavar="MODULE:ATTR",
                          help="the EffectRegistry to run (only its names are claimed)")
-    add_shared(execute, seconds, "--producer", "--protocol")
-    execute.add_argument("--lease", type=seconds(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
+    add_shared(execute, "--producer", "--protocol")
+    execute.add_argument("--lease", type=seconds_type(False), default=DEFAULT_LEASE_SECONDS, metavar="SECONDS",
                          help=f"effect lease, longer than any effect function's own timeout (default {lease})")
-    execute.add_argument("--concurrency", type=_count, default=1, metavar="N",
+    execute.add_argument("--concurrency", type=count_type, default=1, metavar="N",
                          help="effect calls in flight at once (default 1: one at a time, in the executor's "
                               "own thread); plain functions run on threads, async def ones on the "
                               "executor's event loop")
-    add_shared(execute, seconds, "--idle-sleep")
+    add_shared(execute, "--idle-sleep")
     execute.add_argument("--until-idle", action="store_true",
                          help="exit 0 once nothing is pending, running or in doubt (waiting out leases and "
                               "backoffs); what waits for a person (unknown, dead) does not count")
@@ -111,17 +113,6 @@ def add_worker_commands(sub: Any, seconds: Callable[[bool], Callable[[str], floa
                          help="run an AsyncEffectExecutor on one asyncio event loop (reliable_flow.aio): "
                               "async def effect functions awaited on that loop; the same options, stop on "
                               "SIGTERM / SIGINT and exit codes")
-
-
-def _count(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
-    return value
 
 
 # -- loading module:ATTR -----------------------------------------------------------------
@@ -363,23 +354,14 @@ def _execute(args: argparse.Namespace) -> int:
         import asyncio
 
         return asyncio.run(_execute_async(args, protocol, effects))
-    opened: list[Any] = []
-
-    def close() -> None:
-        for thing in reversed(opened):
-            thing.close()
-
-    with opening(close):
-        consumer = Consumer(args.consumer, protocol, effects=effects)
-        opened.append(consumer)
-        producer = None
-        if args.producer is not None:
-            producer = Producer(args.producer, protocol)
-            opened.append(producer)
+    opened = Opened()
+    with opening(opened.close):
+        consumer = opened.add(Consumer(args.consumer, protocol, effects=effects))
+        producer = None if args.producer is None else opened.add(Producer(args.producer, protocol))
         executor = EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease), producer=producer,
                                   concurrency=args.concurrency)
     return serve("execute", executor, lambda: executor.run(until_idle=args.until_idle,
-                                                           idle_sleep=args.idle_sleep), close)
+                                                           idle_sleep=args.idle_sleep), opened.close)
 
 
 async def _execute_async(args: argparse.Namespace, protocol: Any, effects: Any) -> int:

@@ -20,6 +20,7 @@ from .location import lock_key
 __all__ = ["PgStore", "PgView"]
 
 View = TypeVar("View")
+T = TypeVar("T")
 Row = tuple[Any, ...]
 
 
@@ -62,22 +63,19 @@ class PgView(Dialect):
         return self._conn.cursor()
 
     def _rows(self, query: str, params: Sequence[Any] | None = None) -> list[Row]:
+        return self._read(query, params, psycopg.Cursor.fetchall)
+
+    def _one(self, query: str, params: Sequence[Any] | None = None) -> Row | None:
+        return self._read(query, params, psycopg.Cursor.fetchone)
+
+    def _read(self, query: str, params: Sequence[Any] | None, take: Callable[[psycopg.Cursor[Any]], T]) -> T:
+        """``take`` (fetch one or all) of a read's cursor."""
         if self._writing:
-            found = self._execute(query, params).fetchall()
+            found = take(self._execute(query, params))
             self._answered = True
             return found
         try:
-            return self._conn.execute(query, params).fetchall()
-        except psycopg.Error as exc:
-            reraise(exc, "a read", self._conn)
-
-    def _one(self, query: str, params: Sequence[Any] | None = None) -> Row | None:
-        if self._writing:
-            row = self._execute(query, params).fetchone()
-            self._answered = True
-            return row
-        try:
-            return self._conn.execute(query, params).fetchone()
+            return take(self._conn.execute(query, params))
         except psycopg.Error as exc:
             # A read outside a unit of work (``latest``) has no transaction
             # to end: a lost connection is a StorageError here, and the

@@ -160,11 +160,11 @@ TOMBSTONE_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash,
 # order; rate limits count the starts (``claimed``) of a name in a window
 # (index effect_history_starts); caps count the claims still leased.
 EFFECT_HISTORY = (
-    "SELECT key, name, at, transition, attempt, owner, detail FROM effect_history WHERE key = %s ORDER BY id"
+    "SELECT key, name, at, transition, attempt, owner, detail, due_at FROM effect_history WHERE key = %s ORDER BY id"
 )
 ADD_TRANSITION = (
-    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail, due_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
 )
 EFFECT_STARTS = (
     "SELECT count(*), min(at) FROM effect_history WHERE name = %s AND transition = 'claimed' AND at > %s"

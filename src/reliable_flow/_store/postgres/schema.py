@@ -246,5 +246,8 @@ CONSUMER = StoreKind(
             "CREATE INDEX effect_history_key ON effect_history(key, id)",
             "CREATE INDEX effect_history_starts ON effect_history(name, at) WHERE transition = 'claimed'",
         ),
+        # v3: a transition's due time as a column (EffectTransition.due_at),
+        # as SQLite's v6; NULL for rows written before it.
+        ("ALTER TABLE effect_history ADD COLUMN due_at DOUBLE PRECISION",),
     ),
 )

@@ -242,7 +242,7 @@ class InboxRepository(Dialect):
 
     def add_transitions(self, rows: Sequence[EffectTransition]) -> None:
         self._many(self._SQL.ADD_TRANSITION, [
-            (t.key, t.name, t.at, t.transition.value, t.attempt, t.owner, t.detail) for t in rows
+            (t.key, t.name, t.at, t.transition.value, t.attempt, t.owner, t.detail, t.due_at) for t in rows
         ])
 
     def lock_effect_names(self, names: Collection[str]) -> None:

@@ -209,10 +209,11 @@ EFFECTS_PRUNABLE = (
 # order; rate limits count the starts (``claimed``) of a name in a window
 # (index effect_history_starts); caps count the claims still leased.
 EFFECT_HISTORY = (
-    "SELECT key, name, at, transition, attempt, owner, detail FROM effect_history WHERE key = ? ORDER BY id"
+    "SELECT key, name, at, transition, attempt, owner, detail, due_at FROM effect_history WHERE key = ? ORDER BY id"
 )
 ADD_TRANSITION = (
-    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail, due_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 EFFECT_STARTS = (
     "SELECT count(*), min(at) FROM effect_history INDEXED BY effect_history_starts "

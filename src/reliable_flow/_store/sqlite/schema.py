@@ -327,5 +327,9 @@ CONSUMER = FileKind(
             "CREATE INDEX effect_history_key ON effect_history(key, id)",
             "CREATE INDEX effect_history_starts ON effect_history(name, at) WHERE transition = 'claimed'",
         ),
+        # v6: when a transition left the effect due again, as a column
+        # (EffectTransition.due_at), not only in the detail's words.
+        # NULL for rows written before v6.
+        ("ALTER TABLE effect_history ADD COLUMN due_at REAL",),
     ),
 )

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..._relay import relay
-from .harness import _advance_first, _open_paths
+from .harness import advance_first, open_paths
 from .wrong_ways import unsafe_dual_write_then_die
 
 __all__ = ["COMMANDS", "main"]
@@ -29,8 +29,8 @@ __all__ = ["COMMANDS", "main"]
 
 def advance_relay_drain(producer_path: str, consumer_path: str) -> None:
     """Advance A1, relay it and drain flow A: every crash point lies on this path."""
-    with _open_paths(producer_path, consumer_path) as (producer, consumer):
-        _advance_first(producer)
+    with open_paths(producer_path, consumer_path) as (producer, consumer):
+        advance_first(producer)
         relay(producer, consumer)
         consumer.drain("A")
 

@@ -1,11 +1,11 @@
 """The experiment's shared machinery: fresh files, child processes, observations.
 
 Every scenario (in the ``scenarios_*`` modules) gets a :class:`Files` of its
-own, opens it with :func:`_open`, and records what it sees with the small
+own, opens it with :func:`open_files`, and records what it sees with the small
 observation helpers below, which keep only JSON-able facts (never paths,
 PIDs or timings).  Child processes come in two kinds: ``python -m
 reliable_flow._tools.experiment.child`` for a process that must really exit
-(:func:`_run_child`), and ``multiprocessing`` spawn children for handshakes
+(:func:`run_child`), and ``multiprocessing`` spawn children for handshakes
 and races, whose targets are the module-level functions here.
 """
 
@@ -34,7 +34,7 @@ __all__ = ["CHILD_MODULE", "CHILD_TIMEOUT", "RACERS", "STEPS", "Files", "Result"
 CHILD_TIMEOUT = 60.0  # seconds; a watchdog against hangs, never an ordering tool
 RACERS = 6
 STEPS = (("reserved", 1), ("confirmed", 2), ("released", 3))  # kind, seq of flow X's events X1..X3
-#: What :func:`_run_child` runs with ``python -m``: see :mod:`.child`.
+#: What :func:`run_child` runs with ``python -m``: see :mod:`.child`.
 CHILD_MODULE = "reliable_flow._tools.experiment.child"
 
 Result = dict[str, Any]
@@ -66,7 +66,7 @@ class Scenario:
 
 
 @contextmanager
-def _open_paths(
+def open_paths(
     producer_path: str, consumer_path: str, schemas: set[int] | None = None
 ) -> Iterator[tuple[Producer, Consumer]]:
     """A producer and a consumer on the two files, closed on the way out."""
@@ -77,20 +77,20 @@ def _open_paths(
         yield producer, consumer
 
 
-def _open(
+def open_files(
     files: Files, schemas: set[int] | None = None
 ) -> AbstractContextManager[tuple[Producer, Consumer]]:
     """A producer and a consumer (reading ``schemas``, default the protocol's) on ``files``."""
-    return _open_paths(files.producer, files.consumer, schemas)
+    return open_paths(files.producer, files.consumer, schemas)
 
 
-def _create(files: Files) -> None:
+def create_files(files: Files) -> None:
     """Create both files, empty, before child processes open them."""
-    with _open(files):
+    with open_files(files):
         pass
 
 
-def _advance_flow(
+def advance_flow(
     producer: Producer, flow_id: str, amount: int = 3, schemas: Iterable[int] = (1, 1, 1)
 ) -> list[str]:
     statuses = []
@@ -108,39 +108,39 @@ def _advance_flow(
     return statuses
 
 
-def _advance_first(producer: Producer, event_id: str = "A1", flow_id: str = "A") -> str:
+def advance_first(producer: Producer, event_id: str = "A1", flow_id: str = "A") -> str:
     """Commit the first step of a flow (reserved, amount 3); the status."""
     r = producer.advance(event_id, flow_id, expected_seq=0, kind="reserved", payload={"amount": 3})
     return str(r.status)
 
 
-def _event(producer: Producer, event_id: str) -> Result:
+def event_of(producer: Producer, event_id: str) -> Result:
     event = producer.event(event_id)
     if event is None:
         raise LookupError(f"{event_id} is not in the outbox")
     return event
 
 
-def _outbox(producer: Producer, flow_id: str | None = None) -> list[Result]:
+def outbox_of(producer: Producer, flow_id: str | None = None) -> list[Result]:
     return [
         {"event_id": e.event_id, "seq": e.seq, "accepted": e.accepted, "state": e.state}
         for e in producer.outbox(flow_id)
     ]
 
 
-def _inbox(consumer: Consumer, flow_id: str) -> list[Result]:
+def inbox_of(consumer: Consumer, flow_id: str) -> list[Result]:
     # Without ``meta``: the frozen results predate it and must not change.
     return [{k: v for k, v in asdict(row).items() if k != "meta"} for row in consumer.inbox(flow_id)]
 
 
-def _effects(consumer: Consumer, flow_id: str) -> list[Result]:
+def effects_of(consumer: Consumer, flow_id: str) -> list[Result]:
     return [
         {"event_id": e.event_id, "seq": e.seq, "kind": e.kind}
         for e in consumer.applied(flow_id)
     ]
 
 
-def _drain(result: DrainResult) -> Result:
+def drain_dict(result: DrainResult) -> Result:
     out: Result = {"applied": result.applied, "stop": str(result.stop)}
     if result.last is not None and result.last.reason is not None:
         out["reason"] = str(result.last.reason)
@@ -148,7 +148,7 @@ def _drain(result: DrainResult) -> Result:
     return out
 
 
-def _relay_until_idle(producer: Producer, consumer: Consumer, limit: int = 100) -> list[str]:
+def relay_until_idle(producer: Producer, consumer: Consumer, limit: int = 100) -> list[str]:
     statuses = []
     for _ in range(limit):
         status = str(relay(producer, consumer).status)
@@ -158,17 +158,17 @@ def _relay_until_idle(producer: Producer, consumer: Consumer, limit: int = 100) 
     return statuses
 
 
-def _observe(producer: Producer, consumer: Consumer, flow_id: str) -> Result:
+def observe(producer: Producer, consumer: Consumer, flow_id: str) -> Result:
     return {
         "flow": producer.flow(flow_id),
-        "outbox": _outbox(producer, flow_id),
-        "inbox": _inbox(consumer, flow_id),
+        "outbox": outbox_of(producer, flow_id),
+        "inbox": inbox_of(consumer, flow_id),
         "projection": consumer.projection(flow_id),
-        "effects": _effects(consumer, flow_id),
+        "effects": effects_of(consumer, flow_id),
     }
 
 
-def _sql(path: str, statement: str, params: tuple[Any, ...] = ()) -> int:
+def run_sql(path: str, statement: str, params: tuple[Any, ...] = ()) -> int:
     """One statement in its own connection, as an operator at the sqlite3 prompt would."""
     conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
     try:
@@ -177,7 +177,7 @@ def _sql(path: str, statement: str, params: tuple[Any, ...] = ()) -> int:
         conn.close()
 
 
-def _bodies(path: str, table: str) -> dict[str, str]:
+def bodies(path: str, table: str) -> dict[str, str]:
     conn = sqlite3.connect(Path(path).as_uri() + "?mode=ro", uri=True)
     try:
         return dict(conn.execute(f"SELECT event_id, body FROM {table}").fetchall())
@@ -185,7 +185,7 @@ def _bodies(path: str, table: str) -> dict[str, str]:
         conn.close()
 
 
-def _error_name(exc: BaseException) -> str:
+def error_name(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
@@ -201,7 +201,7 @@ def _child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run_child(command: str, args: list[str], files: Files, expect: int, **env: str) -> int:
+def run_child(command: str, args: list[str], files: Files, expect: int, **env: str) -> int:
     """Run ``python -m CHILD_MODULE command args...``; its exit code (stderr shown if not ``expect``)."""
     proc = subprocess.run(
         [sys.executable, "-m", CHILD_MODULE, command, *args],
@@ -219,12 +219,12 @@ def _run_child(command: str, args: list[str], files: Files, expect: int, **env: 
     return proc.returncode
 
 
-def _spawn() -> Any:
+def spawn() -> Any:
     # spawn, not fork: every child opens its own connections from scratch.
     return multiprocessing.get_context("spawn")
 
 
-def _join(procs: list[Any]) -> list[int | None]:
+def join_all(procs: list[Any]) -> list[int | None]:
     codes = []
     for proc in procs:
         proc.join(CHILD_TIMEOUT)
@@ -236,7 +236,7 @@ def _join(procs: list[Any]) -> list[int | None]:
     return codes
 
 
-def _receive_answer(reader: Any) -> Any:
+def receive_answer(reader: Any) -> Any:
     """What the child sent on its pipe ("timeout" / "died" if nothing came); closes the pipe."""
     try:
         return reader.recv() if reader.poll(CHILD_TIMEOUT) else "timeout"
@@ -246,11 +246,11 @@ def _receive_answer(reader: Any) -> Any:
         reader.close()
 
 
-def _deliver_on_signal(
+def deliver_on_signal(
     producer_path: str, consumer_path: str, event_id: str, ready: Any, go: Any, answer: Any
 ) -> None:
     """Child of arrival_3_1_2: get ready to relay ``event_id``, wait for the parent's go."""
-    with closing(answer), _open_paths(producer_path, consumer_path) as (producer, consumer):
+    with closing(answer), open_paths(producer_path, consumer_path) as (producer, consumer):
         ready.set()
         if not go.wait(CHILD_TIMEOUT):
             answer.send("timeout")
@@ -264,12 +264,12 @@ def _race_worker(
     """One of six racers: open both files, meet the others at the barrier, do ``op`` once."""
     with closing(answer):
         try:
-            with _open_paths(producer_path, consumer_path) as (producer, consumer):
+            with open_paths(producer_path, consumer_path) as (producer, consumer):
                 envelope = producer.event("A1")
                 barrier.wait(CHILD_TIMEOUT)
                 answer.send(_race_step(op, producer, consumer, index, envelope))
         except Exception as exc:  # noqa: BLE001 -- reported as a status, shows in the results
-            answer.send([f"error:{_error_name(exc)}"])
+            answer.send([f"error:{error_name(exc)}"])
 
 
 def _race_step(
@@ -277,22 +277,22 @@ def _race_step(
 ) -> list[str]:
     """What racer ``index`` does once past the barrier; the statuses it got."""
     if op == "advance_same":
-        return [_advance_first(producer)]
+        return [advance_first(producer)]
     if op == "advance_new":
-        return [_advance_first(producer, f"R{index}")]
+        return [advance_first(producer, f"R{index}")]
     if op == "receive":
         assert envelope is not None
         return [str(consumer.receive(envelope).status)]
     if op == "apply":
         return [str(consumer.apply_next("A").status)]
     if op == "relay":
-        return _relay_until_idle(producer, consumer)
+        return relay_until_idle(producer, consumer)
     raise ValueError(op)
 
 
-def _race(files: Files, op: str) -> tuple[list[list[str]], list[int | None]]:
+def race(files: Files, op: str) -> tuple[list[list[str]], list[int | None]]:
     """Start six real processes together on a Barrier; their answers and exit codes."""
-    ctx = _spawn()
+    ctx = spawn()
     barrier = ctx.Barrier(RACERS)
     procs, readers = [], []
     for index in range(1, RACERS + 1):
@@ -306,18 +306,18 @@ def _race(files: Files, op: str) -> tuple[list[list[str]], list[int | None]]:
         writer.close()
         procs.append(proc)
         readers.append(reader)
-    answers = [_receive_answer(reader) for reader in readers]
-    codes = _join(procs)
+    answers = [receive_answer(reader) for reader in readers]
+    codes = join_all(procs)
     return [a if isinstance(a, list) else [str(a)] for a in answers], codes
 
 
-def _race_outcome(files: Files, op: str) -> Result:
+def race_outcome(files: Files, op: str) -> Result:
     """Race six processes on ``op``: the counts of their answers, and whether all exited 0."""
-    answers, codes = _race(files, op)
-    return {"statuses": _counts(answers), "all_racers_exited_0": _all_exited_0(codes)}
+    answers, codes = race(files, op)
+    return {"statuses": _counts(answers), "all_racers_exited_0": all_exited_0(codes)}
 
 
-def _all_exited_0(codes: list[int | None]) -> bool:
+def all_exited_0(codes: list[int | None]) -> bool:
     if any(code != 0 for code in codes):
         sys.stderr.write(f"experiment: racers exited with {codes}\n")
         return False

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...crash import CRASH_POINTS, ENV_VAR
-from .harness import Files, Result, Scenario, _error_name
+from .harness import Files, Result, Scenario, error_name
 from .scenarios_core import (
     accepted_is_not_applied,
     advance_idempotency,
@@ -86,7 +86,7 @@ def _run_one(scenario: Scenario) -> Result:
             return scenario.run(Files(Path(tmp)))
         except Exception as exc:  # noqa: BLE001 -- one broken scenario must not hide the rest
             traceback.print_exc(file=sys.stderr)
-            return {"error": _error_name(exc)}
+            return {"error": error_name(exc)}
 
 
 def run_experiment(names: Iterable[str] | None = None) -> Result:

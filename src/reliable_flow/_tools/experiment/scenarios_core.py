@@ -15,18 +15,18 @@ from ...reservation import RESERVATION
 from .harness import (
     Files,
     Result,
-    _advance_first,
-    _advance_flow,
-    _bodies,
-    _drain,
-    _effects,
-    _event,
-    _inbox,
-    _observe,
-    _open,
-    _outbox,
-    _relay_until_idle,
-    _sql,
+    advance_first,
+    advance_flow,
+    bodies,
+    drain_dict,
+    effects_of,
+    event_of,
+    inbox_of,
+    observe,
+    open_files,
+    outbox_of,
+    relay_until_idle,
+    run_sql,
 )
 
 __all__ = [
@@ -44,8 +44,8 @@ __all__ = [
 
 def advance_idempotency(files: Files) -> Result:
     """Same id and body: existing; same id, other body: conflict; new id, old seq: stale."""
-    with _open(files) as (producer, _):
-        committed = _advance_flow(producer, "A")
+    with open_files(files) as (producer, _):
+        committed = advance_flow(producer, "A")
         # name -> (event_id, flow_id, expected_seq, kind, payload, schema) of one more call
         calls: dict[str, tuple[str, str, int, str, Result, int]] = {
             "A1_again_identical": ("A1", "A", 0, "reserved", {"amount": 3}, 1),
@@ -72,19 +72,19 @@ def advance_idempotency(files: Files) -> Result:
             "first_three_advances": committed,
             "attempts": answers,
             "flow_A_after": producer.flow("A"),
-            "outbox_after": _outbox(producer),
+            "outbox_after": outbox_of(producer),
             "flows_B_and_C_after": [producer.flow("B"), producer.flow("C")],
         }
 
 
 def accepted_is_not_applied(files: Files) -> Result:
     """Three events relayed: all accepted marks true, all inbox rows pending, nothing applied."""
-    with _open(files) as (producer, consumer):
-        _advance_flow(producer, "A")
-        relayed = _relay_until_idle(producer, consumer)
+    with open_files(files) as (producer, consumer):
+        advance_flow(producer, "A")
+        relayed = relay_until_idle(producer, consumer)
         return {
             "relay": relayed,
-            **{k: v for k, v in _observe(producer, consumer, "A").items() if k != "flow"},
+            **{k: v for k, v in observe(producer, consumer, "A").items() if k != "flow"},
         }
 
 
@@ -92,22 +92,22 @@ def schema_upgrade(files: Files) -> Result:
     """Seq 2 and 3 in schema 2: blocked unsupported_schema, then applied unchanged after upgrade."""
     with Producer(files.producer, RESERVATION) as producer:
         with Consumer(files.consumer, RESERVATION) as old:
-            advanced = _advance_flow(producer, "A", schemas=(1, 2, 2))
-            relayed = _relay_until_idle(producer, old)
+            advanced = advance_flow(producer, "A", schemas=(1, 2, 2))
+            relayed = relay_until_idle(producer, old)
             before = {
-                "drain": _drain(old.drain("A")),
-                "drain_again": _drain(old.drain("A")),
+                "drain": drain_dict(old.drain("A")),
+                "drain_again": drain_dict(old.drain("A")),
                 "projection": old.projection("A"),
-                "inbox": _inbox(old, "A"),
+                "inbox": inbox_of(old, "A"),
             }
         with Consumer(files.consumer, RESERVATION, schemas={1, 2}) as upgraded:
             after = {
-                "drain": _drain(upgraded.drain("A")),
+                "drain": drain_dict(upgraded.drain("A")),
                 "projection": upgraded.projection("A"),
-                "inbox": _inbox(upgraded, "A"),
-                "effects": _effects(upgraded, "A"),
+                "inbox": inbox_of(upgraded, "A"),
+                "effects": effects_of(upgraded, "A"),
             }
-    unchanged = _bodies(files.producer, "outbox") == _bodies(files.consumer, "inbox")
+    unchanged = bodies(files.producer, "outbox") == bodies(files.consumer, "inbox")
     return {
         "advance": advanced,
         "relay": relayed,
@@ -120,13 +120,13 @@ def schema_upgrade(files: Files) -> Result:
 def _plant_conflicting_a1(producer: Producer, consumer: Consumer) -> str:
     """Commit A1 and B1; put into the consumer an A1 with another body (amount 4, not 3)."""
     for flow_id in ("A", "B"):
-        _advance_first(producer, f"{flow_id}1", flow_id)
-    return str(consumer.receive({**_event(producer, "A1"), "payload": {"amount": 4}}).status)
+        advance_first(producer, f"{flow_id}1", flow_id)
+    return str(consumer.receive({**event_of(producer, "A1"), "payload": {"amount": 4}}).status)
 
 
 def poison_isolation_and_explicit_relay(files: Files) -> Result:
     """A1 conflicts in the consumer: it is set aside, B1 still flows, explicit relay works."""
-    with _open(files) as (producer, consumer):
+    with open_files(files) as (producer, consumer):
         planted = _plant_conflicting_a1(producer, consumer)
         plain = []
         for _ in range(3):
@@ -141,10 +141,10 @@ def poison_isolation_and_explicit_relay(files: Files) -> Result:
             "plain_relays": plain,
             "A1_in_outbox": {k: getattr(a1, k) for k in ("accepted", "state", "last_status")},
             "explicit_relays": explicit,
-            "outbox_B": _outbox(producer, "B"),
-            "drain_B": _drain(consumer.drain("B")),
+            "outbox_B": outbox_of(producer, "B"),
+            "drain_B": drain_dict(consumer.drain("B")),
             "projection_B": consumer.projection("B"),
-            "inbox_A": _inbox(consumer, "A"),
+            "inbox_A": inbox_of(consumer, "A"),
         }
 
 
@@ -153,10 +153,10 @@ def poison_isolation_and_explicit_relay(files: Files) -> Result:
 
 def poison_resolved_then_explicit_relay(files: Files) -> Result:
     """The set-aside A1 after an operator removes the consumer's wrong, unapplied copy."""
-    with _open(files) as (producer, consumer):
+    with open_files(files) as (producer, consumer):
         _plant_conflicting_a1(producer, consumer)
-        first = _relay_until_idle(producer, consumer)
-        removed = _sql(
+        first = relay_until_idle(producer, consumer)
+        removed = run_sql(
             files.consumer, "DELETE FROM inbox WHERE event_id = 'A1' AND state <> 'applied'"
         )
         plain = str(relay(producer, consumer).status)
@@ -168,9 +168,9 @@ def poison_resolved_then_explicit_relay(files: Files) -> Result:
             "plain_relay_after_fix": plain,
             "explicit_relay_A1": explicit,
             "A1_in_outbox": {k: getattr(a1, k) for k in ("accepted", "state", "last_status")},
-            "drain_A": _drain(consumer.drain("A")),
+            "drain_A": drain_dict(consumer.drain("A")),
             "projection_A": consumer.projection("A"),
-            "effects_A": _effects(consumer, "A"),
+            "effects_A": effects_of(consumer, "A"),
         }
 
 
@@ -196,12 +196,12 @@ def consumer_blocks_invalid_events(files: Files) -> Result:
     ]
     with Consumer(files.consumer, RESERVATION) as consumer:
         received = {e["event_id"]: str(consumer.receive(e).status) for e in planted}
-        first = {flow: _drain(d) for flow, d in consumer.process_all().items()}
-        second = {flow: _drain(d) for flow, d in consumer.process_all().items()}
+        first = {flow: drain_dict(d) for flow, d in consumer.process_all().items()}
+        second = {flow: drain_dict(d) for flow, d in consumer.process_all().items()}
         return {
             "received": received,
             "process_all": first,
             "process_all_again": second,
-            "inbox": {flow: _inbox(consumer, flow) for flow in ("X", "Y")},
+            "inbox": {flow: inbox_of(consumer, flow) for flow in ("X", "Y")},
             "projections": {flow: consumer.projection(flow) for flow in ("X", "Y")},
         }

@@ -17,18 +17,18 @@ from ...reservation import RESERVATION
 from .harness import (
     Files,
     Result,
-    _advance_first,
-    _create,
-    _drain,
-    _effects,
-    _error_name,
-    _inbox,
-    _observe,
-    _open,
-    _outbox,
-    _relay_until_idle,
-    _run_child,
-    _sql,
+    advance_first,
+    create_files,
+    drain_dict,
+    effects_of,
+    error_name,
+    inbox_of,
+    observe,
+    open_files,
+    outbox_of,
+    relay_until_idle,
+    run_child,
+    run_sql,
 )
 from .wrong_ways import UNSAFE_EXIT_CODE
 
@@ -42,21 +42,21 @@ __all__ = [
 
 def unsafe_dual_write(files: Files) -> Result:
     """A child commits the flow row, then dies (exit 81) before the outbox write."""
-    _create(files)
-    exit_code = _run_child(
+    create_files(files)
+    exit_code = run_child(
         "unsafe_dual_write", [files.producer], files, expect=UNSAFE_EXIT_CODE
     )
-    with _open(files) as (producer, consumer):
+    with open_files(files) as (producer, consumer):
         flow = producer.flow("A")
-        outbox = _outbox(producer)
+        outbox = outbox_of(producer)
         relayed = str(relay(producer, consumer).status)
-        retry = _advance_first(producer)
+        retry = advance_first(producer)
         return {
             "child_exit_code": exit_code,
             "flow_A": flow,
             "outbox": outbox,
             "relay": relayed,
-            "consumer_inbox_A": _inbox(consumer, "A"),
+            "consumer_inbox_A": inbox_of(consumer, "A"),
             "safe_advance_of_A1_afterwards": retry,
         }
 
@@ -64,19 +64,19 @@ def unsafe_dual_write(files: Files) -> Result:
 def crash_scenario(point: str) -> Callable[[Files], Result]:
     """The scenario ``crash_at:<point>``: see its ``__doc__``."""
     def run(files: Files) -> Result:
-        exit_code = _run_child(
+        exit_code = run_child(
             "crash",
             [files.producer, files.consumer],
             files,
             expect=CRASH_EXIT_CODE,
             **{ENV_VAR: point},
         )
-        with _open(files) as (producer, consumer):
-            right_after = _observe(producer, consumer, "A")
-            again = _advance_first(producer)
-            relayed = _relay_until_idle(producer, consumer)
-            drained = _drain(consumer.drain("A"))
-            after = _observe(producer, consumer, "A")
+        with open_files(files) as (producer, consumer):
+            right_after = observe(producer, consumer, "A")
+            again = advance_first(producer)
+            relayed = relay_until_idle(producer, consumer)
+            drained = drain_dict(consumer.drain("A"))
+            after = observe(producer, consumer, "A")
         return {
             "crash_point": point,
             "child_exit_code": exit_code,
@@ -94,9 +94,9 @@ def crash_scenario(point: str) -> Callable[[Files], Result]:
 def trigger_rejected_outbox_insert(files: Files) -> Result:
     """A trigger makes the outbox insert fail: the flow's update rolls back with it."""
     with Producer(files.producer, RESERVATION) as producer:
-        first = _advance_first(producer)
+        first = advance_first(producer)
         flow_before = producer.flow("A")
-        _sql(
+        run_sql(
             files.producer,
             "CREATE TRIGGER experiment_reject BEFORE INSERT ON outbox "
             "BEGIN SELECT RAISE(ABORT, 'outbox insert rejected by the experiment'); END",
@@ -105,10 +105,10 @@ def trigger_rejected_outbox_insert(files: Files) -> Result:
             producer.advance("A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3})
             raised = None
         except Exception as exc:  # noqa: BLE001 -- the point: which exception escapes
-            raised = _error_name(exc)
+            raised = error_name(exc)
         flow_after = producer.flow("A")
-        outbox_after = _outbox(producer, "A")
-        _sql(files.producer, "DROP TRIGGER experiment_reject")
+        outbox_after = outbox_of(producer, "A")
+        run_sql(files.producer, "DROP TRIGGER experiment_reject")
         retry = str(
             producer.advance(
                 "A2", "A", expected_seq=1, kind="confirmed", payload={"amount": 3}
@@ -127,10 +127,10 @@ def trigger_rejected_outbox_insert(files: Files) -> Result:
 
 def trigger_rejected_effect_insert(files: Files) -> Result:
     """A trigger makes the effect insert fail: projection and inbox mark roll back with it."""
-    with _open(files) as (producer, consumer):
-        _advance_first(producer)
+    with open_files(files) as (producer, consumer):
+        advance_first(producer)
         relayed = str(relay(producer, consumer).status)
-        _sql(
+        run_sql(
             files.consumer,
             "CREATE TRIGGER experiment_reject BEFORE INSERT ON effect "
             "BEGIN SELECT RAISE(ABORT, 'effect insert rejected by the experiment'); END",
@@ -139,13 +139,13 @@ def trigger_rejected_effect_insert(files: Files) -> Result:
             consumer.apply_next("A")
             raised = None
         except Exception as exc:  # noqa: BLE001 -- the point: which exception escapes
-            raised = _error_name(exc)
+            raised = error_name(exc)
         right_after = {
             "projection": consumer.projection("A"),
-            "effects": _effects(consumer, "A"),
-            "inbox": _inbox(consumer, "A"),
+            "effects": effects_of(consumer, "A"),
+            "inbox": inbox_of(consumer, "A"),
         }
-        _sql(files.consumer, "DROP TRIGGER experiment_reject")
+        run_sql(files.consumer, "DROP TRIGGER experiment_reject")
         retry = str(consumer.apply_next("A").status)
         return {
             "relay": relayed,
@@ -153,5 +153,5 @@ def trigger_rejected_effect_insert(files: Files) -> Result:
             "right_after": right_after,
             "apply_next_after_dropping_trigger": retry,
             "projection_after_retry": consumer.projection("A"),
-            "effects_after_retry": _effects(consumer, "A"),
+            "effects_after_retry": effects_of(consumer, "A"),
         }

@@ -16,17 +16,17 @@ from .harness import (
     CHILD_TIMEOUT,
     Files,
     Result,
-    _advance_flow,
-    _create,
-    _deliver_on_signal,
-    _drain,
-    _event,
-    _inbox,
-    _join,
-    _open,
-    _outbox,
-    _receive_answer,
-    _spawn,
+    advance_flow,
+    create_files,
+    deliver_on_signal,
+    drain_dict,
+    event_of,
+    inbox_of,
+    join_all,
+    open_files,
+    outbox_of,
+    receive_answer,
+    spawn,
 )
 from .wrong_ways import NaiveLastWriteConsumer
 
@@ -38,17 +38,17 @@ __all__ = ["arrival_3_1_2", "arrival_all_permutations", "flow_isolation", "naive
 
 def arrival_3_1_2(files: Files) -> Result:
     """Event 3 arrives, then 1 (from a real child held by an Event), then 2."""
-    _create(files)
-    ctx = _spawn()
+    create_files(files)
+    ctx = spawn()
     ready, go = ctx.Event(), ctx.Event()
     reader, writer = ctx.Pipe(duplex=False)
     child = ctx.Process(
-        target=_deliver_on_signal,
+        target=deliver_on_signal,
         args=(files.producer, files.consumer, "A1", ready, go, writer),
         name="reliable_flow-arrival-child",
     )
-    with _open(files) as (producer, consumer):
-        _advance_flow(producer, "A")
+    with open_files(files) as (producer, consumer):
+        advance_flow(producer, "A")
         child.start()
         writer.close()
         try:
@@ -62,18 +62,18 @@ def arrival_3_1_2(files: Files) -> Result:
                         "delivered": event_id,
                         "by": by,
                         "relay": status,
-                        "drain": _drain(drained),
+                        "drain": drain_dict(drained),
                         "applied_prefix": [e.seq for e in consumer.applied("A")],
                     }
                 )
 
             stage("A3", "parent", str(relay(producer, consumer, event_id="A3").status))
             go.set()
-            child_status = _receive_answer(reader)
+            child_status = receive_answer(reader)
         finally:
             go.set()  # never leave the child waiting, whatever happened above
             reader.close()
-            (child_exit,) = _join([child])
+            (child_exit,) = join_all([child])
         stage("A1", "child process", str(child_status))
         stage("A2", "parent", str(relay(producer, consumer, event_id="A2").status))
         return {
@@ -82,23 +82,23 @@ def arrival_3_1_2(files: Files) -> Result:
             "stages": stages,
             "projection": consumer.projection("A"),
             "effect_kinds": [e.kind for e in consumer.applied("A")],
-            "inbox_states": [row["state"] for row in _inbox(consumer, "A")],
+            "inbox_states": [row["state"] for row in inbox_of(consumer, "A")],
         }
 
 
 def naive_consumer(files: Files) -> Result:
     """An id-only-dedup consumer that overwrites by arrival order, against ours, on 3,1,2,3."""
     arrivals = ["A3", "A1", "A2", "A3"]
-    with _open(files) as (producer, consumer):
-        _advance_flow(producer, "A")
-        events = {eid: _event(producer, eid) for eid in ("A1", "A2", "A3")}
+    with open_files(files) as (producer, consumer):
+        advance_flow(producer, "A")
+        events = {eid: event_of(producer, eid) for eid in ("A1", "A2", "A3")}
         with NaiveLastWriteConsumer(str(files.dir / "naive.db")) as naive:
             naive_answers = [naive.receive(events[eid]) for eid in arrivals]
             naive_state = naive.state("A")
         ours = []
         for eid in arrivals:
             status = str(relay(producer, consumer, event_id=eid).status)
-            ours.append({"event": eid, "relay": status, "drain": _drain(consumer.drain("A"))})
+            ours.append({"event": eid, "relay": status, "drain": drain_dict(consumer.drain("A"))})
         return {
             "arrivals": arrivals,
             "naive": {"answers": naive_answers, "final": naive_state},
@@ -112,21 +112,21 @@ def naive_consumer(files: Files) -> Result:
 
 def flow_isolation(files: Files) -> Result:
     """A gets 1 and 3 (gap at 2), B gets 1, 2, 3: process_all moves B to the end, A stays."""
-    with _open(files) as (producer, consumer):
-        _advance_flow(producer, "A")
-        _advance_flow(producer, "B")
+    with open_files(files) as (producer, consumer):
+        advance_flow(producer, "A")
+        advance_flow(producer, "B")
         delivered = {
             eid: str(relay(producer, consumer, event_id=eid).status)
             for eid in ("A1", "A3", "B1", "B2", "B3")
         }
-        drained = {flow: _drain(d) for flow, d in consumer.process_all().items()}
+        drained = {flow: drain_dict(d) for flow, d in consumer.process_all().items()}
         return {
             "delivered": delivered,
             "process_all": drained,
             "projection_A": consumer.projection("A"),
             "projection_B": consumer.projection("B"),
-            "outbox_A": _outbox(producer, "A"),
-            "inbox_A": _inbox(consumer, "A"),
+            "outbox_A": outbox_of(producer, "A"),
+            "inbox_A": inbox_of(consumer, "A"),
         }
 
 
@@ -139,8 +139,8 @@ def arrival_all_permutations(files: Files) -> Result:
     for order in itertools.permutations(("A1", "A2", "A3")):
         sub = Files(files.dir / "-".join(order))
         sub.dir.mkdir()
-        with _open(sub) as (producer, consumer):
-            _advance_flow(producer, "A")
+        with open_files(sub) as (producer, consumer):
+            advance_flow(producer, "A")
             for eid in order:
                 relay(producer, consumer, event_id=eid)
                 consumer.drain("A")

@@ -11,17 +11,17 @@ from ..._relay import relay
 from .harness import (
     Files,
     Result,
-    _advance_first,
-    _advance_flow,
-    _all_exited_0,
-    _create,
-    _drain,
-    _effects,
-    _inbox,
-    _open,
-    _outbox,
-    _race,
-    _race_outcome,
+    advance_first,
+    advance_flow,
+    all_exited_0,
+    create_files,
+    drain_dict,
+    effects_of,
+    inbox_of,
+    open_files,
+    outbox_of,
+    race,
+    race_outcome,
 )
 
 __all__ = [
@@ -35,17 +35,17 @@ __all__ = [
 
 def race_same_event_advanced(files: Files) -> Result:
     """Six processes advance the same A1 at once: one commits, five see it existing."""
-    _create(files)
-    outcome = _race_outcome(files, "advance_same")
-    with _open(files) as (producer, _):
-        return {**outcome, "flow_A": producer.flow("A"), "outbox_A": _outbox(producer, "A")}
+    create_files(files)
+    outcome = race_outcome(files, "advance_same")
+    with open_files(files) as (producer, _):
+        return {**outcome, "flow_A": producer.flow("A"), "outbox_A": outbox_of(producer, "A")}
 
 
 def race_new_ids_expected_seq_0(files: Files) -> Result:
     """Six new ids for flow A at expected_seq 0 at once: one commits, five are stale."""
-    _create(files)
-    outcome = _race_outcome(files, "advance_new")
-    with _open(files) as (producer, _):
+    create_files(files)
+    outcome = race_outcome(files, "advance_new")
+    with open_files(files) as (producer, _):
         outbox = producer.outbox("A")
         return {
             **outcome,
@@ -57,25 +57,25 @@ def race_new_ids_expected_seq_0(files: Files) -> Result:
 
 def race_receive_one_envelope(files: Files) -> Result:
     """Six processes receive the same envelope at once: one accepted, five duplicate."""
-    with _open(files) as (producer, _):
-        _advance_first(producer)
-    outcome = _race_outcome(files, "receive")
-    with _open(files) as (_, consumer):
-        return {**outcome, "inbox_A": _inbox(consumer, "A")}
+    with open_files(files) as (producer, _):
+        advance_first(producer)
+    outcome = race_outcome(files, "receive")
+    with open_files(files) as (_, consumer):
+        return {**outcome, "inbox_A": inbox_of(consumer, "A")}
 
 
 def race_apply_next_one_event(files: Files) -> Result:
     """Six processes call apply_next on one pending event: exactly one effect."""
-    with _open(files) as (producer, consumer):
-        _advance_first(producer)
+    with open_files(files) as (producer, consumer):
+        advance_first(producer)
         relay(producer, consumer)
-    outcome = _race_outcome(files, "apply")
-    with _open(files) as (_, consumer):
+    outcome = race_outcome(files, "apply")
+    with open_files(files) as (_, consumer):
         return {
             **outcome,
             "projection_A": consumer.projection("A"),
-            "effects_A": _effects(consumer, "A"),
-            "inbox_A": _inbox(consumer, "A"),
+            "effects_A": effects_of(consumer, "A"),
+            "inbox_A": inbox_of(consumer, "A"),
         }
 
 
@@ -85,18 +85,18 @@ def race_relay_several_events(files: Files) -> Result:
     Which racer got ``accepted`` and how many ``duplicate`` answers there were
     depend on scheduling, so only the deterministic facts are recorded.
     """
-    with _open(files) as (producer, _):
-        _advance_flow(producer, "A")
-        _advance_flow(producer, "B")
-    answers, codes = _race(files, "relay")
+    with open_files(files) as (producer, _):
+        advance_flow(producer, "A")
+        advance_flow(producer, "B")
+    answers, codes = race(files, "relay")
     seen = {s for statuses in answers for s in statuses}
-    with _open(files) as (producer, consumer):
+    with open_files(files) as (producer, consumer):
         return {
             "statuses_within_accepted_duplicate_idle": seen <= {"accepted", "duplicate", "idle"},
             "accepted_total": sum(statuses.count("accepted") for statuses in answers),
             "every_racer_ended_idle": all(statuses[-1:] == ["idle"] for statuses in answers),
-            "all_racers_exited_0": _all_exited_0(codes),
-            "inbox": {flow: _inbox(consumer, flow) for flow in ("A", "B")},
+            "all_racers_exited_0": all_exited_0(codes),
+            "inbox": {flow: inbox_of(consumer, flow) for flow in ("A", "B")},
             "outbox_accepted": {e.event_id: e.accepted for e in producer.outbox()},
-            "then_process_all": {flow: _drain(d) for flow, d in consumer.process_all().items()},
+            "then_process_all": {flow: drain_dict(d) for flow, d in consumer.process_all().items()},
         }
