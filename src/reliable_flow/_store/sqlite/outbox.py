@@ -38,6 +38,7 @@ from . import outbox_sql
 from .base import SqliteDialect, SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
+from .watch import SqliteSignal
 from .outbox_sql import (
     ANY_CONSUMER,
     APPEND,
@@ -236,4 +237,8 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
         ), SqliteOutbox, SqliteOutbox._settle)
+
+    def watch(self) -> SqliteSignal:
+        """A signal for ``wait``: the file's ``data_version``, on a connection of its own."""
+        return SqliteSignal(self.location)
 
