@@ -42,8 +42,15 @@ def reserve(producer: Producer, flow: str) -> None:
                             payload={"amount": 1}).status.value == "committed"
 
 
-def wait_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "reliable_flow.aio:wait"]
+def wait_threads(settle: float = 0.0) -> list[threading.Thread]:
+    """The threads of awaited waits; with ``settle``, those still there after
+    up to that many seconds (a thread ends just after its last call answered)."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = [t for t in threading.enumerate() if t.name == "reliable_flow.aio:wait"]
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.005)
 
 
 def listening(location: str) -> int:
@@ -54,7 +61,7 @@ def listening(location: str) -> int:
     another connection of the process holds a lock on it, so descriptors
     are no measure)."""
     if is_pg(location):
-        from reliable_flow._store.postgres.location import channel
+        from reliable_flow._store.watch import channel
 
         schema = urllib.parse.unquote(location.partition("#")[2])
         found = rows(location, "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
@@ -161,7 +168,7 @@ def test_the_awaited_wait_returns_at_once_and_none_at_the_timeout(new_store: Any
             started = time.monotonic()
             assert await producer.wait("B", after_seq=0, timeout=0.3) is None
             assert 0.3 <= time.monotonic() - started < 2
-            assert wait_threads() == []
+            assert wait_threads(settle=1) == []
 
     asyncio.run(main())
 
@@ -205,17 +212,13 @@ def test_a_cancelled_wait_leaves_no_thread_and_no_connection(new_store: Any) -> 
                 with pytest.raises(asyncio.CancelledError):
                     await asyncio.wait_for(task, 5)  # a hang would fail here
             assert time.monotonic() - started < 1  # woken, not left to run out
-            for _ in range(100):  # a thread ends just after its last call answered
-                if not wait_threads():
-                    break
-                await asyncio.sleep(0.01)
-            assert wait_threads() == []
+            assert listening(location) == 0  # closed before the CancelledError came
+            assert wait_threads(settle=1) == []
             assert listening(location) == 0
             # A timeout from outside is a cancellation too.
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(producer.wait("G", after_seq=0, timeout=None), 0.2)
-            await asyncio.sleep(0.05)
-            assert wait_threads() == [] and listening(location) == 0
+            assert listening(location) == 0 and wait_threads(settle=1) == []
             assert await producer.flows() == []  # the producer still works
 
     asyncio.run(main())
@@ -256,7 +259,7 @@ def test_bad_arguments_are_refused_naming_the_field(producer: Producer, bad: dic
         async with AsyncProducer(producer.location, RESERVATION) as aproducer:
             with pytest.raises(error, match=field):
                 await aproducer.wait(flow_id, **args)
-            assert wait_threads() == []
+            assert wait_threads() == []  # refused before any was started
 
     asyncio.run(awaited())
     assert listening(producer.location) == 0

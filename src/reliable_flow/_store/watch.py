@@ -3,7 +3,7 @@
 An engine gives a :class:`Signal` (``OutboxStore.watch()``): a connection
 of its own that learns of commits made by anyone -- on PostgreSQL a
 ``LISTEN`` on the channel every advance notifies on commit, on SQLite the
-file's ``PRAGMA data_version``, checked every :data:`SQLITE_POLL` seconds.
+file's ``PRAGMA data_version``, checked every :data:`POLL` seconds.
 :class:`Watch` waits on it until it hears of the flow, the time is up or
 another thread wakes it (an awaiting task was cancelled): it sleeps in a
 selector, so a wake-up or a notification ends the sleep at once.
@@ -15,17 +15,25 @@ through the store, so what ``wait`` returns is what ``flow`` returns.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import selectors
 import socket
 import time
 from typing import Protocol
 
-__all__ = ["SQLITE_POLL", "Signal", "Watch"]
+__all__ = ["POLL", "Signal", "Watch", "channel"]
 
-#: How often a SQLite signal looks at ``PRAGMA data_version`` (a read of
-#: the WAL index in shared memory: about 2 µs).  The latency of ``wait`` on
-#: SQLite is at most this, plus a read of the flow.
-SQLITE_POLL = 0.05
+#: How often :class:`Watch` asks a signal without a descriptor (SQLite's
+#: ``PRAGMA data_version``: a look at the WAL index in shared memory, about
+#: 4 µs) for news.  The latency of ``wait`` on SQLite is at most this, plus
+#: a read of the flow.
+POLL = 0.05
+
+
+def channel(name: str) -> str:
+    """The notification channel of the producer store ``name`` (a PostgreSQL
+    schema): an identifier of 35 bytes, whatever the name's length."""
+    return "rf_" + hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 class Signal(Protocol):
@@ -34,11 +42,7 @@ class Signal(Protocol):
 
     def fileno(self) -> int | None:
         """A descriptor that becomes readable when news arrive, or None: then
-        :meth:`news` is asked every ``poll`` seconds."""
-
-    @property
-    def poll(self) -> float | None:
-        """Seconds between two looks at :meth:`news` when there is no descriptor."""
+        :meth:`news` is asked every :data:`POLL` seconds."""
 
     def news(self, flow_id: str) -> bool:
         """True if a commit since the last call may have moved ``flow_id``
@@ -63,7 +67,7 @@ class Watch:
         fd = signal.fileno()
         if fd is not None:
             self._selector.register(fd, selectors.EVENT_READ)
-        self._poll = None if fd is not None else signal.poll
+        self._poll = None if fd is not None else POLL
 
     def wait(self, timeout: float | None) -> bool:
         """Until the flow may have moved (True), ``timeout`` seconds passed

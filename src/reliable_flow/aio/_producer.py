@@ -287,8 +287,8 @@ class AsyncProducer:
         thread: the flow is read there (one short call each time), and the
         wait in between runs on a thread of its own with a connection of
         its own, so the producer's other calls go on meanwhile.  Cancelled,
-        the wait ends at once: its connection is closed and its thread ends
-        before the ``CancelledError`` reaches the caller."""
+        the wait ends at once: its connection is closed before the
+        ``CancelledError`` reaches the caller, and its thread ends right after."""
         check_wait(flow_id, after_seq, timeout)
         deadline = deadline_of(timeout)
         waiter = StoreThread("wait")

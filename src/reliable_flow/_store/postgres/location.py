@@ -23,7 +23,6 @@ __all__ = [
     "DEFAULT_SCHEMAS",
     "ConnectionFactory",
     "Location",
-    "channel",
     "is_pool",
     "is_postgres_location",
     "lock_key",
@@ -140,8 +139,3 @@ def lock_key(*parts: str) -> int:
     digest = hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
-
-def channel(schema: str) -> str:
-    """The ``NOTIFY`` channel of a producer's schema: every advance notifies
-    it with the flow id on commit; ``wait`` listens (an identifier of 35 bytes)."""
-    return "rf_" + hashlib.blake2b(schema.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()

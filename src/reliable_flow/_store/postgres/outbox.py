@@ -56,10 +56,11 @@ from ..binding import BindingMemo
 from ..records import FlowState, PruneStep, StoredEvent
 from ..repository.outbox import REGISTRY_LOCK, OutboxRepository, OutboxSql
 from ..shared import identity_problem
+from ..watch import channel
 from . import outbox_sql
 from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
-from .location import Target, channel, parse
+from .location import Target, parse
 from .outbox_sql import (
     ANY_CONSUMER,
     APPEND,

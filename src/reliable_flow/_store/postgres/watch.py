@@ -1,6 +1,6 @@
 """A PostgreSQL schema's signal for ``wait``: ``LISTEN`` on a connection of its own.
 
-Every advance notifies the schema's channel (:func:`.location.channel`)
+Every advance notifies the schema's channel (:func:`reliable_flow._store.watch.channel`)
 with the flow's id when its transaction commits; the server pushes the
 notification to every listening session at once, so a waiter hears it
 within a round trip of the commit.  A pool's connection is given back
@@ -15,16 +15,15 @@ import psycopg
 from psycopg import sql
 
 from ...errors import StorageError
+from ..watch import channel
 from .errors import storage_error
-from .location import Location, channel
+from .location import Location
 
 __all__ = ["PgSignal"]
 
 
 class PgSignal:
     """Notifications of the producer schema of ``where``; ``shown`` names it in errors."""
-
-    poll = None
 
     def __init__(self, where: Location, shown: str) -> None:
         try:

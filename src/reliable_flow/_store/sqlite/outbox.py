@@ -38,7 +38,6 @@ from . import outbox_sql
 from .base import SqliteDialect, SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
-from .watch import SqliteSignal
 from .outbox_sql import (
     ANY_CONSUMER,
     APPEND,
@@ -61,6 +60,7 @@ from .outbox_sql import (
     in_chunks,
 )
 from .schema import PRODUCER
+from .watch import SqliteSignal
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
 

@@ -3,7 +3,7 @@
 SQLite has no notifications.  ``data_version`` changes on a connection
 whenever another connection -- of any process -- committed to the file;
 reading it is a look at the WAL index in shared memory (about 2 µs, no
-disk I/O), so it is checked every :data:`~reliable_flow._store.watch.SQLITE_POLL`
+disk I/O), so it is checked every :data:`~reliable_flow._store.watch.POLL`
 seconds.  It does not say which flow moved: any commit is news.
 """
 
@@ -14,15 +14,12 @@ import sqlite3
 import urllib.parse
 
 from ...errors import StorageError
-from ..watch import SQLITE_POLL
 
 __all__ = ["SqliteSignal"]
 
 
 class SqliteSignal:
     """``data_version`` of the file at ``path``, on a read-only connection opened here."""
-
-    poll = SQLITE_POLL
 
     def __init__(self, path: str) -> None:
         # mode=ro: closing it must never checkpoint or remove the -wal file.
