@@ -138,4 +138,3 @@ def lock_key(*parts: str) -> int:
     """A signed 64-bit advisory lock key for ``parts`` (stable across processes)."""
     digest = hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
