@@ -202,8 +202,10 @@ def test_no_module_is_too_long(path: Path) -> None:
 # each side counts twice).
 ENGINE_MEMBERS_MAX = 40
 # Lines of code (docstrings, comments, blanks aside) in each engine's folder
-# (issue 29: from 1,543 on SQLite and 1,845 on PostgreSQL).
-ENGINE_CODE_LINES_MAX = {"sqlite": 1500, "postgres": 1500}
+# (issue 29: from 1,543 on SQLite and 1,845 on PostgreSQL).  Issue 30's
+# ``wait`` adds 38 on PostgreSQL: its LISTEN connection (postgres/watch.py)
+# and the advance's NOTIFY (the flow's upsert).
+ENGINE_CODE_LINES_MAX = {"sqlite": 1500, "postgres": 1538}
 
 
 def _engine_classes(engine: str) -> list[tuple[type, tuple[type, ...]]]:

@@ -22,6 +22,7 @@ from ._store import OutboxStore, OutboxUnit
 from ._store.open import Location, open_outbox
 from ._store.records import as_flow_dict
 from ._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
+from ._wait import check_wait, open_watch, wait_sync
 from .crash import crash_point
 from .errors import StorageError
 from .metrics import ProducerMetrics, producer_metrics
@@ -210,6 +211,29 @@ class Producer:
         A dict, because its keys beyond ``state`` and ``seq`` are the
         protocol's own data fields."""
         return as_flow_dict(self._store.latest.flow_state(flow_id))
+
+    def wait(self, flow_id: str, *, after_seq: int, timeout: float | None) -> dict[str, Any] | None:
+        """The flow (what :meth:`flow` returns) once its seq is past
+        ``after_seq``, or None when ``timeout`` seconds passed first.
+
+        Returns at once if the flow is already past ``after_seq`` (with
+        ``after_seq=0``: once the flow has any event).  Otherwise it blocks
+        until a commit -- from any process -- moves the flow: it hears of it
+        on a connection of its own, opened for this wait and closed when it
+        returns (PostgreSQL: ``LISTEN``, within a round trip of the commit;
+        SQLite: ``PRAGMA data_version``, looked at every 50 ms), and reads the
+        flow again.  ``timeout``: a finite number of seconds >= 0 (0: look
+        once), or None to wait without limit.  ``flow_id`` must be a valid
+        id (``InvalidEnvelope`` naming it), ``after_seq`` an int >= 0 and
+        ``timeout`` as said (``ValueError`` naming the field; never a bool,
+        NaN or an infinity).  Storage errors propagate.  See docs/concepts.md,
+        "Waiting for a flow"."""
+        check_wait(flow_id, after_seq, timeout)
+        watch = open_watch(self._store, flow_id)
+        try:
+            return wait_sync(watch, lambda: self.flow(flow_id), after_seq, timeout)
+        finally:
+            watch.close()
 
     def flows(self) -> list[str]:
         """Ids of every flow with at least one committed event, sorted."""

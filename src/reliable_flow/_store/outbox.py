@@ -18,6 +18,7 @@ from ..records import ConsumerEntry, OperatorAction, OutboxEntry
 from ..statuses import DeliveryState
 from .base import Store
 from .records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from .watch import Signal
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
 
@@ -181,3 +182,9 @@ class OutboxStore(Store[OutboxReads, OutboxUnit], Protocol):
 
     def forget_binding(self, name: str) -> None:
         """Forget what this object remembered about ``name`` (it was removed)."""
+
+    def watch(self) -> Signal:
+        """A :class:`~reliable_flow._store.watch.Signal` on a connection of its
+        own, opened on the calling thread, which alone uses it (any thread may
+        call this: it reads only where the store lives): how ``wait`` hears
+        of commits, from any process, without reading the flow in a loop."""

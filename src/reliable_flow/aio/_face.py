@@ -24,13 +24,14 @@ from ..errors import StorageError
 from ..protocol import Protocol
 from ._thread import StoreThread
 
-__all__ = ["OnThread", "awaited", "same_arguments"]
+__all__ = ["OnThread", "awaited", "open_on_thread_async", "same_arguments"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 First = TypeVar("First")
 S = TypeVar("S", Producer, Consumer)
 F = TypeVar("F", bound="OnThread[Any]")
+_O = TypeVar("_O")
 
 
 def awaited(fn: Callable[Concatenate[Any, P], R], note: str = "") -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
@@ -72,6 +73,19 @@ def _close_if_opened(opened: concurrent.futures.Future[Any]) -> None:
         opened.result().close()
 
 
+async def open_on_thread_async(thread: StoreThread, factory: Callable[..., _O], *args: Any, **kwargs: Any) -> _O:
+    """``factory(*args, **kwargs)`` on ``thread``, awaited.  If the awaiting
+    task is cancelled the open still finishes on the thread; what it opened
+    is then closed there and the thread stops."""
+    opened = thread.submit(factory, *args, **kwargs)
+    try:
+        return await asyncio.wrap_future(opened)
+    except BaseException:
+        thread.submit(_close_if_opened, opened)
+        thread.stop()
+        raise
+
+
 class OnThread(Generic[S]):
     """A sync ``Producer`` / ``Consumer`` (:attr:`sync`) opened by ``factory``
     on a thread of its own (:attr:`thread`); every call runs there, one at a
@@ -94,13 +108,7 @@ class OnThread(Generic[S]):
         task is cancelled the open still finishes on the thread; what it
         opened is then closed there and the thread stops."""
         thread = StoreThread(factory.__name__.lower())
-        opened = thread.submit(factory, *args, **kwargs)
-        try:
-            sync = await asyncio.wrap_future(opened)
-        except BaseException:
-            thread.submit(_close_if_opened, opened)
-            thread.stop()
-            raise
+        sync = await open_on_thread_async(thread, factory, *args, **kwargs)
         self = cls.__new__(cls)
         self._adopt(thread, sync)
         return self

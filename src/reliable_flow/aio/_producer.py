@@ -20,9 +20,11 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from typing import Any, TypeVar
 
 from .._producer import Batch, Producer
+from .._wait import check_wait, deadline_of, left_until, open_watch, passed
 from ..records import AdvanceResult
 from ._admin import AsyncProducerAdmin
-from ._face import OnThread, awaited, same_arguments
+from ._face import OnThread, awaited, open_on_thread_async, same_arguments
+from ._thread import StoreThread
 
 __all__ = ["AsyncBatch", "AsyncProducer"]
 
@@ -162,3 +164,27 @@ class AsyncProducer(OnThread[Producer]):
     outbox = awaited(Producer.outbox)
     event = awaited(Producer.event)
     metrics = awaited(Producer.metrics)
+
+    async def wait(self, flow_id: str, *, after_seq: int, timeout: float | None) -> dict[str, Any] | None:
+        """Like ``Producer.wait`` (the flow once its seq is past ``after_seq``,
+        or None at the timeout); awaited, and it never holds the store's
+        thread: the flow is read there (one short call each time), and the
+        wait in between runs on a thread of its own with a connection of
+        its own, so the producer's other calls go on meanwhile.  Cancelled,
+        the wait ends at once: its connection is closed before the
+        ``CancelledError`` reaches the caller, and its thread ends right after."""
+        check_wait(flow_id, after_seq, timeout)
+        deadline = deadline_of(timeout)
+        waiter = StoreThread("wait")
+        watch = await open_on_thread_async(waiter, open_watch, self._sync.store, flow_id)
+        try:
+            while True:
+                flow = await self.flow(flow_id)
+                if passed(flow, after_seq):
+                    return flow
+                left = left_until(deadline)
+                if left == 0 or not await waiter.run(watch.wait, left):
+                    return None
+        finally:
+            watch.wake()  # a wait still running on the thread (its task was cancelled) ends now
+            await waiter.finish(watch.close)

@@ -56,6 +56,7 @@ from ..binding import BindingMemo
 from ..records import FlowState, PruneStep, StoredEvent
 from ..repository.outbox import REGISTRY_LOCK, OutboxRepository, OutboxSql
 from ..shared import identity_problem
+from ..watch import channel
 from . import outbox_sql
 from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
@@ -81,6 +82,7 @@ from .outbox_sql import (
     Candidate,
 )
 from .schema import PRODUCER
+from .watch import PgSignal
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "PgOutbox", "PgOutboxStore"]
 
@@ -133,7 +135,7 @@ class PgOutbox(PgView, OutboxRepository):
 
     def put_flow(self, flow_id: str, seq: int, state: str, data: str) -> None:
         self._looked_up = None
-        self._send(UPSERT_FLOW, (flow_id, seq, state, data))
+        self._send(UPSERT_FLOW, (flow_id, seq, state, data, channel(self._schema)))
 
     def append_event(self, env: Envelope, committed_at: float | None = None) -> None:
         """The event, pending for every consumer registered when it commits.
@@ -209,8 +211,13 @@ class PgOutboxStore(PgStore[PgOutbox], BindingMemo):
         def check_meta(meta: dict[str, str]) -> str | None:
             return identity_problem(meta, protocol)
 
+        self._where = parse(location, PRODUCER.name, schema)
         super().__init__(Database(
-            parse(location, PRODUCER.name, schema), PRODUCER, lock_timeout=busy_timeout, on_create=on_create,
+            self._where, PRODUCER, lock_timeout=busy_timeout, on_create=on_create,
             check_meta=check_meta, readonly=readonly,
         ), PgOutbox)
+
+    def watch(self) -> PgSignal:
+        """A signal for ``wait``: ``LISTEN`` on the schema's channel, on a connection of its own."""
+        return PgSignal(self._where, self.location)
 

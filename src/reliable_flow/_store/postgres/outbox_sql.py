@@ -50,9 +50,12 @@ BACKLOG = (
 
 NEXT_DUE_AT = "SELECT min(due_at) FROM delivery WHERE consumer = %s AND state = 'pending'"
 
+# The flow's new row, and a notification of its id on the schema's channel
+# (reliable_flow._store.watch.channel), sent when the transaction commits: what ``wait`` hears.
 UPSERT_FLOW = (
-    "INSERT INTO flow(flow_id, seq, state, data) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT(flow_id) DO UPDATE SET seq = excluded.seq, state = excluded.state, data = excluded.data"
+    "WITH f AS (INSERT INTO flow(flow_id, seq, state, data) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT(flow_id) DO UPDATE SET seq = excluded.seq, state = excluded.state, data = excluded.data "
+    "RETURNING flow_id) SELECT pg_notify(%s, flow_id) FROM f"
 )
 
 APPEND = (

@@ -60,6 +60,7 @@ from .outbox_sql import (
     in_chunks,
 )
 from .schema import PRODUCER
+from .watch import SqliteSignal
 
 __all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
 
@@ -236,4 +237,8 @@ class SqliteOutboxStore(SqliteStore[SqliteOutbox], BindingMemo):
             path, PRODUCER, busy_timeout=busy_timeout, on_create=on_create, check_meta=check_meta,
             readonly=readonly,
         ), SqliteOutbox, SqliteOutbox._settle)
+
+    def watch(self) -> SqliteSignal:
+        """A signal for ``wait``: the file's ``data_version``, on a connection of its own."""
+        return SqliteSignal(self.location)
 
