@@ -20,7 +20,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ..errors import ReliableFlowError
-from .loading import DEFAULT_PROTOCOL, OptionError
+from .loading import PROTOCOL_HELP, OptionError
 
 __all__ = ["Caught", "EarlySignals", "add_shared", "command", "opening", "reporter", "schemas_option", "serve", "stopped"]
 
@@ -40,8 +40,7 @@ def add_shared(parser: Any, seconds: Callable[[bool], Callable[[str], float]], *
     alike; ``seconds(allow_zero)`` is the argparse type of a duration."""
     specs: dict[str, dict[str, Any]] = {
         "--producer": {"metavar": "PATH", "help": "where results of effects with feedback= are advanced"},
-        "--protocol": {"default": DEFAULT_PROTOCOL, "metavar": "MODULE:ATTR",
-                       "help": "the protocol object to import (default: %(default)s)"},
+        "--protocol": {"metavar": "MODULE:ATTR", "help": PROTOCOL_HELP},
         "--idle-sleep": {"type": seconds(True), "default": 0.5, "metavar": "SECONDS",
                          "help": "how long to sleep after a pass that found nothing (default 0.5)"},
         "--report-every": {"type": seconds(True), "default": 10.0, "metavar": "SECONDS",

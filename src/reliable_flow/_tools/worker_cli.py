@@ -26,7 +26,7 @@ from ._cli_common import (
     serve,
     stopped,
 )
-from .loading import OptionError, load
+from .loading import OptionError, load, protocol_for
 
 __all__ = ["add_worker_commands", "execute_command", "load_option", "run_command"]
 
@@ -207,7 +207,7 @@ def _run(args: argparse.Namespace, signals: EarlySignals) -> int:
             raise OptionError(f"--consumer must look like NAME=PATH, got {item!r}")
         pairs.append((name, path))
     names = [name for name, _ in pairs]
-    protocol = _load_one("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("producer", args.producer), *(("consumer", path) for _, path in pairs))
     apps = _apps(args, names)
     schemas = schemas_option(args.schemas)
     if args.use_async:
@@ -256,7 +256,7 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
         from ..transport.redis._connect import shown, talking
     except ImportError as exc:
         raise OptionError(str(exc)) from None
-    protocol = _load_one("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("producer", args.producer))
     receivers: list[RedisReceiver] = []
 
     def close_receivers() -> None:
@@ -355,7 +355,7 @@ def _execute(args: argparse.Namespace) -> int:
     from .._relay import DeliveryPolicy
     from .._store.open import is_postgres
 
-    protocol = _load_one("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", args.producer))
     effects = _load_one("effects", args.effects)
     if not is_postgres(args.consumer) and not os.path.isfile(args.consumer):
         raise OptionError(f"no consumer file at {args.consumer!r}")  # executing creates nothing
