@@ -16,6 +16,7 @@ from typing import Any
 from ..delivery import DEFAULT_LEASE_SECONDS
 from ..errors import ReliableFlowError
 from ._cli_common import (
+    RELAY_ONLY,
     Caught,
     EarlySignals,
     add_shared,
@@ -271,10 +272,10 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
                 receivers.append(RedisReceiver(args.to, name))
             else:
                 receivers.append(RedisReceiver(args.to, name, timeout=args.send_timeout))
-        talking(args.to, "run --to", lambda: _ping(args.to))
+        talking(args.to, "", lambda: _ping(args.to))
     with opening():
         producer = Producer(args.producer, protocol)
-    report = reporter("run", args.report_every)
+    report = reporter("run", args.report_every, RELAY_ONLY)  # nothing is applied here, no effect runs
     with opening(producer.close):
         worker = Worker(producer, receivers, policy=DeliveryPolicy(lease_seconds=args.lease),
                         idle_sleep=args.idle_sleep, on_pass=report, register=args.register)
@@ -286,7 +287,7 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
         producer.close()
 
     return serve("run", worker, lambda: worker.run(max_passes=1 if args.once else None,
-                                                   until_idle=args.until_idle), close)
+                                                   until_idle=args.until_idle), close, RELAY_ONLY)
 
 
 def _ping(url: str) -> None:
