@@ -16,15 +16,23 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from .errors import ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread
+from .errors import (
+    ConsumerMismatch,
+    TransportDenied,
+    UnknownConsumer,
+    WrongFile,
+    WrongProcess,
+    WrongThread,
+)
 from .records import PassResult
 
 __all__ = ["CANNOT_HEAL", "UNTIL_IDLE_MAX_SLEEP", "UNTIL_IDLE_PAUSE", "Loop", "sooner", "until_due"]
 
 # Errors that retrying cannot heal (a consumer name bound to another file, a
 # file of the wrong kind or too new, an object used after fork or in another
-# thread): a loop records them, then raises them instead of retrying forever.
-CANNOT_HEAL = (ConsumerMismatch, UnknownConsumer, WrongFile, WrongProcess, WrongThread)
+# thread, a broker that refuses our credentials or commands): a loop records
+# them, then raises them instead of retrying forever.
+CANNOT_HEAL = (ConsumerMismatch, TransportDenied, UnknownConsumer, WrongFile, WrongProcess, WrongThread)
 
 # run(until_idle=True) looks again at least this often while something waits,
 # and pauses this long when something is due already but the pass did nothing.

@@ -15,6 +15,7 @@ from typing import Any
 from ._checks import check_optional_count
 from ._core.advance import advance_at_current_in, advance_in, build
 from ._core.conflicts import rerun_on_conflict
+from ._core.identity import PROTOCOL_PATH, other_path_note, protocol_path_in
 from ._envelope import Envelope
 from ._observe import INFO, PRODUCER, WARNING, advanced
 from ._producer_admin import ProducerAdmin
@@ -120,6 +121,23 @@ class Producer:
         self.max_backlog = max_backlog
         self._store = open_outbox(location, protocol.name, busy_timeout=busy_timeout)
         self._admin = ProducerAdmin(self)
+        try:
+            self._record_protocol_path()
+        except BaseException:
+            self._store.close()  # the caller gets no producer to close
+            raise
+
+    def _record_protocol_path(self) -> None:
+        """The store records where its protocol is imported from, the first
+        time it is opened with an importable one (see :mod:`._core.identity`)."""
+        path = self.protocol.import_path()
+        held = self._store.latest.meta_value(PROTOCOL_PATH)
+        if held is None and path is not None:
+            with self._store.write() as unit:
+                held = protocol_path_in(unit, path)
+        note = other_path_note(self.location, held, path)
+        if note is not None:
+            PRODUCER.warning(note)
 
     @property
     def admin(self) -> ProducerAdmin:

@@ -24,6 +24,7 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      +-- WrongThread                           object used in a thread other than its opener's
      +-- TransportError (also ConnectionError) a transport carried no answer; nothing taken as accepted
      |    +-- RemoteError                      the far side's receive raised (its error in the message)
+     |    +-- TransportDenied                  the broker refused us (password, ACL, protected mode)
      +-- StorageError                          the storage engine failed underneath us
           +-- StorageFull                      disk or database full; nothing written
           +-- ReadOnlyStorage                  the store cannot be written; nothing written
@@ -50,6 +51,7 @@ __all__ = [
     "StorageError",
     "StorageFull",
     "TransactionConflict",
+    "TransportDenied",
     "TransportError",
     "UnknownConsumer",
     "UnknownEffect",
@@ -150,6 +152,15 @@ class RemoteError(TransportError):
     def __init__(self, remote_type: str, message: str) -> None:
         super().__init__(f"{remote_type}: {message}")
         self.remote_type = remote_type
+
+
+class TransportDenied(TransportError):
+    """The broker refused this client rather than failing to answer: a
+    wrong or missing password or ACL user, an ACL user without a command
+    the transport needs (``NOPERM``), or a Redis server in protected mode
+    refusing clients from other hosts.  Retrying cannot heal it: a
+    ``Worker`` or ``Bridge`` records it and raises it (the commands exit 2).
+    The message names the server's URL without its password."""
 
 
 class SQLiteTooOld(ReliableFlowError):

@@ -23,6 +23,7 @@ its projection goes in ``project``.  Both are plain functions of plain data.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,6 +218,11 @@ class Protocol:
 
     Data and projection keys must not be ``state``, ``seq`` or ``last_seq``:
     those are the library's own fields.  Protocols compare by identity.
+
+    A protocol remembers the module that built it, so that
+    :meth:`import_path` can say where another process imports it from (a
+    store records that path; the command line uses it when ``--protocol``
+    is not given).
     """
 
     name: str
@@ -271,6 +277,25 @@ class Protocol:
         object.__setattr__(self, "consumer_schemas", chosen["consumer_schemas"])
         object.__setattr__(self, "producer_schemas", chosen["producer_schemas"])
         object.__setattr__(self, "states", frozenset({self.initial} | set(table) | kinds))
+        object.__setattr__(self, "_module", _caller_module())
+
+    def import_path(self) -> str | None:
+        """``module:ATTRIBUTE`` naming this very object, as ``--protocol``
+        takes it, or None when there is none: the module that built it does
+        not hold it under exactly one name (a protocol built in a function,
+        or bound to two names), or that module is a script run by path
+        (``__main__`` without a module name).  Nothing is imported."""
+        module_name = self.__dict__.get("_module")
+        module = sys.modules.get(module_name) if module_name else None
+        if module is None:
+            return None
+        if module_name == "__main__":  # run as python -m NAME: importable as NAME
+            spec = getattr(module, "__spec__", None)
+            module_name = getattr(spec, "name", None)
+            if not module_name or module_name == "__main__":
+                return None
+        names = [name for name, value in list(vars(module).items()) if value is self]
+        return f"{module_name}:{names[0]}" if len(names) == 1 else None
 
     def next_data(
         self,
@@ -317,6 +342,15 @@ class Protocol:
         shown = self.project(state, data)
         _check_keys(self.name, "project", shown)
         return shown
+
+
+def _caller_module() -> str | None:
+    """The module whose code built the protocol being initialised: the
+    first frame outside this module and ``dataclasses`` (``replace``)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back  # type: ignore[assignment] # None ends the walk
+    return None if frame is None else frame.f_globals.get("__name__")
 
 
 def _transition_table(transitions: object) -> dict[str, frozenset[str]]:

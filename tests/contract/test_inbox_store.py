@@ -100,6 +100,19 @@ def test_meta_names_protocol_consumer_and_a_uid(inbox_store):
         assert unit.meta() == meta
 
 
+def test_add_meta_records_a_key_once_and_the_first_value_stays(inbox_store):
+    store = inbox_store()
+    assert store.latest.meta_value("protocol_path") is None
+    with store.write() as unit:
+        assert unit.add_meta("protocol_path", "app:FIRST") == "app:FIRST"
+    with store.write() as unit:
+        assert unit.add_meta("protocol_path", "app:SECOND") == "app:FIRST"
+        assert unit.meta()["protocol_path"] == "app:FIRST"
+    with store.read() as reads:
+        assert reads.meta_value("protocol_path") == "app:FIRST"
+        assert reads.meta_value("name") == "consumer-a"
+
+
 def test_each_store_has_its_own_uid_and_keeps_it(inbox_store):
     first = inbox_store(name="same")
     second = inbox_store(name="same")

@@ -116,6 +116,22 @@ def test_protocol_name_is_the_one_the_store_was_created_for(outbox_store):
         assert reads.protocol_name() == "orders-v1"
 
 
+def test_add_meta_records_a_key_once_and_the_first_value_stays(outbox_store):
+    store = outbox_store()
+    assert store.latest.meta_value("protocol_path") is None
+    with store.write() as unit:
+        assert unit.add_meta("protocol_path", "app:FIRST") == "app:FIRST"
+    with store.write() as unit:
+        assert unit.add_meta("protocol_path", "app:SECOND") == "app:FIRST"
+    with pytest.raises(Boom), store.write() as unit:
+        unit.add_meta("other", "x")
+        raise Boom
+    assert store.latest.meta_value("other") is None  # rolled back with its unit
+    with store.read() as reads:
+        assert reads.meta_value("protocol_path") == "app:FIRST"
+        assert reads.meta_value("protocol") == reads.protocol_name()
+
+
 def test_location_names_where_the_data_lives(outbox_store):
     first = outbox_store()
     second = outbox_store()

@@ -17,10 +17,11 @@ from .._checks import check_count, check_flag, check_optional_count, check_text
 from .._core.apply import ApplyRules, Committed, Draining, Source, apply_in, drain_in
 from .._core.conflicts import rerun_on_conflict
 from .._core.effects import with_waits
+from .._core.identity import PROTOCOL_PATH, other_path_note, protocol_path_in
 from .._core.operate import why_waiting
 from .._effects import EffectRegistry
 from .._handlers import AppSchema, Handler
-from .._observe import Observer
+from .._observe import CONSUMER, Observer
 from .._store import InboxStore
 from .._store.open import Location, open_inbox
 from .._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
@@ -156,12 +157,24 @@ class Consumer:
         self._observed = Observer()  # in-process counts (metrics) and logs
         self._receiving = Receiving(self._store, self._name, max_inbox, clock, self._observed)
         self._admin = ConsumerAdmin(self)
-        if app_schema is not None:
-            try:
+        try:
+            self._record_protocol_path(info.get(PROTOCOL_PATH))
+            if app_schema is not None:
                 self._migrate_app(app_schema)
-            except BaseException:
-                self._store.close()  # the caller gets no consumer to close
-                raise
+        except BaseException:
+            self._store.close()  # the caller gets no consumer to close
+            raise
+
+    def _record_protocol_path(self, held: str | None) -> None:
+        """The store records where its protocol is imported from, the first
+        time it is opened with an importable one (see :mod:`.._core.identity`)."""
+        path = self.protocol.import_path()
+        if held is None and path is not None:
+            with self._store.write() as unit:
+                held = protocol_path_in(unit, path)
+        note = other_path_note(self.location, held, path)
+        if note is not None:
+            CONSUMER.warning(note)
 
     def _migrate_app(self, app: AppSchema) -> None:
         if not isinstance(app, AppSchema):

@@ -24,7 +24,11 @@ class InboxReads(EffectReads, Protocol):
     """Reads of the consumer side; inside :meth:`InboxStore.read` they share one snapshot."""
 
     def meta(self) -> dict[str, str]:
-        """The store's identity: ``protocol``, ``name``, ``uid``."""
+        """The store's identity: ``protocol``, ``name``, ``uid`` (and
+        ``protocol_path`` once recorded)."""
+
+    def meta_value(self, key: str) -> str | None:
+        """The store's ``meta`` row ``key``, or None."""
 
     def projection(self, flow_id: str) -> dict[str, Any] | None:
         """``{"state", "last_seq", **view}`` as applied, or None."""
@@ -65,6 +69,10 @@ class InboxReads(EffectReads, Protocol):
 
 class InboxUnit(InboxReads, EffectUnit, Protocol):
     """One write transaction on the consumer side: all of it commits, or none."""
+
+    def add_meta(self, key: str, value: str) -> str:
+        """Record ``meta`` row ``key`` = ``value`` unless the store holds
+        ``key`` already (that row stays as it is); the value held after."""
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event as pending, received at ``received_at``, unless its

@@ -29,6 +29,9 @@ class OutboxReads(Protocol):
     def protocol_name(self) -> str | None:
         """The protocol the store was created for."""
 
+    def meta_value(self, key: str) -> str | None:
+        """The store's ``meta`` row ``key`` (e.g. ``protocol_path``), or None."""
+
     def flow_state(self, flow_id: str) -> FlowState | None:
         """The flow's committed state, seq and data, or None before its first
         event.  In a unit, the flow is held until it ends (see the engine)."""
@@ -85,6 +88,10 @@ class OutboxUnit(OutboxReads, Protocol):
     """
 
     lost: BaseException | None
+
+    def add_meta(self, key: str, value: str) -> str:
+        """Record ``meta`` row ``key`` = ``value`` unless the store holds
+        ``key`` already (that row stays as it is); the value held after."""
 
     def find_event_and_flow(self, event_id: str, flow_id: str) -> tuple[StoredEvent | None, FlowState | None]:
         """``(find_event(event_id), flow_state(flow_id))``, read (and on an

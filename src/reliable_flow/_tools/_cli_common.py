@@ -22,11 +22,11 @@ from typing import Any
 
 from .._checks import check_seconds
 from ..errors import ReliableFlowError
-from .loading import DEFAULT_PROTOCOL, OptionError
+from .loading import PROTOCOL_HELP, OptionError
 
 __all__ = [
-    "Caught", "EarlySignals", "Opened", "add_shared", "command", "count_type", "opening", "reporter", "schemas_option",
-    "seconds_type", "serve", "stopped",
+    "RELAY_ONLY", "Caught", "EarlySignals", "Opened", "add_shared", "command", "count_type", "counts", "opening",
+    "reporter", "schemas_option", "seconds_type", "serve", "stopped",
 ]
 
 
@@ -68,8 +68,7 @@ def add_shared(parser: Any, *options: str) -> None:
     """Add ``options`` (in that order) where several commands spell them alike."""
     specs: dict[str, dict[str, Any]] = {
         "--producer": {"metavar": "PATH", "help": "where results of effects with feedback= are advanced"},
-        "--protocol": {"default": DEFAULT_PROTOCOL, "metavar": "MODULE:ATTR",
-                       "help": "the protocol object to import (default: %(default)s)"},
+        "--protocol": {"metavar": "MODULE:ATTR", "help": PROTOCOL_HELP},
         "--idle-sleep": {"type": seconds_type(True), "default": 0.5, "metavar": "SECONDS",
                          "help": "how long to sleep after a pass that found nothing (default 0.5)"},
         "--report-every": {"type": seconds_type(True), "default": 10.0, "metavar": "SECONDS",
@@ -117,15 +116,29 @@ class Opened:
             thing.close()
 
 
-def reporter(command: str, every: float) -> Callable[[Any], None]:
-    """A loop's ``on_pass``: ``<command>: {counts}`` on stderr, at most once
-    every ``every`` seconds (0: never, only the ``stopped:`` line at exit)."""
+#: What a relay-only ``run`` (``--to``: no consumer here) reports: it
+#: applies nothing and runs no effect, so those counts would mean nothing.
+RELAY_ONLY = ("passes", "relayed", "served", "errors", "last_error")
+
+
+def counts(stats: Any, only: tuple[str, ...] | None = None) -> str:
+    """``stats`` as sorted JSON; with ``only``, just those keys."""
+    shown = stats.as_dict()
+    if only is not None:
+        shown = {key: shown[key] for key in only if key in shown}
+    return json.dumps(shown, sort_keys=True)
+
+
+def reporter(command: str, every: float, only: tuple[str, ...] | None = None) -> Callable[[Any], None]:
+    """A loop's ``on_pass``: ``<command>: {counts}`` on stderr (``only``
+    those keys, if given), at most once every ``every`` seconds (0: never,
+    only the ``stopped:`` line at exit)."""
     last = [time.monotonic()]
 
     def report(stats: Any) -> None:
         if every > 0 and time.monotonic() - last[0] >= every:
             last[0] = time.monotonic()
-            print(f"{command}: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+            print(f"{command}: {counts(stats, only)}", file=sys.stderr, flush=True)
 
     return report
 
@@ -147,22 +160,24 @@ class Caught:
         return False
 
 
-def serve(command: str, looper: Any, run: Callable[[], object], close: Callable[[], None]) -> int:
+def serve(command: str, looper: Any, run: Callable[[], object], close: Callable[[], None],
+          only: tuple[str, ...] | None = None) -> int:
     """``run()`` the loop, ``close()`` the stores whatever happens, then
-    :func:`stopped` with ``looper.stats``."""
+    :func:`stopped` with ``looper.stats`` (``only`` those keys, if given)."""
     caught = Caught()
     try:
         with caught:
             run()
     finally:
         close()
-    return stopped(command, looper.stats, caught.failure)
+    return stopped(command, looper.stats, caught.failure, only)
 
 
-def stopped(command: str, stats: Any, failure: ReliableFlowError | None) -> int:
+def stopped(command: str, stats: Any, failure: ReliableFlowError | None,
+            only: tuple[str, ...] | None = None) -> int:
     """The last lines of a loop's command: ``<command>: stopped: {counts}``,
     then ``<command>: cannot go on: ...`` after an error (exit 2); else exit 0."""
-    print(f"{command}: stopped: {json.dumps(stats.as_dict(), sort_keys=True)}", file=sys.stderr, flush=True)
+    print(f"{command}: stopped: {counts(stats, only)}", file=sys.stderr, flush=True)
     if failure is not None:
         print(f"{command}: cannot go on: {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
         return 2

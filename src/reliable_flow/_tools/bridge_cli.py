@@ -24,7 +24,7 @@ from ._cli_common import (
     seconds_type,
     serve,
 )
-from .loading import OptionError
+from .loading import OptionError, protocol_for
 
 __all__ = ["add_bridge_command", "bridge_command"]
 
@@ -78,7 +78,7 @@ def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
         from ..transport.redis import Bridge
     except ImportError as exc:
         raise OptionError(str(exc)) from None
-    protocol = load_option("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", args.producer))
     app = {key: load_option(key, getattr(args, key)) for key in ("handlers", "effects", "app_schema")
            if getattr(args, key)}
     schemas = schemas_option(args.schemas)

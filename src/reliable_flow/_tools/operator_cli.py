@@ -14,7 +14,7 @@ The command only parses its arguments, opens the store and calls the
 method, which decides and records.  A store must already exist: it is first
 opened read only (as ``inspect`` does, so a missing file or schema is
 refused and nothing is created), then as a ``Producer`` / ``Consumer`` of
-``--protocol``.  Exit codes: 0 done (one line on stdout, or the recorded
+``--protocol``, or of the protocol the store records when it is not given.  Exit codes: 0 done (one line on stdout, or the recorded
 action with ``--json``); 1 refused by the rules (``NotResolvable``: e.g. the
 event or effect is not in a state the action may leave, a name already
 registered), nothing changed; 2 an error (bad arguments, a store that
@@ -34,7 +34,7 @@ from typing import Any
 from .._checks import check_text
 from ..errors import NotResolvable, ReliableFlowError
 from ..records import OperatorAction
-from .loading import DEFAULT_PROTOCOL, OptionError, load_protocol
+from .loading import PROTOCOL_HELP, OptionError, protocol_for
 
 __all__ = ["add_operator_commands", "run_operator_command"]
 
@@ -71,8 +71,7 @@ def _action(group: Any, name: str, help_text: str, store: str, *targets: tuple[s
         parser.add_argument(dest, metavar=metavar)
     parser.add_argument("--actor", required=True, type=_text("actor"), help="who decided (recorded)")
     parser.add_argument("--reason", required=True, type=_text("reason"), help="why (recorded)")
-    parser.add_argument("--protocol", default=DEFAULT_PROTOCOL, metavar="MODULE:ATTR",
-                        help="the store's protocol object to import (default: %(default)s)")
+    parser.add_argument("--protocol", metavar="MODULE:ATTR", help=PROTOCOL_HELP)
     parser.add_argument("--json", action="store_true", help="print the recorded action as JSON")
     return parser
 
@@ -128,9 +127,9 @@ def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
     from .._producer import Producer
     from .stores import open_consumer, open_producer
 
-    protocol = load_protocol(args.protocol)
     # Read only first: a missing file or schema is refused, nothing created.
     (open_producer if kind == "producer" else open_consumer)(args.store).close()
+    protocol = protocol_for(args.protocol, (kind, args.store))
     owner = Producer(args.store, protocol) if kind == "producer" else Consumer(args.store, protocol)
     with owner:
         yield owner

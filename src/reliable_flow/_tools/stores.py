@@ -13,11 +13,12 @@ kind ("swapped" arguments) is refused with ``WrongFile``.
 
 from __future__ import annotations
 
+from .._core.identity import PROTOCOL_PATH
 from .._store.inbox import InboxStore
 from .._store.open import Location, is_postgres, open_inbox, open_outbox
 from .._store.outbox import OutboxStore
 
-__all__ = ["Location", "open_consumer", "open_producer", "shown"]
+__all__ = ["Location", "open_consumer", "open_producer", "recorded_protocol", "shown"]
 
 
 def open_producer(location: Location) -> OutboxStore:
@@ -37,3 +38,10 @@ def shown(location: Location, store: OutboxStore | InboxStore) -> str:
     if is_postgres(location):
         return store.location
     return str(location)
+
+
+def recorded_protocol(store: OutboxStore | InboxStore) -> tuple[str | None, str | None]:
+    """The protocol name the store was created for and the import path it
+    records (``module:ATTRIBUTE``, or None: see :mod:`reliable_flow._core.identity`)."""
+    with store.read() as reads:
+        return reads.meta_value("protocol"), reads.meta_value(PROTOCOL_PATH)

@@ -16,6 +16,7 @@ from typing import Any
 from ..delivery import DEFAULT_LEASE_SECONDS
 from ..errors import ReliableFlowError
 from ._cli_common import (
+    RELAY_ONLY,
     Caught,
     EarlySignals,
     Opened,
@@ -29,7 +30,7 @@ from ._cli_common import (
     serve,
     stopped,
 )
-from .loading import OptionError, load
+from .loading import OptionError, load, protocol_for
 
 __all__ = ["add_worker_commands", "execute_command", "load_option", "run_command"]
 
@@ -198,7 +199,7 @@ def _run(args: argparse.Namespace, signals: EarlySignals) -> int:
             raise OptionError(f"--consumer must look like NAME=PATH, got {item!r}")
         pairs.append((name, path))
     names = [name for name, _ in pairs]
-    protocol = _load_one("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("producer", args.producer), *(("consumer", path) for _, path in pairs))
     apps = _apps(args, names)
     schemas = schemas_option(args.schemas)
     if args.use_async:
@@ -247,7 +248,7 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
         from ..transport.redis._connect import shown, talking
     except ImportError as exc:
         raise OptionError(str(exc)) from None
-    protocol = _load_one("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("producer", args.producer))
     receivers: list[RedisReceiver] = []
 
     def close_receivers() -> None:
@@ -262,10 +263,10 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
                 receivers.append(RedisReceiver(args.to, name))
             else:
                 receivers.append(RedisReceiver(args.to, name, timeout=args.send_timeout))
-        talking(args.to, "run --to", lambda: _ping(args.to))
+        talking(args.to, "", lambda: _ping(args.to))
     with opening():
         producer = Producer(args.producer, protocol)
-    report = reporter("run", args.report_every)
+    report = reporter("run", args.report_every, RELAY_ONLY)  # nothing is applied here, no effect runs
     with opening(producer.close):
         worker = Worker(producer, receivers, policy=DeliveryPolicy(lease_seconds=args.lease),
                         idle_sleep=args.idle_sleep, on_pass=report, register=args.register)
@@ -277,7 +278,7 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
         producer.close()
 
     return serve("run", worker, lambda: worker.run(max_passes=1 if args.once else None,
-                                                   until_idle=args.until_idle), close)
+                                                   until_idle=args.until_idle), close, RELAY_ONLY)
 
 
 def _ping(url: str) -> None:
@@ -346,7 +347,7 @@ def _execute(args: argparse.Namespace) -> int:
     from .._relay import DeliveryPolicy
     from .._store.open import is_postgres
 
-    protocol = _load_one("protocol", args.protocol)
+    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", args.producer))
     effects = _load_one("effects", args.effects)
     if not is_postgres(args.consumer) and not os.path.isfile(args.consumer):
         raise OptionError(f"no consumer file at {args.consumer!r}")  # executing creates nothing

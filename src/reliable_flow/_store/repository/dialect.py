@@ -9,7 +9,7 @@ from ..._envelope import body_hash
 from .. import rows as _rows
 from ..records import PruneStep, Tombstone
 
-__all__ = ["Dialect", "Row", "TombstoneSql"]
+__all__ = ["Dialect", "MetaSql", "Row", "SideSql", "TombstoneSql"]
 
 Row = tuple[Any, ...]
 
@@ -25,6 +25,19 @@ class TombstoneSql(Protocol):
     TOMBSTONE_BURY: str
 
 
+class MetaSql(Protocol):
+    """A side's statements on its ``meta`` table (key, value), in its engine's statement table."""
+
+    #: The value of key ``?``.
+    META_VALUE: str
+    #: Insert key ``?`` with value ``?`` unless the key is there (the row already there stays).
+    ADD_META: str
+
+
+class SideSql(TombstoneSql, MetaSql, Protocol):
+    """What every side's statement table names, whatever else it holds."""
+
+
 class Dialect:
     """How one statement runs on an engine, and its lock syntax.
 
@@ -35,7 +48,7 @@ class Dialect:
     #: The engine's parameter placeholder (``?`` or ``%s``).
     _PARAM: ClassVar[str]
     #: The engine's statement table for this side.
-    _SQL: ClassVar[TombstoneSql]
+    _SQL: ClassVar[SideSql]
     # The tombstone read by the same statement as an id's own row, for the
     # tombstone() call that follows it when there was no row.
     _looked_up: tuple[str, Tombstone | None] | None = None
@@ -79,6 +92,16 @@ class Dialect:
     def _record(self, now: float, horizon: float, step: PruneStep) -> None:
         """Record a pruning transaction (each side's own prune_action columns)."""
         raise NotImplementedError
+
+    def meta_value(self, key: str) -> str | None:
+        row = self._one(self._SQL.META_VALUE, (key,))
+        return None if row is None else str(row[0])
+
+    def add_meta(self, key: str, value: str) -> str:
+        self._run(self._SQL.ADD_META, (key, value))
+        held = self.meta_value(key)
+        assert held is not None  # inserted, or there already: no unit deletes meta rows
+        return held
 
     def tombstone(self, event_id: str) -> Tombstone | None:
         looked_up, self._looked_up = self._looked_up, None

@@ -22,12 +22,12 @@ from .. import rows
 from ..effects import NewEffect
 from ..records import InboxCounts, PruneStep, StoredRow
 from ..shared import effect_changes
-from .dialect import Dialect, TombstoneSql
+from .dialect import Dialect, SideSql
 
 __all__ = ["InboxRepository", "InboxSql"]
 
 
-class InboxSql(TombstoneSql, Protocol):
+class InboxSql(SideSql, Protocol):
     """The consumer side's statements an engine's table names (see each engine's ``inbox_sql``)."""
 
     META: str

@@ -17,7 +17,7 @@ from ...records import ConsumerEntry, OperatorAction, OutboxEntry
 from ...statuses import ActionTarget, DeliveryState
 from .. import rows
 from ..records import OutboxCounts, PruneStep
-from .dialect import Dialect, TombstoneSql
+from .dialect import Dialect, SideSql
 
 __all__ = ["REGISTRY_LOCK", "OutboxRepository", "OutboxSql"]
 
@@ -25,10 +25,9 @@ __all__ = ["REGISTRY_LOCK", "OutboxRepository", "OutboxSql"]
 REGISTRY_LOCK = "registry"
 
 
-class OutboxSql(TombstoneSql, Protocol):
+class OutboxSql(SideSql, Protocol):
     """The producer side's statements an engine's table names (see each engine's ``outbox_sql``)."""
 
-    PROTOCOL: str
     FLOWS: str
     EVENTS: str
     EVENTS_OF_FLOW: str
@@ -71,8 +70,7 @@ class OutboxRepository(Dialect):
     _SQL: ClassVar[OutboxSql]
 
     def protocol_name(self) -> str | None:
-        row = self._one(self._SQL.PROTOCOL)
-        return None if row is None else str(row[0])
+        return self.meta_value("protocol")
 
     def flows(self) -> list[str]:
         return [str(r[0]) for r in self._rows(self._SQL.FLOWS)]

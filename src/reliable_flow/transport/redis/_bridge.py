@@ -23,7 +23,7 @@ from ..._worker import WorkerStats, apply_open_flows, finish_executors, pump_exe
 from ...errors import InvalidEnvelope, ReliableFlowError
 from ...records import PassResult, ReceiveResult
 from .. import _wire as wire
-from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
+from ._connect import Keys, check_key_part, check_url, connect, denied, fields_of, shown, talking
 
 __all__ = ["Bridge", "BridgeStats"]
 
@@ -193,7 +193,7 @@ class Bridge:
         try:
             work += self._serve()
         except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
-            self._failed("requests", exc)
+            self._failed("requests", denied(self.url, f"bridge for consumer {self.consumer.name!r}", exc) or exc)
             if not self.stopping and isinstance(exc, (ConnectionError, redis.RedisError)):
                 self._loop.idle(min(self.block, 0.5))  # the server is away: do not spin
         if not self.stopping:

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 import redis
 
 from ..._envelope import check_name
-from ...errors import InvalidEnvelope, TransportError
+from ...errors import InvalidEnvelope, TransportDenied, TransportError
 
-__all__ = ["Keys", "check_key_part", "check_url", "connect", "shown", "talking"]
+__all__ = ["Keys", "check_key_part", "check_url", "connect", "denied", "shown", "talking"]
 
 _T = TypeVar("_T")
 _SCHEMES = ("redis", "rediss", "unix")
@@ -62,11 +62,42 @@ def connect(url: str, *, timeout: float) -> Any:
 
 def talking(url: str, what: str, call: Callable[[], _T]) -> _T:
     """``call()``, with a failure to reach the server raised as a
-    :class:`TransportError` naming it."""
+    :class:`TransportError` naming it, and a refusal (credentials, ACL,
+    protected mode) as a :class:`TransportDenied` (see :func:`denied`)."""
     try:
         return call()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise TransportError(f"{what}: cannot reach Redis at {shown(url)}: {type(exc).__name__}: {exc}") from exc
+    except (redis.RedisError, OSError) as exc:
+        refused = denied(url, what, exc)
+        if refused is not None:
+            raise refused from exc
+        if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+            raise
+        detail = str(exc).rstrip(". ")
+        where = f"{what}: " if what else ""
+        raise TransportError(f"{where}cannot reach Redis at {shown(url)} ({type(exc).__name__}: {detail})") from exc
+
+
+def denied(url: str, what: str, exc: BaseException) -> TransportDenied | None:
+    """``exc`` as a :class:`TransportDenied` (one sentence naming the URL
+    without its password) when it is the server refusing this client: a
+    wrong or missing password or user (``WRONGPASS``, ``NOAUTH``), an ACL
+    user without the command (``NOPERM``), protected mode (``DENIED``);
+    else None: retrying may heal it."""
+    text = str(exc)
+    first = text.split(". ")[0].rstrip(". ")
+    where = f"{what}: " if what else ""
+    if text.startswith("NOAUTH") or "must be called with the client already authenticated" in text:
+        reason = "requires a password (or an ACL user and its password) and the URL gives none"
+    elif isinstance(exc, redis.AuthenticationError) or text.startswith("WRONGPASS"):
+        reason = f"refused the password or ACL user the URL gives ({first})"
+    elif isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+        reason = f"refused a command the transport needs to the URL's ACL user ({first}; see docs/transport.md)"
+    elif text.startswith("DENIED") or "protected mode" in text:
+        reason = ("is in protected mode and refuses clients from other hosts while its default user has no "
+                  "password (set a password or an ACL user, or bind and firewall it and turn protected-mode off)")
+    else:
+        return None
+    return TransportDenied(f"{where}Redis at {shown(url)} {reason}")
 
 
 class Keys:
