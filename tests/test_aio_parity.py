@@ -27,7 +27,8 @@ ASYNC_ONLY = {
 SYNC_ONLY = {
     # The steps of a worker's pass, each on one store: the asyncio face runs
     # them on their stores' threads (AsyncWorker drives them, it does not offer them).
-    (Worker, "relay_step"), (Worker, "apply_step"), (Worker, "delivery_waits"), (Worker, "passed"),
+    (Worker, "relay_step"), (Worker, "apply_step"), (Worker, "serve_step"), (Worker, "delivery_waits"),
+    (Worker, "passed"),
 }
 PAIRS = [(Producer, AsyncProducer), (Consumer, AsyncConsumer), (EffectExecutor, AsyncEffectExecutor),
          (Worker, AsyncWorker), (ProducerAdmin, AsyncProducerAdmin), (ConsumerAdmin, AsyncConsumerAdmin),

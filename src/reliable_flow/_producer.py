@@ -15,7 +15,7 @@ from typing import Any
 from ._checks import check_optional_count
 from ._core.advance import advance_at_current_in, advance_in, build
 from ._core.conflicts import rerun_on_conflict
-from ._core.identity import PROTOCOL_PATH, other_path_note, protocol_path_in
+from ._core.identity import PROTOCOL_PATH, STORE_UID, new_uid, other_path_note, protocol_path_in
 from ._envelope import Envelope
 from ._observe import INFO, PRODUCER, WARNING, advanced
 from ._producer_admin import ProducerAdmin
@@ -129,12 +129,16 @@ class Producer:
 
     def _record_protocol_path(self) -> None:
         """The store records where its protocol is imported from, the first
-        time it is opened with an importable one (see :mod:`._core.identity`)."""
+        time it is opened with an importable one (see :mod:`._core.identity`),
+        and an identity of its own (:attr:`uid`), the first time it is opened."""
         path = self.protocol.import_path()
-        held = self._store.latest.meta_value(PROTOCOL_PATH)
-        if held is None and path is not None:
+        reads = self._store.latest
+        held, uid = reads.meta_value(PROTOCOL_PATH), reads.meta_value(STORE_UID)
+        if (held is None and path is not None) or uid is None:
             with self._store.write() as unit:
-                held = protocol_path_in(unit, path)
+                held = protocol_path_in(unit, path) if path is not None else held
+                uid = unit.add_meta(STORE_UID, new_uid())
+        self._uid: str = uid
         note = other_path_note(self.location, held, path)
         if note is not None:
             PRODUCER.warning(note)
@@ -149,6 +153,13 @@ class Producer:
     def location(self) -> str:
         """Where the store lives: the file's path, or the PostgreSQL location (password masked)."""
         return self._store.location
+
+    @property
+    def uid(self) -> str:
+        """The store's identity (random hex, made the first time the store
+        was opened): what a transport checks that a step sent to a producer
+        by name reaches this store, as a consumer's ``uid`` does."""
+        return self._uid
 
     @property
     def store(self) -> OutboxStore:

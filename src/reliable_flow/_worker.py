@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from ._checks import check_count, check_flag
 from ._consumer import Consumer
@@ -31,6 +32,7 @@ def add_counts(stats: WorkerStats, tally: WorkerStats) -> None:
     stats.errors += tally.errors
     stats.last_error = tally.last_error or stats.last_error
     stats.effects.update(tally.effects)
+    stats.served.update(tally.served)
 
 
 def failed(tally: WorkerStats, where: str, exc: Exception) -> None:
@@ -97,6 +99,14 @@ class Worker:
     transport's bridge); a failed send is recorded by the relay and retried
     after its backoff, as for any consumer.
 
+    ``serve_as``: also serve this worker's producer under that name to
+    effect executors on other hosts, through the transport its remote
+    consumers are reached by (each distinct Redis server of its
+    ``RedisReceiver`` objects): every pass first advances the results and
+    failure steps they sent (:class:`~reliable_flow.transport.redis.RemoteProducer`,
+    ``producer="redis://host:6379#NAME"``), each at its flow's current seq
+    in one producer transaction, counted in ``stats.served`` by status.
+
     Consumers must be registered in the producer (see
     ``producer.admin.register_consumer``; the first consumer of a producer that has
     none is registered on its first relay): an unknown name raises
@@ -128,6 +138,7 @@ class Worker:
         executors: Sequence[EffectExecutor] = (),
         register: bool = False,
         apply_on_receive: bool = True,
+        serve_as: str | None = None,
     ) -> None:
         if not consumers:
             raise ValueError("consumers must name at least one Consumer (or a Receiver)")
@@ -161,6 +172,8 @@ class Worker:
         if not all(isinstance(e, EffectExecutor) for e in executors):
             raise TypeError("executors must be EffectExecutor objects")
         self.executors = list(executors)
+        #: The producer served to other hosts (``serve_as``): one server per Redis server.
+        self.servers = [] if serve_as is None else producer_servers(producer, self.receivers, serve_as)
         self.stats = WorkerStats()
         self._on_pass = on_pass
         self._loop = Loop()
@@ -179,7 +192,7 @@ class Worker:
         then pump the executors; returns the steps that did work and, after
         a pass with none, when something waits for its time (a delivery
         leased or backing off, an effect due later; :class:`~reliable_flow.records.PassResult`)."""
-        work = 0
+        work = self.serve_step(self.stats)
         for index in range(len(self.consumers)):
             if self.stopping:
                 return PassResult(work, 0.0)
@@ -231,6 +244,20 @@ class Worker:
                 return work, False  # nothing due, or a full inbox: it waits for its backoff
             work += 1
         return work, True
+
+    def serve_step(self, tally: WorkerStats) -> int:
+        """Answer what executors on other hosts fed back to this producer
+        (``serve_as``), counted in ``tally.served``; a failure (Redis away)
+        is recorded and the pass goes on.  Uses the producer's store."""
+        work = 0
+        for server in self.servers:
+            before = Counter(server.served)
+            try:
+                work += server.serve_once()
+            except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
+                failed(tally, f"serving {server.name}", exc)
+            tally.served.update(server.served - before)
+        return work
 
     def apply_step(self, index: int, tally: WorkerStats) -> int:
         """Drain each open flow of consumer ``index`` (none for a consumer in
@@ -293,6 +320,27 @@ class Worker:
 
 
 # -- the steps a worker shares with the transport's bridge (reliable_flow.transport) ------------
+
+
+def producer_servers(producer: Producer, receivers: Sequence[Receiver], name: object) -> list[Any]:
+    """The servers of ``producer`` under ``name``, one per distinct server
+    the transport ``receivers`` reach (a receiver offers ``producer_server``);
+    a ValueError naming ``serve_as`` when none does."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"serve_as must be a producer name (a non-empty string), got {name!r}")
+    servers: dict[str, Any] = {}
+    for receiver in receivers:
+        make = getattr(receiver, "producer_server", None)
+        if callable(make):
+            server = make(producer, name)
+            if server.where in servers:
+                server.close()
+            else:
+                servers[server.where] = server
+    if not servers:
+        raise ValueError("serve_as: none of the consumers is reached through a transport that can serve a "
+                         "producer (give a RedisReceiver, or `reliable-flow run --to redis://...`)")
+    return list(servers.values())
 
 
 def apply_open_flows(consumer: Consumer, limit: int, stats: WorkerStats,

@@ -470,10 +470,13 @@ class WorkerStats:
     errors: int = 0
     last_error: str | None = None
     effects: Counter[str] = field(default_factory=Counter)
+    #: Steps fed back from other hosts and advanced here (``serve_as``), by status.
+    served: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
-        """The totals as plain JSON-ready values (what ``reliable-flow run`` prints)."""
-        return {
+        """The totals as plain JSON-ready values (what ``reliable-flow run``
+        prints; ``served`` only when the worker serves its producer)."""
+        out = {
             "passes": self.passes,
             "relayed": dict(sorted(self.relayed.items())),
             "applied": self.applied,
@@ -482,6 +485,9 @@ class WorkerStats:
             "last_error": self.last_error,
             "effects": dict(sorted(self.effects.items())),
         }
+        if self.served:
+            out["served"] = dict(sorted(self.served.items()))
+        return out
 
 
 @dataclass

@@ -122,8 +122,9 @@ def make_v1_files(tmp_path: Path) -> tuple[Path, Path]:
 
 def v1_content(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     return {
-        # The v1 rows (an open may add protocol_path, the protocol's import path: issue 30).
-        "meta": sql_rows(path, "SELECT key, value FROM meta WHERE key <> 'protocol_path' ORDER BY key"),
+        # The v1 rows (an open may add protocol_path, the protocol's import path, and a
+        # producer store's uid: issue 30).
+        "meta": sql_rows(path, "SELECT key, value FROM meta WHERE key NOT IN ('protocol_path', 'uid') ORDER BY key"),
         "flow": sql_rows(path, "SELECT * FROM flow ORDER BY flow_id"),
         # The v1 columns (v4 added committed_at, NULL for these rows).
         "outbox": sql_rows(path, "SELECT pos, event_id, flow_id, seq, body FROM outbox ORDER BY pos"),
@@ -151,6 +152,7 @@ def test_a_v1_file_upgrades_in_place_and_every_row_survives(tmp_path: Path) -> N
         assert sql_rows(producer_path, "SELECT value FROM meta WHERE key = 'protocol_path'") == [
             ("reliable_flow.reservation:RESERVATION",)
         ]
+        assert sql_rows(producer_path, "SELECT value FROM meta WHERE key = 'uid'") == [(producer.uid,)]
         # The new columns start neutral: nothing leased, nothing backing off.
         assert sql_rows(producer_path, "SELECT DISTINCT failures, due_at, lease_owner, last_error FROM delivery") == [
             (0, 0.0, None, None)

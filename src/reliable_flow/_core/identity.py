@@ -16,12 +16,20 @@ nothing.
 
 from __future__ import annotations
 
+import uuid
 from typing import Protocol
 
-__all__ = ["PROTOCOL_PATH", "other_path_note", "protocol_path_in"]
+__all__ = ["PROTOCOL_PATH", "STORE_UID", "new_uid", "other_path_note", "protocol_path_in"]
 
 #: The ``meta`` key holding the recorded ``module:ATTRIBUTE``.
 PROTOCOL_PATH = "protocol_path"
+#: The ``meta`` key holding a producer store's identity (a consumer store has its own ``uid`` row).
+STORE_UID = "uid"
+
+
+def new_uid() -> str:
+    """A new store identity."""
+    return uuid.uuid4().hex
 
 
 class _MetaUnit(Protocol):

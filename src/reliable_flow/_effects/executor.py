@@ -33,6 +33,7 @@ from .._producer import Producer
 from ..delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, check_seconds, own_claims
 from ..metrics import ExecutorMetrics
 from ..records import ExecutorStats, PassResult
+from .feedback import RemoteTarget, Target, feedback_target
 from .registry import EffectRegistry
 from .step import Step, Stepper
 
@@ -46,7 +47,12 @@ class EffectExecutor:
     names are claimed.  ``policy``: lease (default
     :data:`~reliable_flow.delivery.DEFAULT_LEASE_SECONDS`, 30 s), backoff,
     clock and random source, as for deliveries.  ``producer``: where effects
-    registered with ``feedback=`` advance their results.  ``loop``: the
+    registered with ``feedback=`` advance their results: a ``Producer``, or
+    a producer on another host served by the worker that relays from it
+    (``Worker(serve_as=NAME)``), given as its location
+    ``redis://host:6379/0#NAME`` (the ``redis`` extra; opened here and
+    closed by :meth:`close`) or as a
+    :class:`~reliable_flow.transport.redis.RemoteProducer`.  ``loop``: the
     event loop ``async def`` effect functions and reconcilers are awaited on
     (default: one the executor owns, in a thread of its own); a loop given
     here is never started, stopped or closed by the executor, and must be
@@ -63,7 +69,7 @@ class EffectExecutor:
 
     def __init__(
         self, consumer: Consumer, effects: EffectRegistry | None = None, *, policy: DeliveryPolicy | None = None,
-        producer: Producer | None = None, concurrency: int = 1, loop: asyncio.AbstractEventLoop | None = None,
+        producer: Producer | RemoteTarget | str | None = None, concurrency: int = 1, loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if not isinstance(consumer, Consumer):
             raise TypeError(f"consumer must be a Consumer, got {type(consumer).__name__}")
@@ -74,8 +80,7 @@ class EffectExecutor:
             policy = DeliveryPolicy(lease_seconds=DEFAULT_LEASE_SECONDS)
         if not isinstance(policy, DeliveryPolicy) or policy.lease_seconds is None:
             raise ValueError("policy must be a DeliveryPolicy with lease_seconds: an effect is always claimed")
-        if producer is not None and not isinstance(producer, Producer):
-            raise TypeError(f"producer must be a Producer or None, got {type(producer).__name__}")
+        target, self._opened = feedback_target(producer)
         check_count("concurrency", concurrency)
         if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
             raise TypeError(f"loop must be an asyncio event loop or None, got {type(loop).__name__}")
@@ -83,10 +88,10 @@ class EffectExecutor:
         self.consumer = consumer
         self.effects = registry
         self.policy = own_claims(policy)
-        self.producer = producer
+        self.producer: Target | None = target
         #: The step both faces drive (every decision's I/O of a step); only
         #: on the thread that owns the consumer's store.
-        self.stepper = Stepper(consumer, registry, self.policy, producer, concurrency, loop)
+        self.stepper = Stepper(consumer, registry, self.policy, target, concurrency, loop)
         self.stats: ExecutorStats = self.stepper.stats
         self._loop = Loop()
         self._running = False  # inside run(): a stop or signal ends run_once after the call in progress
@@ -145,11 +150,14 @@ class EffectExecutor:
         """Wait for the calls in flight and record them (:meth:`finish`), then
         stop the executor's own event loop thread (a loop it was given keeps
         running).  The consumer and producer stay open (they are the
-        caller's); the executor may be used again."""
+        caller's; a remote producer opened from its location is closed);
+        the executor may be used again."""
         try:
             self.finish()
         finally:
             self.stepper.flights.close()
+            if self._opened and self.producer is not None:
+                self.producer.close()
 
     def metrics(self) -> ExecutorMetrics:
         """This executor's calls, counted in this process (nothing of it is

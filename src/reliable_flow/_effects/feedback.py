@@ -11,23 +11,65 @@ in :mod:`reliable_flow._core.effects`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_event_id, feedback_refusal
 from .._observe import WARNING
 from .._producer import Producer, advance_at_current
 from ..delivery import DeliveryPolicy, error_text
-from ..records import ExecutorStats, ScheduledEffect
+from ..records import AdvanceResult, ExecutorStats, ScheduledEffect
 from .registry import EffectRegistry, Feedback
 
 if TYPE_CHECKING:
     from .._consumer import Consumer
 
-__all__ = ["Feeder", "refusal"]
+__all__ = ["Feeder", "RemoteTarget", "Target", "feedback_target", "refusal"]
 
 
-def refusal(producer: Producer, effect: ScheduledEffect, feedback: Feedback) -> str | None:
+class RemoteTarget(Protocol):
+    """A producer on another host, as feedback sees it (the transport's
+    ``RemoteProducer``): it advances one step at the flow's current seq
+    over there and answers the producer's result."""
+
+    @property
+    def location(self) -> str: ...
+
+    def advance_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+                           meta: dict[str, str] | None = None) -> AdvanceResult: ...
+
+    def close(self) -> None: ...
+
+
+#: What results are fed back into: a local producer, or one on another host.
+Target = Producer | RemoteTarget
+_REMOTE_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def feedback_target(producer: object, *, local: type = Producer) -> tuple[Any, bool]:
+    """``producer`` as a feedback target, and whether it was opened here (a
+    location ``redis://host:6379#NAME``: the transport's ``RemoteProducer``,
+    imported only then); a ``local`` object or a remote target is used as
+    it is.  A TypeError / ValueError naming ``producer`` otherwise."""
+    if producer is None or isinstance(producer, local):
+        return producer, False
+    if isinstance(producer, str):
+        if not producer.startswith(_REMOTE_SCHEMES):
+            raise ValueError(f"producer: a remote producer is redis://host:port/db#NAME, got {producer!r}")
+        try:
+            transport = importlib.import_module("reliable_flow.transport.redis")
+        except ImportError as exc:
+            raise ValueError(f"producer: {exc}") from None
+        return transport.RemoteProducer.at(producer), True
+    if callable(getattr(producer, "advance_at_current", None)):
+        return producer, False
+    raise TypeError(f"producer must be a {local.__name__}, a remote producer's location "
+                    f"(redis://host:port/db#NAME) or None, got {type(producer).__name__}")
+
+
+def refusal(producer: Target, effect: ScheduledEffect, feedback: Feedback) -> str | None:
     """Advance ``effect``'s result into ``producer`` as ``feedback`` says, in
     one producer transaction at the flow's current seq; None when the step
     is in the flow (now or before), else why not (the effect's
@@ -40,10 +82,10 @@ def refusal(producer: Producer, effect: ScheduledEffect, feedback: Feedback) -> 
         payload = feedback.payload(effect.result) if feedback.payload else effect.result
     except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback, not a stop
         return f"{FEEDBACK_REFUSED}refused: Feedback.{where} raised {error_text(exc)}"
+    advance = partial(advance_at_current, producer) if isinstance(producer, Producer) else producer.advance_at_current
     try:
-        return feedback_refusal(advance_at_current(
-            producer, feedback_event_id(effect.key), flow_id, kind=feedback.kind, payload=payload,
-            meta=effect.meta or None))
+        return feedback_refusal(advance(feedback_event_id(effect.key), flow_id, kind=feedback.kind, payload=payload,
+                                        meta=effect.meta or None))
     except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
         return f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
 
@@ -52,7 +94,7 @@ class Feeder:
     """The consumer's half of one executor's feedback (and, for the sync
     face, the whole of it through :meth:`feed`)."""
 
-    def __init__(self, consumer: Consumer, effects: EffectRegistry, producer: Producer | None,
+    def __init__(self, consumer: Consumer, effects: EffectRegistry, producer: Target | None,
                  policy: DeliveryPolicy, stats: ExecutorStats, observe: Callable[..., None]) -> None:
         self.consumer, self.effects, self.producer = consumer, effects, producer
         self.policy, self.stats, self._observe = policy, stats, observe

@@ -32,13 +32,12 @@ from .._core.effects import (
 )
 from .._loop import CANNOT_HEAL
 from .._observe import EXECUTOR, INFO, WARNING, fields, log
-from .._producer import Producer
 from ..crash import crash_point
 from ..delivery import DEFAULT_LEASE_SECONDS, DeliveryPolicy, claim_until
 from ..records import ExecutorStats, ScheduledEffect
 from ..statuses import EffectState
 from ..tracing import traced
-from .feedback import Feeder
+from .feedback import Feeder, Target
 from .inflight import Flight, Flights, acall, areconciled, reconciled
 from .inflight import call as call_
 from .registry import EffectCall, EffectRegistry, EffectSpec, Lease
@@ -77,7 +76,7 @@ class Stepper:
     its totals.  Used only from the thread that owns the consumer's store."""
 
     def __init__(self, consumer: Consumer, effects: EffectRegistry, policy: DeliveryPolicy,
-                 producer: Producer | None, concurrency: int, loop: asyncio.AbstractEventLoop | None) -> None:
+                 producer: Target | None, concurrency: int, loop: asyncio.AbstractEventLoop | None) -> None:
         self.consumer, self.effects, self.policy, self.concurrency = consumer, effects, policy, concurrency
         self.owner = policy.owner
         self.stats = ExecutorStats()

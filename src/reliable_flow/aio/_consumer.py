@@ -78,11 +78,6 @@ class AsyncConsumer(OnThread[Consumer]):
         """The name producers keep this consumer's delivery state under."""
         return self._sync.name
 
-    @property
-    def uid(self) -> str:
-        """The identity of this consumer's store, fixed when it was created."""
-        return self._sync.uid
-
     receive = awaited(Consumer.receive)
     receive_many = awaited(Consumer.receive_many)
     accept = awaited(Consumer.accept)

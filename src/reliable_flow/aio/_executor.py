@@ -36,7 +36,7 @@ import threading
 
 from .._checks import check_count, check_flag, check_optional_count
 from .._effects.executor import EffectExecutor, ExecutorStats
-from .._effects.feedback import refusal
+from .._effects.feedback import RemoteTarget, feedback_target, refusal
 from .._effects.registry import EffectRegistry
 from .._effects.step import Step
 from .._loop import until_due
@@ -68,20 +68,19 @@ class AsyncEffectExecutor:
 
     def __init__(
         self, consumer: AsyncConsumer, effects: EffectRegistry | None = None, *,
-        policy: DeliveryPolicy | None = None, producer: AsyncProducer | None = None, concurrency: int = 1,
+        policy: DeliveryPolicy | None = None, producer: AsyncProducer | RemoteTarget | str | None = None,
+        concurrency: int = 1,
     ) -> None:
         if not isinstance(consumer, AsyncConsumer):
             raise TypeError(f"consumer must be a reliable_flow.aio AsyncConsumer, got {type(consumer).__name__}")
-        if producer is not None and not isinstance(producer, AsyncProducer):
-            raise TypeError(f"producer must be a reliable_flow.aio AsyncProducer or None, "
-                            f"got {type(producer).__name__}")
+        target, self._opened = feedback_target(producer, local=AsyncProducer)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise RuntimeError("AsyncEffectExecutor must be created inside a running event loop "
                                "(its async def effect functions are awaited on it)") from None
         self.consumer = consumer
-        self.producer = producer
+        self.producer: AsyncProducer | RemoteTarget | None = target
         self._thread = consumer.thread
         self._run = self._thread.run  # what an awaited method runs through
         # Given no producer: every result stays owed for the awaited feedback steps below.
@@ -213,8 +212,13 @@ class AsyncEffectExecutor:
 
     async def close(self) -> None:
         """:meth:`finish`; the consumer and producer stay open (the
-        caller's) and the event loop keeps running; may be used again."""
-        await self.finish()
+        caller's; a remote producer opened from its location is closed)
+        and the event loop keeps running; may be used again."""
+        try:
+            await self.finish()
+        finally:
+            if self._opened and self.producer is not None:
+                self.producer.close()
 
     def stop(self) -> None:
         """Ask :meth:`run` to return once the calls in flight are recorded (any thread)."""
@@ -291,7 +295,10 @@ class AsyncEffectExecutor:
             if spec is None or spec.feedback is None:
                 await self._thread.run(feeder.nothing_owed, effect)
                 continue
-            refused = await self.producer.run_sync(refusal, self.producer.sync, effect, spec.feedback)
+            if isinstance(self.producer, AsyncProducer):
+                refused = await self.producer.run_sync(refusal, self.producer.sync, effect, spec.feedback)
+            else:  # on another host: a blocking request, off the loop and off the stores' threads
+                refused = await asyncio.to_thread(refusal, self.producer, effect, spec.feedback)
             await self._thread.run(feeder.mark, effect, refused)
             fed += 1
         return fed

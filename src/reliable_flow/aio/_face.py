@@ -152,6 +152,11 @@ class OnThread(Generic[S]):
         """The protocol the store was opened for."""
         return self._sync.protocol
 
+    @property
+    def uid(self) -> str:
+        """The identity of the store (as the sync object's ``uid``)."""
+        return self._sync.uid
+
     async def close(self) -> None:
         """Close the store (the sync ``close``), then the thread ends.  Once
         asked for, the close happens even if the awaiting task is cancelled;

@@ -45,7 +45,8 @@ class AsyncWorker:
 
     Arguments as for :class:`~reliable_flow.Worker` (``policy``,
     ``relay_batch``, ``apply_limit``, ``idle_sleep``, ``on_pass``,
-    ``register``, ``apply_on_receive``), with ``executors`` a sequence of
+    ``register``, ``apply_on_receive``, ``serve_as``: its serve step runs
+    on the producer's thread), with ``executors`` a sequence of
     :class:`AsyncEffectExecutor`.  A consumer in another process is given
     as its :class:`~reliable_flow.Receiver` (a
     :class:`~reliable_flow.transport.redis.RedisReceiver`), as for
@@ -82,6 +83,7 @@ class AsyncWorker:
         executors: Sequence[AsyncEffectExecutor] = (),
         register: bool = False,
         apply_on_receive: bool = True,
+        serve_as: str | None = None,
     ) -> None:
         if not isinstance(producer, AsyncProducer):
             raise TypeError(f"producer must be a reliable_flow.aio AsyncProducer, got {type(producer).__name__}")
@@ -101,7 +103,7 @@ class AsyncWorker:
         self._worker: Worker = producer.thread.call(
             Worker, producer.sync, [c.sync if isinstance(c, AsyncConsumer) else c for c in consumers],
             policy=policy, relay_batch=relay_batch, apply_limit=apply_limit, idle_sleep=idle_sleep,
-            on_pass=on_pass, register=register, apply_on_receive=apply_on_receive)
+            on_pass=on_pass, register=register, apply_on_receive=apply_on_receive, serve_as=serve_as)
         self._worker.receivers = [
             OnItsThread(c.thread, r, c.name, c.uid, c.location) if isinstance(c, AsyncConsumer) else r
             for c, r in zip(consumers, self._worker.receivers)]
@@ -165,7 +167,8 @@ class AsyncWorker:
         with none, when something waits for its time
         (:meth:`Worker.run_once`).  Raises, after recording it, an error
         retrying cannot heal (the pass's other tasks end first)."""
-        tasks = [self._consumer_pass(i) for i in range(len(self.consumers))]
+        tasks = [self._serve_pass()] if self._worker.servers else []
+        tasks += [self._consumer_pass(i) for i in range(len(self.consumers))]
         tasks += [self._executor_pass(e) for e in self.executors]
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results:
@@ -175,6 +178,14 @@ class AsyncWorker:
             self._worker.passed()
         work = sum(r for r in results if isinstance(r, int))
         return PassResult(work, 0.0 if work or self.stopping else await self._wake_in())
+
+    async def _serve_pass(self) -> int:
+        """The worker's serve step (``serve_as``) on the producer's thread."""
+        tally = WorkerStats()
+        try:
+            return await self.producer.run_sync(self._worker.serve_step, tally)
+        finally:
+            add_counts(self.stats, tally)
 
     async def _consumer_pass(self, index: int) -> int:
         """The worker's relay step on the producer's thread, one event per

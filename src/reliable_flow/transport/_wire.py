@@ -36,6 +36,8 @@ __all__ = [
     "parse_answer",
     "parse_request",
     "request_fields",
+    "text_field",
+    "version_field",
 ]
 
 #: The wire format's version; a message of another version is refused.
@@ -125,7 +127,7 @@ def error_fields(request_id: str, uid: str, location: str, exc: BaseException) -
 # -- reading: every field checked ------------------------------------------------------
 
 
-def _text(fields: Mapping[str, str], name: str, *, required: bool = True, limit: int = _MAX_TEXT) -> str:
+def text_field(fields: Mapping[str, str], name: str, *, required: bool = True, limit: int = _MAX_TEXT) -> str:
     value = fields.get(name)
     if value is None:
         if required:
@@ -140,8 +142,8 @@ def _text(fields: Mapping[str, str], name: str, *, required: bool = True, limit:
     return value
 
 
-def _version(fields: Mapping[str, str]) -> None:
-    version = _text(fields, "v")
+def version_field(fields: Mapping[str, str]) -> None:
+    version = text_field(fields, "v")
     if version != VERSION:
         raise BadMessage("v", f"wire version {version!r} is not {VERSION!r}")
 
@@ -165,15 +167,15 @@ def decode(raw: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
 def parse_request(fields: Mapping[str, str]) -> Request:
     """A request, every field checked (the bodies only as strings of at most
     the envelope's size: the consumer parses each as any body)."""
-    _version(fields)
-    deadline_text = _text(fields, "deadline", limit=64)
+    version_field(fields)
+    deadline_text = text_field(fields, "deadline", limit=64)
     try:
         deadline = float(deadline_text)
     except ValueError:
         raise BadMessage("deadline", f"must be a number of seconds, got {deadline_text!r}") from None
     if not math.isfinite(deadline):
         raise BadMessage("deadline", f"must be finite, got {deadline_text!r}")
-    raw = _text(fields, "bodies", limit=MAX_FIELD_BYTES)
+    raw = text_field(fields, "bodies", limit=MAX_FIELD_BYTES)
     try:
         bodies = json.loads(raw)
     except ValueError:
@@ -187,8 +189,8 @@ def parse_request(fields: Mapping[str, str]) -> Request:
             raise BadMessage(f"bodies[{i}]", f"must be a string, got {type(body).__name__}")
         if len(body.encode("utf-8", "surrogatepass")) > MAX_BODY_BYTES:
             raise BadMessage(f"bodies[{i}]", f"larger than {MAX_BODY_BYTES} bytes")
-    return Request(id=_text(fields, "id"), reply=_text(fields, "reply"), deadline=deadline,
-                   uid=_text(fields, "uid"), bodies=tuple(bodies))
+    return Request(id=text_field(fields, "id"), reply=text_field(fields, "reply"), deadline=deadline,
+                   uid=text_field(fields, "uid"), bodies=tuple(bodies))
 
 
 def _result(i: int, row: object) -> ReceiveResult:
@@ -211,14 +213,14 @@ def _result(i: int, row: object) -> ReceiveResult:
 
 def parse_answer(fields: Mapping[str, str]) -> Answer:
     """An answer, every field checked."""
-    _version(fields)
-    request_id = _text(fields, "id")
-    uid = _text(fields, "uid")
-    location = _text(fields, "location", required=False)
+    version_field(fields)
+    request_id = text_field(fields, "id")
+    uid = text_field(fields, "uid")
+    location = text_field(fields, "location", required=False)
     if "error" in fields:
         return Answer(request_id, uid, location, None,
-                      (_text(fields, "error", limit=128), _text(fields, "message", required=False)))
-    raw = _text(fields, "results", limit=MAX_FIELD_BYTES)
+                      (text_field(fields, "error", limit=128), text_field(fields, "message", required=False)))
+    raw = text_field(fields, "results", limit=MAX_FIELD_BYTES)
     try:
         rows = json.loads(raw)
     except ValueError:

@@ -8,6 +8,10 @@ delivers to a consumer on another through a Redis server.
 * :class:`Bridge` (the consumer's side; ``reliable-flow bridge``): reads
   the requests through a consumer group, receives (and applies) them,
   answers, and acknowledges each request only after the inbox commit.
+* :class:`RemoteProducer` (an executor's side): a producer on another
+  host that effects' results and failures are fed back into;
+  :class:`ProducerServer` (the producer's side, run by
+  ``Worker(serve_as=NAME)``) advances them there.
 
 Redis is never the authority: it needs no persistence, and a request or an
 answer it loses is a failed send, retried from the producer's outbox.  See
@@ -24,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ._bridge import Bridge, BridgeStats
+from ._producer import ProducerServer, RemoteProducer
 from ._receiver import RedisReceiver
 
-__all__ = ["Bridge", "BridgeStats", "RedisReceiver"]
+__all__ = ["Bridge", "BridgeStats", "ProducerServer", "RedisReceiver", "RemoteProducer"]

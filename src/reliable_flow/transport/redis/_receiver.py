@@ -11,10 +11,12 @@ from typing import Any
 from ..._checks import check_seconds
 from ..._envelope import check_name
 from ..._observe import RELAY, WARNING, fields, log
+from ..._producer import Producer
 from ...errors import ConsumerMismatch, TransportError
 from ...records import ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
+from ._producer import ProducerServer
 
 __all__ = ["RedisReceiver"]
 
@@ -207,6 +209,12 @@ class RedisReceiver:
         self.ignored += 1
         if RELAY.isEnabledFor(WARNING):
             log(RELAY, WARNING, "answer ignored", fields(consumer=self._name, request=request_id, why=why))
+
+    def producer_server(self, producer: Producer, name: str) -> ProducerServer:
+        """A server of ``producer`` as ``name`` on this receiver's Redis
+        server and prefix: what ``Worker(..., serve_as=name)`` answers
+        remote executors' feedback with."""
+        return ProducerServer(producer, self.url, name, prefix=self.prefix)
 
     def close(self) -> None:
         """Drop the connection (a later call reconnects)."""
