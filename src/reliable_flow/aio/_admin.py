@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from .._consumer import ConsumerAdmin
+from .._producer import Producer
 from .._producer_admin import ProducerAdmin
 from .._retention import DEFAULT_PRUNE_BATCH
 from ..records import ConsumerEntry, OperatorAction, PruneResult
@@ -109,6 +110,13 @@ class AsyncConsumerAdmin:
     async def cancel_effect(self, key: str, *, actor: str, reason: str) -> OperatorAction:
         """Like ``ConsumerAdmin.cancel_effect``; awaited."""
         return await self._run(self._admin.cancel_effect, key, actor=actor, reason=reason)
+
+    async def amend_effect(self, key: str, *, result: Any = None, failure: bool = False, actor: str, reason: str,
+                           producer: Producer | None = None) -> OperatorAction:
+        """Like ``ConsumerAdmin.amend_effect``; awaited (``producer``, if
+        given, is a sync ``Producer``: it is used on the consumer's thread)."""
+        return await self._run(self._admin.amend_effect, key, result=result, failure=failure, actor=actor,
+                               reason=reason, producer=producer)
 
     async def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
         """Like ``ConsumerAdmin.effect_actions``; awaited."""
