@@ -343,12 +343,15 @@ def owe_failure(effect: ScheduledEffect, spec: EffectSpec | None, changes: Chang
 
 def failure_of(effect: ScheduledEffect) -> dict[str, Any]:
     """What a failure step says by default (and what ``on_failure``'s payload
-    function is given): the effect's key, the state it failed in, why, and
-    its last error (None when that is a refused feedback's)."""
+    function is given): the effect's ``key``, the state it failed in
+    (``effect_state``: ``state`` is a flow's own key), why (``reason``) and
+    its last ``error``; each of the last two left out when there is none (a
+    refused feedback's text is not the effect's error)."""
     error = effect.last_error
     if error is not None and error.startswith(FEEDBACK_REFUSED):
         error = None
-    return {"key": effect.key, "state": effect.state.value, "reason": effect.reason, "error": error}
+    said = {"key": effect.key, "effect_state": effect.state.value, "reason": effect.reason, "error": error}
+    return {name: value for name, value in said.items() if value is not None}
 
 
 #: How every refused feedback's ``last_error`` begins: the executor writes

@@ -153,8 +153,9 @@ class Feedback:
     ``on_failure``: the failure step, advanced exactly once when the effect
     ends ``dead``, ``cancelled``, ``expired`` or ``superseded``, or stays
     ``unknown`` for ``unknown_after`` seconds: a kind (its payload is
-    ``{"key", "state", "reason", "error"}``: the effect's key, the state it
-    ended in, why, and its last error or None), or a ``Feedback`` whose
+    ``{"key", "effect_state", "reason", "error"}``: the effect's key, the
+    state it ended in, why, and its last error; the last two left out when
+    there is none), or a ``Feedback`` whose
     ``payload`` builds the step's payload from that object (its ``flow``,
     else this one's, names the flow).  Without it (None) a failure feeds
     nothing back.  ``unknown_after``: seconds an effect parked ``unknown``
