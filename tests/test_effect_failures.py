@@ -291,6 +291,7 @@ def test_amend_replaces_a_refused_result_which_is_then_fed_once(agent: EffectWor
     record = c.admin.amend_effect(KEY, result={"output": "42"}, actor="ops", reason="dropped the extra field",
                                   producer=agent.producer)
     assert (record.action, record.reason) == ("resolve", "amend: dropped the extra field")
+    assert fed_back(agent) == []  # checked against the producer, nothing committed there
     assert [(a.action, a.reason) for a in c.admin.effect_actions(KEY)] == [("resolve", "amend: dropped the extra field")]
     e = c.scheduled_effect(KEY)
     assert (e.state, e.result, e.fed, e.last_error) == ("succeeded", {"output": "42"}, False, None)
