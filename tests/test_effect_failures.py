@@ -17,16 +17,25 @@ from typing import Any
 
 import pytest
 
+from children.feedback_crash_child import CONSUMER as AGENT
+from children.feedback_crash_child import TASK as CHILD_TASK
+from children.feedback_crash_child import handler as child_handler
+from children.feedback_crash_child import registry as child_registry
+from engine_reads import new_location
 from reliable_flow import (
     ApplyContext,
     Consumer,
     EffectCall,
+    EffectExecutor,
     EffectRegistry,
     Feedback,
     OutcomeUnknown,
     PermanentFailure,
+    Producer,
     RetryLater,
+    relay,
 )
+from reliable_flow._tools.cli import main
 from reliable_flow.errors import InvalidEnvelope, NotResolvable
 from reliable_flow.protocol import Protocol, by_kind, exact, optional, text
 from support import EffectWorld
@@ -300,7 +309,7 @@ def test_amend_replaces_a_refused_result_which_is_then_fed_once(agent: EffectWor
         ex.run_once()
     assert fed_back(agent) == [(RESULT, "tool_result", {"output": "42"})]
     assert c.scheduled_effect(KEY).fed is True
-    assert "amend by ops" in [h.detail for h in c.effect_history(KEY) if h.transition == "operator"][0]
+    assert "amend by ops" in next(h.detail or "" for h in c.effect_history(KEY) if h.transition == "operator")
     with pytest.raises(NotResolvable, match="its feedback was fed; amend is only for an effect whose feedback"):
         c.admin.amend_effect(KEY, result={"output": "43"}, actor="ops", reason="again")
 
@@ -382,3 +391,70 @@ def test_resolve_checks_the_result_against_the_feedback_builder(agent: EffectWor
     c.admin.resolve_effect(KEY, result={"text": 42}, actor="ops", reason="r")
     ex.run_once()
     assert fed_back(agent) == [(RESULT, "tool_result", {"output": "42"})]
+
+
+# -- on the command line ---------------------------------------------------------------------------
+
+CHILD = "children.feedback_crash_child"
+CHECKED = ["--protocol", f"{CHILD}:TASK", "--effects", f"{CHILD}:EFFECTS", "--actor", "ops", "--reason", "INC-9"]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_effect_resolve_and_amend_on_the_command_line(capsys: pytest.CaptureFixture[str], engine: str,
+                                                      tmp_path: Path) -> None:
+    """F0's tool failed and its failure step is owed (no producer yet); F1's
+    tool answered a result the producer refused.  ``resolve`` and ``amend``
+    check the result against the Feedback and the producer before recording."""
+    producer_at, consumer_at = str(new_location(engine, tmp_path, "producer")), str(new_location(engine, tmp_path,
+                                                                                                  "consumer"))
+    bad = EffectRegistry()
+    bad.register("call_tool", lambda call: (_ for _ in ()).throw(PermanentFailure("500"))
+                 if call.payload["tool"] == "broken" else {"output": "x", "extra": 1},
+                 feedback=Feedback("tool_result", on_failure="tool_failed"))
+    with Producer(producer_at, CHILD_TASK) as p, \
+            Consumer(consumer_at, CHILD_TASK, handlers=[child_handler], effects=bad, name=AGENT) as c:
+        for i, name in enumerate(["broken", "calc"]):
+            p.advance(f"F{i}-1", f"F{i}", expected_seq=0, kind="tool_called", payload={"tool": name})
+        while relay(p, c).status != "idle":
+            pass
+        c.process_all()
+        EffectExecutor(c).run_until_idle()  # F0 dead, its failure step owed
+        c.admin.retry_effect(f"{AGENT}:F0-1:call_tool", actor="t", reason="again")  # and in doubt no more
+        EffectExecutor(c, producer=p).run_once()  # F1's result refused; F0 dead again (fed its failure step)
+    dead, refused = f"{AGENT}:F0-1:call_tool", f"{AGENT}:F1-1:call_tool"
+    with Consumer(consumer_at, CHILD_TASK) as c:
+        assert c.scheduled_effect(refused).last_error.startswith("feedback invalid_payload")
+
+    code, out, err = cli(capsys, "effect", "amend", consumer_at, refused, "--result", '{"output": 7}',
+                         "--producer", producer_at, *CHECKED)
+    assert (code, out) == (1, "") and "would be refused as feedback (invalid_payload" in err
+    code, out, err = cli(capsys, "effect", "amend", consumer_at, dead, "--result", '{"output": "7"}', *CHECKED)
+    assert (code, out) == (1, "") and "amend is only for an effect whose feedback was refused" in err
+    with pytest.raises(SystemExit):  # --effects is required: the step cannot be built without it
+        main(["effect", "amend", consumer_at, refused, "--failure", "--actor", "a", "--reason", "r"])
+    capsys.readouterr()
+    code, out, err = cli(capsys, "effect", "amend", consumer_at, refused, "--result", '{"output": "7"}',
+                         "--producer", producer_at, *CHECKED)
+    assert (code, err) == (0, "") and "fed on the next executor pass" in out
+
+    with Producer(producer_at, CHILD_TASK) as p, \
+            Consumer(consumer_at, CHILD_TASK, handlers=[child_handler], effects=child_registry(), name=AGENT) as c:
+        assert [(a.key, a.action, a.reason) for a in c.admin.effect_actions(refused)] == [
+            (refused, "resolve", "amend: INC-9")]
+        for _ in range(3):
+            EffectExecutor(c, producer=p).run_once()
+        assert [(e.event_id, p.event(e.event_id)["kind"]) for e in p.outbox("F1") if e.seq > 1] == [
+            (f"{refused}:result", "tool_result")]
+        assert p.flow("F1")["output"] == "7"
+        # F0: resolved by hand, checked the same way (its failure step came home already).
+    code, out, err = cli(capsys, "effect", "resolve", consumer_at, dead, "--result", '{"output": 7}',
+                         "--producer", producer_at, *CHECKED)
+    assert (code, out) == (1, "") and "would be refused as feedback" in err
+    with Consumer(consumer_at, CHILD_TASK) as c:
+        assert c.scheduled_effect(dead).state == "dead"
+        assert [a.action for a in c.admin.effect_actions(dead)] == ["retry"]

@@ -70,6 +70,10 @@ def registry() -> EffectRegistry:
     return effects
 
 
+#: The registry, by name, for ``reliable-flow effect resolve|amend --effects``.
+EFFECTS = registry()
+
+
 def handler(ctx: ApplyContext) -> None:
     if ctx.event.kind == "tool_called":
         ctx.schedule(NAME, dict(ctx.event.payload))
