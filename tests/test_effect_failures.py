@@ -11,6 +11,7 @@ injected clock, no sleeping; crashes in real child processes are in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from engine_reads import new_location
 from reliable_flow import (
     ApplyContext,
     Consumer,
+    DeliveryPolicy,
     EffectCall,
     EffectExecutor,
     EffectRegistry,
@@ -36,6 +38,7 @@ from reliable_flow import (
     relay,
 )
 from reliable_flow._tools.cli import main
+from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer
 from reliable_flow.errors import InvalidEnvelope, NotResolvable
 from reliable_flow.protocol import Protocol, by_kind, exact, optional, text
 from support import EffectWorld
@@ -277,6 +280,24 @@ def test_a_failure_payload_function_that_raises_is_refused_feedback(agent: Effec
     assert (e.state, e.fed) == ("dead", False)
     assert e.last_error.startswith("feedback refused: Feedback.on_failure.payload raised KeyError")
     assert ex.stats.feedback_errors == 1 and fed_back(agent) == []
+
+
+def test_an_async_executor_feeds_failure_steps_too(agent: EffectWorld) -> None:
+    c = tool(agent, declined)
+
+    async def main() -> None:
+        producer = AsyncProducer(agent.producer.location, TASK)
+        consumer = AsyncConsumer(agent.consumer_path, TASK, name="agent", effects=c.effect_registry,
+                                 clock=agent.clock)
+        ex = AsyncEffectExecutor(consumer, producer=producer, policy=DeliveryPolicy(
+            lease_seconds=30, clock=agent.clock, random=lambda: 0.5, owner="aio"))
+        await ex.run(until_idle=True, handle_signals=False)
+        assert (ex.stats.fed, await ex.run_once(), ex.stats.fed) == (1, 0, 1)
+        await consumer.close()
+        await producer.close()
+
+    asyncio.run(main())
+    assert [(e, k, p["effect_state"]) for e, k, p in fed_back(agent)] == [(FAILED, "tool_failed", "dead")]
 
 
 # -- a way out for refused feedback ----------------------------------------------------------------
