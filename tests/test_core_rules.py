@@ -141,7 +141,10 @@ def test_effect_actions_from_every_state(state: EffectState, action: str) -> Non
         return
     record, before = effect_action_in(unit, action, "k", "alice", "why", 5.0, "here", '{"ok":1}')  # type: ignore[arg-type]
     assert before.state is state
-    assert unit.updates == [("k", effect_changes(action, "why", '{"ok":1}'), 5.0)]
+    # An operator has no registry: a cancel owes the failure step, which an
+    # executor whose registry asks for none clears.
+    owed = {"fed": False} if action == "cancel" else {}
+    assert unit.updates == [("k", {**effect_changes(action, "why", '{"ok":1}'), **owed}, 5.0)]
     assert [(a.key, a.action, a.actor, a.reason, a.at) for a in unit.actions] == [("k", action, "alice", "why", 5.0)]
     assert record is unit.actions[0]
 

@@ -210,7 +210,7 @@ class ApplyContext:
         """Cancel a pending effect (e.g. one this flow scheduled earlier and no
         longer needs), with a reason; it will never run."""
         check_text("reason", reason)
-        cancel_in(self._unit, key, reason, self._now)
+        cancel_in(self._unit, key, reason, self._now, self._effects)
 
 
 Handler = Callable[[ApplyContext], None]

@@ -32,7 +32,7 @@ from .records import AdvanceResult, OutboxEntry
 from .statuses import AdvanceStatus
 from .tracing import traced
 
-__all__ = ["Batch", "Producer", "advance_at_current"]
+__all__ = ["Batch", "Producer", "advance_at_current", "check_at_current"]
 
 
 def _advance_span(self: object, event_id: object, flow_id: object, **_: object) -> dict[str, str]:
@@ -336,3 +336,28 @@ def advance_at_current(
 
     result, env = rerun_on_conflict(once)
     return producer._advanced(result, env.meta)
+
+
+class _Undone(Exception):
+    """Carries a dry run's answer out of the transaction it rolls back."""
+
+    def __init__(self, result: AdvanceResult) -> None:
+        super().__init__(result.status)
+        self.result = result
+
+
+def check_at_current(
+    producer: Producer, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+    meta: dict[str, str] | None = None,
+) -> AdvanceResult:
+    """What :func:`advance_at_current` would answer now, with nothing
+    committed: the same transaction and checks, rolled back (how an
+    operator's result is checked before it is recorded).  Malformed
+    arguments raise ``InvalidEnvelope``; a storage error propagates."""
+    try:
+        with producer._store.write() as unit:
+            result, _ = advance_at_current_in(unit, producer.protocol, event_id, flow_id, kind, payload, schema, meta,
+                                              producer.max_backlog, time.time())
+            raise _Undone(result)
+    except _Undone as undone:
+        return undone.result

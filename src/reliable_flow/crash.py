@@ -16,6 +16,7 @@ __all__ = [
     "CRASH_POINTS",
     "ENV_VAR",
     "EXECUTOR_CRASH_POINTS",
+    "FEEDBACK_CRASH_POINTS",
     "RECEIVE_APPLY_CRASH_POINTS",
     "crash_point",
 ]
@@ -45,6 +46,14 @@ EXECUTOR_CRASH_POINTS = (
     "executor.after_commit",
 )
 
+# Feeding an effect's result or failure step back (``Feedback``): the step
+# committed in the producer (before the effect is marked fed), and the mark
+# committed in the consumer.
+FEEDBACK_CRASH_POINTS = (
+    "feedback.after_advance",
+    "feedback.after_mark",
+)
+
 # The receive-and-apply mode (``Consumer(..., apply_on_receive=True)``):
 # inside the receive transaction, after the projection and after the effect
 # record of an event applied on arrival, and after that transaction
@@ -56,7 +65,7 @@ RECEIVE_APPLY_CRASH_POINTS = (
     "receive_apply.after_commit",
 )
 
-ALL_CRASH_POINTS = CRASH_POINTS + EXECUTOR_CRASH_POINTS + RECEIVE_APPLY_CRASH_POINTS
+ALL_CRASH_POINTS = CRASH_POINTS + EXECUTOR_CRASH_POINTS + FEEDBACK_CRASH_POINTS + RECEIVE_APPLY_CRASH_POINTS
 
 _armed = os.environ.get(ENV_VAR) or None
 if _armed is not None and _armed not in ALL_CRASH_POINTS:

@@ -132,7 +132,24 @@ def test_unfed_effects_are_succeeded_ones_owing_feedback(inbox) -> None:
         unit.update_effect("a", {"state": S.SUCCEEDED, "fed": False}, 1.0)
         unit.update_effect("b", {"state": S.SUCCEEDED, "fed": True}, 1.0)
         unit.update_effect("c", {"state": S.SUCCEEDED}, 1.0)
-    assert keys(inbox.latest.unfed_effects(10)) == ["a"]
+    assert keys(inbox.latest.unfed_effects(10, 1.0)) == ["a"]
+
+
+def test_unfed_effects_are_failed_ones_owing_their_failure_step(inbox) -> None:
+    """Failed for good and ``fed`` 0: owed at once; ``unknown`` only once due;
+    one still open (a retried effect keeps its ``fed``) never."""
+    names = ["dead", "cancelled", "expired", "superseded", "unknown", "late", "pending", "done"]
+    add(inbox, *(new(n) for n in names))
+    with inbox.write() as unit:
+        for state in (S.DEAD, S.CANCELLED, S.EXPIRED, S.SUPERSEDED):
+            unit.update_effect(state.value, {"state": state, "fed": False}, 1.0)
+        unit.update_effect("unknown", {"state": S.UNKNOWN, "fed": False, "due_at": 5.0}, 1.0)
+        unit.update_effect("late", {"state": S.UNKNOWN, "fed": False, "due_at": 50.0}, 1.0)
+        unit.update_effect("pending", {"state": S.PENDING, "fed": False}, 1.0)
+        unit.update_effect("done", {"state": S.DEAD, "fed": True}, 1.0)
+    assert keys(inbox.latest.unfed_effects(10, 5.0)) == ["dead", "cancelled", "expired", "superseded", "unknown"]
+    assert keys(inbox.latest.unfed_effects(2, 5.0)) == ["dead", "cancelled"]
+    assert keys(inbox.latest.unfed_effects(10, 4.0)) == ["dead", "cancelled", "expired", "superseded"]
 
 
 def effect_action(at: float, key: str, action: str, actor: str, reason: str) -> OperatorAction:

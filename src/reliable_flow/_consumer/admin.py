@@ -1,6 +1,6 @@
 """The operator's side of a consumer (``consumer.admin``): the way past a
 bad accepted event (skip or replace it), the effects an operator retries,
-resolves or cancels, and retention.
+resolves, cancels or amends (after refused feedback), and retention.
 
 Nothing here runs by itself: each action is asked for by a person and
 recorded with who, when and why.  See docs/operations.md and
@@ -14,12 +14,15 @@ from typing import Any, Protocol
 
 from .. import _envelope as envelope
 from .._checks import check_text
-from .._core.admin import effect_action_in
+from .._core.admin import amend_in, effect_action_in
 from .._core.operate import replace_in, skip_in
-from .._effects import check_json_value
+from .._effects import EffectRegistry, check_json_value
+from .._effects.feedstep import check_feedback
 from .._observe import CONSUMER, operator_action
+from .._producer import Producer
 from .._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from .._store import InboxStore
+from ..errors import UnknownEffect
 from ..protocol import Protocol as FlowProtocol
 from ..records import OperatorAction, PruneResult
 
@@ -31,6 +34,7 @@ class Owner(Protocol):
 
     protocol: FlowProtocol
     clock: Callable[[], float]
+    effect_registry: EffectRegistry | None
 
     @property
     def name(self) -> str: ...
@@ -43,7 +47,7 @@ class ConsumerAdmin:
     """A consumer's operator actions, as ``consumer.admin``: move a flow past
     an accepted event that cannot be applied (:meth:`skip_event`,
     :meth:`replace_event`), act on effects (:meth:`retry_effect`,
-    :meth:`resolve_effect`, :meth:`cancel_effect`) and retention
+    :meth:`resolve_effect`, :meth:`cancel_effect`, :meth:`amend_effect`) and retention
     (:meth:`prune`).  Every action is recorded (:meth:`operator_actions`,
     :meth:`effect_actions`), stamped with the consumer's ``clock``; none is
     ever taken automatically.  What to look at first: ``consumer.stuck``,
@@ -111,12 +115,71 @@ class ConsumerAdmin:
         return self._effect_action("retry", key, actor, reason)
 
     def resolve_effect(self, key: str, *, result: Any = None, actor: str, reason: str) -> OperatorAction:
-        """Record that the effect did take place (checked by hand), with its result."""
-        return self._effect_action("resolve", key, actor, reason, check_json_value("result", result))
+        """Record that the effect did take place (checked by hand), with its result.
+
+        When the consumer was given the effect's registry (``effects=``) and
+        the effect has ``feedback=``, the result is first built into its
+        step: a ``Feedback`` function that raises, or a step that is not a
+        valid envelope, raises :class:`NotResolvable` and nothing is
+        recorded (``reliable-flow effect resolve --producer`` also checks it
+        against the producer's protocol).  An effect whose failure step came
+        home already then feeds its result too."""
+        text = check_json_value("result", result)
+        self._check(key, None, result=result)
+        return self._effect_action("resolve", key, actor, reason, text)
 
     def cancel_effect(self, key: str, *, actor: str, reason: str) -> OperatorAction:
-        """Decide that the effect will never run; recorded, never automatic."""
+        """Decide that the effect will never run; recorded, never automatic.
+        An effect with ``Feedback(on_failure=...)`` then feeds its failure
+        step (once: not again if it came home already)."""
         return self._effect_action("cancel", key, actor, reason)
+
+    def amend_effect(self, key: str, *, result: Any = None, failure: bool = False, actor: str, reason: str,
+                     producer: Producer | None = None) -> OperatorAction:
+        """The way out for an effect whose feedback was refused (its
+        ``last_error`` begins ``feedback``): replace its result with
+        ``result`` (it is ``succeeded``), or, with ``failure=True``, switch
+        a succeeded one to its failure step (it is ``cancelled``, its reason
+        naming the operator); the executor's next pass feeds the step, once.
+
+        Checked before anything is recorded, as :meth:`resolve_effect`
+        checks, and (given ``producer``, a sync ``Producer`` of the
+        producer's store, used on this thread) against the producer's
+        protocol at the flow's current seq, nothing committed: a step that
+        would be refused raises :class:`NotResolvable`.  Needs the effect's
+        registry (``Consumer(..., effects=)``) with ``feedback=`` for its
+        name.  Raises :class:`NotResolvable` for an effect whose feedback
+        was not refused, and for ``failure`` on an effect that failed
+        already (its failure step is what was refused); recorded as a
+        ``resolve`` (result replaced) or ``cancel`` (failure step) whose
+        reason begins ``amend:``."""
+        if not isinstance(failure, bool):
+            raise TypeError(f"failure must be a bool, got {failure!r}")
+        text = check_json_value("result", result)
+        check_text("key", key)
+        actor, reason = check_text("actor", actor), check_text("reason", reason)
+        registry = self._consumer.effect_registry
+        effect = self._store.latest.effect(key)
+        if effect is None:
+            raise UnknownEffect(f"no effect with key {key!r} in {self._store.location}")
+        spec = None if registry is None else registry.get(effect.name)
+        if spec is None or spec.feedback is None:
+            raise ValueError(f"effect {key!r}: amend needs its registry with feedback= for {effect.name!r} "
+                             f"(Consumer(..., effects=...)), to build the step it feeds")
+        self._check(key, producer, result=result, failure=failure, actor=actor, reason=reason)
+        with self._store.write() as unit:
+            record, before = amend_in(unit, key, actor, reason, self._consumer.clock(), self._store.location,
+                                      None if failure else text, failure)
+        operator_action(CONSUMER, record, self._consumer.name, key=key, event_id=before.event_id,
+                        flow_id=before.flow_id, previous_state=str(before.state))
+        return record
+
+    def _check(self, key: str, producer: Producer | None, **would: Any) -> None:
+        """:func:`~reliable_flow._effects.feedstep.check_feedback` of the effect
+        with this key (an unknown key is left to the action to refuse)."""
+        effect = self._store.latest.effect(check_text("key", key))
+        if effect is not None:
+            check_feedback(effect, self._consumer.effect_registry, producer, **would)
 
     def _effect_action(
         self, action: str, key: str, actor: str, reason: str, result: str | None = None
@@ -125,8 +188,12 @@ class ConsumerAdmin:
         check_text("actor", actor)
         check_text("reason", reason)
         now = self._consumer.clock()
+        registry = self._consumer.effect_registry
         with self._store.write() as unit:
-            record, effect = effect_action_in(unit, action, key, actor, reason, now, self._store.location, result)
+            held = unit.effect(key)
+            spec = None if registry is None or held is None else registry.get(held.name)
+            record, effect = effect_action_in(unit, action, key, actor, reason, now, self._store.location, result,
+                                              spec)
         operator_action(CONSUMER, record, self._consumer.name, key=key, event_id=effect.event_id,
                         flow_id=effect.flow_id, previous_state=str(effect.state))
         return record

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import _envelope as envelope
-from .._effects import EffectSpec, Happened, NotHappened, check_json_value
+from .._effects import EffectRegistry, EffectSpec, Happened, NotHappened, check_json_value
 from .._store.effects import EffectReads, EffectUnit, NewEffect
 from ..delivery import DeliveryPolicy, claim_until, error_text, retry_after
 from ..errors import EffectKeyConflict, InvalidEnvelope, NotResolvable, UnknownEffect
@@ -23,6 +23,7 @@ from ..records import AdvanceResult, EffectTransition, ScheduledEffect
 from ..statuses import AdvanceStatus, EffectState, Transition
 
 __all__ = [
+    "FAILED",
     "FEEDBACK_REFUSED",
     "HANDLER_CANCELS_FROM",
     "ORDER_BLOCKING",
@@ -37,12 +38,15 @@ __all__ = [
     "claim_in",
     "default_key",
     "ended_words",
+    "failure_event_id",
+    "failure_of",
     "fed_back_in",
     "feedback_event_id",
     "feedback_refusal",
     "holds",
     "lease_held",
     "note",
+    "owe_failure",
     "plan",
     "record_outcome_in",
     "release_in",
@@ -169,7 +173,7 @@ def claim_in(unit: EffectUnit, specs: Mapping[str, EffectSpec], policy: Delivery
                     f"(rate_limit {spec.rate_limit[0]}): due at {free_at:.3f}"), due_at=free_at))
                 continue
             chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
-            changes = claim_changes(effect, chosen, reason, policy, now)
+            changes = owe_failure(effect, spec, claim_changes(effect, chosen, reason, policy, now), now)
             unit.update_effect(effect.key, changes, now)
             if effect.state is _S.RUNNING:  # its executor died, or stopped renewing
                 notes.append(note(effect, Transition.LEASE_EXPIRED, now, effect.lease_owner,
@@ -215,7 +219,14 @@ def _succeeded(spec: EffectSpec, result: Any) -> Changes:
 
 def after_run(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float, outcome: Outcome,
               value: Any) -> Changes:
-    """What a finished call leaves (``effect`` as claimed; ``value`` the result or the exception)."""
+    """What a finished call leaves (``effect`` as claimed; ``value`` the
+    result or the exception), with its failure step owed when it failed
+    for good (:func:`owe_failure`)."""
+    return owe_failure(effect, spec, _after_run(effect, spec, policy, now, outcome, value), now)
+
+
+def _after_run(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float, outcome: Outcome,
+               value: Any) -> Changes:
     if outcome is Outcome.SUCCEEDED:
         return _succeeded(spec, value)
     if outcome is Outcome.PERMANENT:
@@ -261,7 +272,12 @@ def after_reconcile(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryP
     lets it run again (or makes it dead once ``max_attempts`` attempts are
     used up), anything else (an exception) keeps it in doubt, until
     ``max_attempts`` reconciles in a row could not tell: then it is parked as
-    unknown."""
+    unknown.  A failure for good owes its failure step (:func:`owe_failure`)."""
+    return owe_failure(effect, spec, _after_reconcile(effect, spec, policy, now, answer), now)
+
+
+def _after_reconcile(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryPolicy, now: float,
+                     answer: object) -> Changes:
     if isinstance(answer, Happened):
         return _succeeded(spec, answer.result)
     if isinstance(answer, NotHappened):
@@ -283,13 +299,59 @@ def after_reconcile(effect: ScheduledEffect, spec: EffectSpec, policy: DeliveryP
             "last_error": retry.error}
 
 
-def feedback_event_id(key: str) -> str:
+def feedback_event_id(key: str, suffix: str = "result") -> str:
     """The event id an effect's result is advanced under: ``<key>:result``,
     or a digest of the key when that would pass the 128-character limit."""
-    event_id = f"{key}:result"
+    event_id = f"{key}:{suffix}"
     if len(event_id) <= 128:
         return event_id
-    return "effect-" + hashlib.sha256(key.encode("utf-8")).hexdigest() + ":result"
+    return "effect-" + hashlib.sha256(key.encode("utf-8")).hexdigest() + f":{suffix}"
+
+
+def failure_event_id(key: str) -> str:
+    """The event id an effect's failure step is advanced under:
+    ``<key>:failure`` (or a digest of the key, as :func:`feedback_event_id`):
+    one per effect, so it is fed once whatever happens to the effect later."""
+    return feedback_event_id(key, "failure")
+
+
+#: The states an effect fails in for good (``unknown`` waits for an operator
+#: first, ``Feedback.unknown_after``): each feeds the failure step, if any.
+FAILED = (_S.DEAD, _S.UNKNOWN, _S.CANCELLED, _S.EXPIRED, _S.SUPERSEDED)
+
+
+def owe_failure(effect: ScheduledEffect, spec: EffectSpec | None, changes: Changes, now: float) -> Changes:
+    """``changes`` with the failure step owed (``fed`` False) when they leave
+    the effect failed and its feedback has ``on_failure``; ``spec`` None (an
+    operator, who has no registry) owes it always, and an executor whose
+    registry asks nothing clears it.  Once fed (``fed`` True on an effect not
+    succeeded) it is never owed again.  An ``unknown`` effect owes it only
+    with ``unknown_after``, then due that many seconds from now (its
+    ``due_at``, which nothing else reads while it is unknown)."""
+    state = _S(changes.get("state", effect.state))
+    if state not in FAILED or effect.fed is True:
+        return changes
+    feedback = None if spec is None else spec.feedback
+    if spec is not None and (feedback is None or feedback.on_failure is None):
+        return changes
+    if state is _S.UNKNOWN:
+        if feedback is None or feedback.unknown_after is None:
+            return changes
+        return {**changes, "fed": False, "due_at": now + feedback.unknown_after}
+    return {**changes, "fed": False}
+
+
+def failure_of(effect: ScheduledEffect) -> dict[str, Any]:
+    """What a failure step says by default (and what ``on_failure``'s payload
+    function is given): the effect's ``key``, the state it failed in
+    (``effect_state``: ``state`` is a flow's own key), why (``reason``) and
+    its last ``error``; each of the last two left out when there is none (a
+    refused feedback's text is not the effect's error)."""
+    error = effect.last_error
+    if error is not None and error.startswith(FEEDBACK_REFUSED):
+        error = None
+    said = {"key": effect.key, "effect_state": effect.state.value, "reason": effect.reason, "error": error}
+    return {name: value for name, value in said.items() if value is not None}
 
 
 #: How every refused feedback's ``last_error`` begins: the executor writes
@@ -297,10 +359,15 @@ def feedback_event_id(key: str) -> str:
 FEEDBACK_REFUSED = "feedback "
 
 
-def feedback_refusal(result: AdvanceResult) -> str | None:
+def feedback_refusal(result: AdvanceResult, failure: bool = False) -> str | None:
     """None when a fed-back result is in the flow (committed now or before),
-    else why it was refused (the effect's ``last_error``; tried again later)."""
+    else why it was refused (the effect's ``last_error``; tried again later).
+    A failure step (``failure``) whose event id holds another body is in the
+    flow too: it was fed once, when the effect first failed (an operator
+    retried it since, and it failed again in other words)."""
     if result.status in (AdvanceStatus.COMMITTED, AdvanceStatus.EXISTING):
+        return None
+    if failure and result.status is AdvanceStatus.CONFLICT:
         return None
     return f"{FEEDBACK_REFUSED}{result.status}: {result.reason}"
 
@@ -310,8 +377,8 @@ def fed_back_in(unit: EffectUnit, effect: ScheduledEffect, refused: str | None, 
     effect's ``last_error``, tried again later)."""
     if refused is None:
         unit.update_effect(effect.key, {"fed": True}, now)
-        unit.add_transitions([note(effect, Transition.FED_BACK, now, owner,
-                                   f"advanced as {feedback_event_id(effect.key)}")])
+        event_id = feedback_event_id(effect.key) if effect.state is _S.SUCCEEDED else failure_event_id(effect.key)
+        unit.add_transitions([note(effect, Transition.FED_BACK, now, owner, f"advanced as {event_id}")])
     else:
         unit.update_effect(effect.key, {"last_error": refused[:1000]}, now)
         unit.add_transitions([note(effect, Transition.FEEDBACK_REFUSED, now, owner, refused)])
@@ -422,14 +489,19 @@ def ended_words(outcome: Outcome | None, value: Any) -> str:
 HANDLER_CANCELS_FROM = (_S.PENDING,)
 
 
-def cancel_in(unit: EffectUnit, key: str, reason: str, now: float) -> None:
-    """An apply handler's cancel of an effect (in the apply transaction)."""
+def cancel_in(unit: EffectUnit, key: str, reason: str, now: float, effects: EffectRegistry | None = None) -> None:
+    """An apply handler's cancel of an effect (in the apply transaction);
+    its failure step owed as the consumer's registry ``effects`` says
+    (:func:`owe_failure`; without a registry, nothing is owed)."""
     effect = unit.effect(key)
     if effect is None:
         raise UnknownEffect(f"no effect with key {key!r}")
     if effect.state not in HANDLER_CANCELS_FROM:
         raise NotResolvable(f"effect {key!r} is {effect.state}; only a pending effect can be cancelled here")
-    unit.update_effect(key, {"state": _S.CANCELLED, "reason": reason}, now)
+    changes: Changes = {"state": _S.CANCELLED, "reason": reason}
+    if effects is not None:
+        changes = owe_failure(effect, effects.get(effect.name), changes, now)
+    unit.update_effect(key, changes, now)
     unit.add_transitions([note(effect, Transition.CANCELLED, now, detail=f"by its apply handler: {reason}")])
 
 

@@ -15,7 +15,7 @@ from ..errors import InvalidEnvelope, NotResolvable, UnknownConsumer, UnknownEve
 from ..protocol import Protocol
 from ..records import ConsumerEntry, InboxRow, OperatorAction, ScheduledEffect, StuckFlow
 from ..statuses import ActionTarget, EffectState, FlowWait, InboxState
-from .effects import FEEDBACK_REFUSED, waiting_behind
+from .effects import FAILED, FEEDBACK_REFUSED, waiting_behind
 
 __all__ = [
     "effect_attention", "feedback_refused", "needs_attention", "refused_names", "register_in", "remove_in",
@@ -86,10 +86,11 @@ def needs_attention(flow: StuckFlow, now: float, stuck_after: float) -> bool:
 
 
 def feedback_refused(effect: ScheduledEffect) -> bool:
-    """Succeeded, its result owed to the producer, and the last try to feed it
-    back was refused (the executor records the refusal, a text beginning with
-    ``feedback``, in ``last_error``, and tries again on every pass)."""
-    return (effect.state is EffectState.SUCCEEDED and effect.fed is False
+    """Succeeded (or failed for good), its result (or failure step) owed to
+    the producer, and the last try to feed it back was refused (the executor
+    records the refusal, a text beginning with ``feedback``, in
+    ``last_error``, and tries again on every pass)."""
+    return ((effect.state is EffectState.SUCCEEDED or effect.state in FAILED) and effect.fed is False
             and (effect.last_error or "").startswith(FEEDBACK_REFUSED))
 
 

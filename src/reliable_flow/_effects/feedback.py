@@ -1,10 +1,12 @@
-"""Feeding effects' results back into a producer (``Feedback``): one
-producer transaction at the flow's current seq, then the effect marked fed.
+"""Feeding effects' results (and failures, ``Feedback.on_failure``) back
+into a producer: one producer transaction at the flow's current seq, then
+the effect marked fed.
 
 Written once for both faces, in two halves that each touch one store:
 :func:`refusal` advances on the producer (its thread, in the asyncio face)
 and :meth:`Feeder.mark` records the answer on the consumer.  A crash in
-between re-advances the same event id, which answers ``existing``.  The
+between (crash point ``feedback.after_advance``) re-advances the same
+event id, which answers ``existing``.  The
 decisions -- the event id, what counts as refused, what is written -- are
 in :mod:`reliable_flow._core.effects`.
 """
@@ -16,11 +18,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_event_id, feedback_refusal
+from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_refusal
 from .._observe import WARNING
 from .._producer import Producer, advance_at_current
+from ..crash import crash_point
 from ..delivery import DeliveryPolicy, error_text
 from ..records import AdvanceResult, ExecutorStats, ScheduledEffect
+from .feedstep import feed_step, owes_nothing
 from .registry import EffectRegistry, Feedback
 
 if TYPE_CHECKING:
@@ -70,24 +74,25 @@ def feedback_target(producer: object, *, local: type = Producer) -> tuple[Any, b
 
 
 def refusal(producer: Target, effect: ScheduledEffect, feedback: Feedback) -> str | None:
-    """Advance ``effect``'s result into ``producer`` as ``feedback`` says, in
-    one producer transaction at the flow's current seq; None when the step
-    is in the flow (now or before), else why not (the effect's
-    ``last_error``).  A ``Feedback`` function that raises, or a result that
-    is not a valid step, is a refusal; a storage error propagates."""
-    where = "flow"
-    try:
-        flow_id = feedback.flow(effect.flow_id) if feedback.flow else effect.flow_id
-        where = "payload"
-        payload = feedback.payload(effect.result) if feedback.payload else effect.result
-    except Exception as exc:  # noqa: BLE001 - the application's function: refused feedback, not a stop
-        return f"{FEEDBACK_REFUSED}refused: Feedback.{where} raised {error_text(exc)}"
+    """Advance ``effect``'s step (its result, or its failure step when it
+    failed for good: :func:`~reliable_flow._effects.feedstep.feed_step`) into
+    ``producer`` as ``feedback`` says, in one producer transaction at the
+    flow's current seq; None when the step is in the flow (now or before),
+    else why not (the effect's ``last_error``).  A ``Feedback`` function
+    that raises, or a step that is not valid, is a refusal; a storage error
+    propagates."""
+    step = feed_step(effect, feedback)
+    if isinstance(step, str):
+        return step
     advance = partial(advance_at_current, producer) if isinstance(producer, Producer) else producer.advance_at_current
     try:
-        return feedback_refusal(advance(feedback_event_id(effect.key), flow_id, kind=feedback.kind, payload=payload,
-                                        meta=effect.meta or None))
+        refused = feedback_refusal(advance(step.event_id, step.flow_id, kind=step.kind, payload=step.payload,
+                                           meta=effect.meta or None), step.failure)
     except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
         return f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
+    if refused is None:
+        crash_point("feedback.after_advance")  # in the producer, not yet marked fed: re-fed as `existing`
+    return refused
 
 
 class Feeder:
@@ -100,11 +105,24 @@ class Feeder:
         self.policy, self.stats, self._observe = policy, stats, observe
 
     def owed(self, limit: int) -> list[ScheduledEffect]:
-        """The results still owed of this registry's effects (at most ``limit``), oldest first."""
-        return [e for e in self.consumer.store.latest.unfed_effects(limit) if self.effects.get(e.name) is not None]
+        """The steps still owed of this registry's effects (at most ``limit``),
+        oldest first: results, and failure steps (an unknown effect's once
+        its ``unknown_after`` passed).  Those whose spec asks for no step
+        (any more) are marked as owing nothing here, and left out."""
+        owed = []
+        for effect in self.consumer.store.latest.unfed_effects(limit, self.policy.clock()):
+            spec = self.effects.get(effect.name)
+            if spec is None:
+                continue
+            if owes_nothing(effect, spec.feedback):
+                self.nothing_owed(effect)
+            else:
+                owed.append(effect)
+        return owed
 
     def nothing_owed(self, effect: ScheduledEffect) -> None:
-        """Mark an effect whose spec has no ``feedback=`` as owing nothing."""
+        """Mark an effect whose spec has no ``feedback=`` (or, failed, no
+        ``on_failure``) as owing nothing."""
         with self.consumer.store.write() as unit:
             unit.update_effect(effect.key, {"fed": None}, self.policy.clock())
 
@@ -118,7 +136,7 @@ class Feeder:
         """Advance the result into the producer, then mark it fed."""
         spec = self.effects.get(effect.name)
         assert spec is not None, effect.name
-        if spec.feedback is None:
+        if spec.feedback is None or owes_nothing(effect, spec.feedback):
             self.nothing_owed(effect)
         elif self.producer is not None:
             self.mark(effect, refusal(self.producer, effect, spec.feedback))
@@ -128,6 +146,7 @@ class Feeder:
         (counted, logged, tried again on a later pass)."""
         with self.consumer.store.write() as unit:
             fed_back_in(unit, effect, refused, self.policy.clock(), self.policy.owner)
+        crash_point("feedback.after_mark")
         if refused is None:
             self.stats.fed += 1
             return

@@ -146,23 +146,43 @@ class EffectCall:
 @dataclass(frozen=True, slots=True)
 class Feedback:
     """Advance an effect's result into the executor's producer as the next step
-    of a flow, with the event id ``<effect key>:result``.
+    of a flow, with the event id ``<effect key>:result``; and, with
+    ``on_failure``, its failure as a step of its own, ``<effect key>:failure``.
 
     ``kind`` is the step's kind; ``payload(result)`` builds its payload (by
     default the result itself, which must then be an object); ``flow(effect
     flow id)`` names the flow (by default the effect's own flow id).
 
+    ``on_failure``: the failure step, advanced exactly once when the effect
+    ends ``dead``, ``cancelled``, ``expired`` or ``superseded``, or stays
+    ``unknown`` for ``unknown_after`` seconds: a kind (its payload is
+    ``{"key", "effect_state", "reason", "error"}``: the effect's key, the
+    state it ended in, why, and its last error; the last two left out when
+    there is none), or a ``Feedback`` whose
+    ``payload`` builds the step's payload from that object (its ``flow``,
+    else this one's, names the flow).  Without it (None) a failure feeds
+    nothing back.  ``unknown_after``: seconds an effect parked ``unknown``
+    waits for an operator before its failure step is fed (0: at once); None
+    (the default): an unknown effect feeds nothing until an operator acts
+    (its cancel feeds the failure step).  The failure step is fed at most
+    once per effect, even when an operator retries it and it fails again.
+
     ``kind`` must be a valid event kind (a string of 1-128 characters, no
-    control characters), and ``payload`` / ``flow`` callables or None:
-    anything else raises ``InvalidEnvelope`` / ``TypeError`` naming the
-    field here, not after the effect ran.  A ``payload`` or ``flow``
-    function that raises is recorded as refused feedback (the effect's
-    ``last_error``) and tried again on the executor's next pass.
+    control characters), ``payload`` / ``flow`` callables or None,
+    ``on_failure`` a kind, a ``Feedback`` without its own ``on_failure`` or
+    ``unknown_after``, or None, and ``unknown_after`` a finite number of
+    seconds >= 0 (only with ``on_failure``): anything else raises
+    ``InvalidEnvelope`` / ``TypeError`` / ``ValueError`` naming the field
+    here, not after the effect ran.  A ``payload`` or ``flow`` function that
+    raises is recorded as refused feedback (the effect's ``last_error``) and
+    tried again on the executor's next pass.
     """
 
     kind: str
     payload: Callable[[Any], dict[str, Any]] | None = None
     flow: Callable[[str], str] | None = None
+    on_failure: str | Feedback | None = None
+    unknown_after: float | None = None
 
     def __post_init__(self) -> None:
         envelope.check_name("kind", self.kind)
@@ -170,6 +190,32 @@ class Feedback:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+        failure = self.on_failure
+        if isinstance(failure, Feedback):
+            if failure.on_failure is not None or failure.unknown_after is not None:
+                raise ValueError("on_failure: a failure step has no failure step of its own "
+                                 "(give on_failure and unknown_after on the outer Feedback)")
+        elif isinstance(failure, str):
+            envelope.check_name("on_failure", failure)
+        elif failure is not None:
+            raise TypeError(f"on_failure must be a kind, a Feedback or None, got {type(failure).__name__}")
+        if self.unknown_after is not None:
+            seconds = check_seconds("unknown_after", self.unknown_after, allow_zero=True)
+            if failure is None:
+                raise ValueError("unknown_after needs on_failure (the step an unknown effect feeds)")
+            object.__setattr__(self, "unknown_after", seconds)
+
+    @property
+    def failure_step(self) -> Feedback | None:
+        """How the failure step is built (``on_failure`` as a ``Feedback``; its
+        ``flow`` defaults to this one's), or None when none is fed."""
+        failure = self.on_failure
+        if failure is None:
+            return None
+        if isinstance(failure, str):
+            return Feedback(failure, flow=self.flow)
+        return failure if failure.flow is not None or self.flow is None else \
+            Feedback(failure.kind, failure.payload, self.flow)
 
 
 Run = Callable[[EffectCall], Any]

@@ -308,7 +308,7 @@ class Stepper:
         if changes.get("last_error"):
             self.stats.last_error = f"{effect.key}: {changes['last_error']}"
         self.observe(effect, state, str(chosen), error=changes.get("last_error"), attempts=changes.get("attempts"))
-        if state is EffectState.SUCCEEDED and changes.get("fed") is False:
+        if changes.get("fed") is False and state is not EffectState.UNKNOWN:  # a result or a failure step owed
             stored = self.consumer.store.latest.effect(effect.key)
             if stored is not None:
                 self.feeder.feed(stored)

@@ -74,8 +74,11 @@ class EffectReads(Protocol):
         by an executor at ``now``: ``running`` or ``in_doubt`` with a
         ``lease_owner`` whose lease (``due_at``) has not run out."""
 
-    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
-        """Succeeded effects whose result still has to be fed back, oldest first."""
+    def unfed_effects(self, limit: int, now: float) -> list[ScheduledEffect]:
+        """Effects that still owe a step to their producer, oldest first:
+        succeeded ones their result, ``dead``, ``cancelled``, ``expired`` and
+        ``superseded`` ones their failure step, and ``unknown`` ones theirs
+        once due (``due_at`` <= ``now``)."""
 
     def next_effect_due_at(self, names: Collection[str]) -> float | None:
         """The earliest ``due_at`` among effects of these ``names`` that an

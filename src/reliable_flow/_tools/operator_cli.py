@@ -1,8 +1,12 @@
 """Operator actions from the command line: one command per operator method
 of the Python API, each recorded with ``--actor`` and ``--reason``.
 
-* ``effect retry|resolve|cancel CONSUMER_DB KEY``: ``consumer.admin.retry_effect``
-  / ``resolve_effect`` (``--result JSON``) / ``cancel_effect``;
+* ``effect retry|resolve|cancel|amend CONSUMER_DB KEY``: ``consumer.admin.retry_effect``
+  / ``resolve_effect`` (``--result JSON``) / ``cancel_effect`` /
+  ``amend_effect`` (``--result JSON`` or ``--failure``); ``resolve`` and
+  ``amend`` check the result against the effect's ``Feedback``
+  (``--effects``) and the producer's protocol (``--producer``) before
+  anything is recorded;
 * ``delivery redeliver|skip PRODUCER_DB CONSUMER_NAME EVENT_ID``:
   ``producer.admin.redeliver`` / ``skip``;
 * ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``consumer.admin.skip_event`` /
@@ -34,7 +38,7 @@ from typing import Any
 from .._checks import check_text
 from ..errors import NotResolvable, ReliableFlowError
 from ..records import OperatorAction
-from .loading import PROTOCOL_HELP, OptionError, protocol_for
+from .loading import PROTOCOL_HELP, OptionError, load, protocol_for
 
 __all__ = ["add_operator_commands", "run_operator_command"]
 
@@ -87,7 +91,15 @@ def add_operator_commands(sub: Any) -> None:
                       "CONSUMER_DB", ("key", "KEY"))
     resolve.add_argument("--result", type=_json_value, default=None, metavar="JSON",
                          help="the effect's result, a JSON value (default: null)")
+    _checks(resolve, required=False)
     _action(actions, "cancel", "decide that the effect will never run", "CONSUMER_DB", ("key", "KEY"))
+    amend = _action(actions, "amend", "replace the result of an effect whose feedback was refused (or switch it "
+                    "to its failure step); the executor then feeds it once", "CONSUMER_DB", ("key", "KEY"))
+    choice = amend.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--result", type=_json_value, metavar="JSON", help="the effect's new result, a JSON value")
+    choice.add_argument("--failure", action="store_true",
+                        help="feed its failure step (Feedback on_failure) instead; it becomes cancelled")
+    _checks(amend, required=True)
 
     delivery = sub.add_parser("delivery", help="redeliver / skip an event for one consumer (recorded)",
                               description="Operator actions on a producer's deliveries to one consumer.")
@@ -117,6 +129,16 @@ def add_operator_commands(sub: Any) -> None:
     _action(actions, "remove", "remove a consumer name and every delivery to it", "PRODUCER_DB", ("name", "NAME"))
 
 
+def _checks(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """``--effects`` and ``--producer``: what a result is checked against before it is recorded."""
+    parser.add_argument("--effects", required=required, metavar="MODULE:ATTR",
+                        help="the consumer's EffectRegistry: the result is built into the step its Feedback feeds "
+                             "(refused, nothing recorded, if that fails)" + ("" if required else " (default: no check)"))
+    parser.add_argument("--producer", metavar="LOCATION",
+                        help="the producer's store (SQLite path or postgresql://...#schema, opened with --protocol): "
+                             "the step is checked against its protocol at the flow's current seq, nothing committed")
+
+
 # -- opening -----------------------------------------------------------------------------------
 
 
@@ -127,12 +149,32 @@ def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
     from .._producer import Producer
     from .stores import open_consumer, open_producer
 
+    effects = None
+    if getattr(args, "effects", None):
+        from .._effects import EffectRegistry
+
+        effects = load("--effects", args.effects, lambda o: isinstance(o, EffectRegistry),
+                       "a reliable_flow EffectRegistry")
     # Read only first: a missing file or schema is refused, nothing created.
     (open_producer if kind == "producer" else open_consumer)(args.store).close()
     protocol = protocol_for(args.protocol, (kind, args.store))
-    owner = Producer(args.store, protocol) if kind == "producer" else Consumer(args.store, protocol)
+    owner = Producer(args.store, protocol) if kind == "producer" else Consumer(args.store, protocol, effects=effects)
     with owner:
         yield owner
+
+
+@contextmanager
+def _checking(args: argparse.Namespace, protocol: Any) -> Iterator[Any]:
+    """``--producer``'s store as a ``Producer`` (only if it exists already), or None."""
+    from .._producer import Producer
+    from .stores import open_producer
+
+    if not getattr(args, "producer", None):
+        yield None
+        return
+    open_producer(args.producer).close()
+    with Producer(args.producer, protocol) as producer:
+        yield producer
 
 
 def _envelope(source: str) -> str:
@@ -149,13 +191,27 @@ def _envelope(source: str) -> str:
 
 
 def _effect(args: argparse.Namespace) -> tuple[OperatorAction, str]:
+    from .._effects.feedstep import check_feedback
+
     with _opened(args, "consumer") as consumer:
         who = {"actor": args.actor, "reason": args.reason}
         if args.action == "retry":
             return consumer.admin.retry_effect(args.key, **who), f"effect {args.key!r} is pending again, due now"
         if args.action == "resolve":
-            record = consumer.admin.resolve_effect(args.key, result=args.result, **who)
+            with _checking(args, consumer.protocol) as producer:
+                effect = consumer.scheduled_effect(args.key)
+                if effect is not None:  # an unknown key: resolve_effect says so
+                    check_feedback(effect, consumer.effect_registry, producer, result=args.result)
+                record = consumer.admin.resolve_effect(args.key, result=args.result, **who)
             return record, f"effect {args.key!r} is succeeded, result {json.dumps(args.result)}"
+        if args.action == "amend":
+            with _checking(args, consumer.protocol) as producer:
+                record = consumer.admin.amend_effect(args.key, result=args.result, failure=args.failure,
+                                                     producer=producer, **who)
+            if args.failure:
+                return record, f"effect {args.key!r} is cancelled: its failure step is fed on the next executor pass"
+            return record, (f"effect {args.key!r} is succeeded, result {json.dumps(args.result)}: fed on the next "
+                            f"executor pass")
         return consumer.admin.cancel_effect(args.key, **who), f"effect {args.key!r} is cancelled: it will never run"
 
 

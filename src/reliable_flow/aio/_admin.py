@@ -55,5 +55,7 @@ class AsyncConsumerAdmin(_Admin):
     retry_effect = awaited(ConsumerAdmin.retry_effect)
     resolve_effect = awaited(ConsumerAdmin.resolve_effect)
     cancel_effect = awaited(ConsumerAdmin.cancel_effect)
+    amend_effect = awaited(ConsumerAdmin.amend_effect, "``producer``, if given, is a sync "
+                           "``Producer``: it is used on the consumer's thread.")
     effect_actions = awaited(ConsumerAdmin.effect_actions)
     prune = awaited(ConsumerAdmin.prune, _PRUNE)

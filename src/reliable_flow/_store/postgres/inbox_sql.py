@@ -215,7 +215,9 @@ EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER 
 EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
 EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = %s ORDER BY id"
 RECORD_EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (%s, %s, %s, %s, %s)"
-UNFED = f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND state = 'succeeded' ORDER BY id LIMIT %s"
+# Owed feedback: a result, or a failure step (an unknown effect's once due).
+UNFED = (f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND (state IN ('succeeded','dead','cancelled',"
+         "'expired','superseded') OR (state = 'unknown' AND due_at <= %s)) ORDER BY id LIMIT %s")
 UPDATE_EFFECT = "UPDATE effect_outbox SET {assignments}, updated_at = %s WHERE key = %s"
 APP_VERSION = "SELECT version FROM app_schema WHERE name = %s"
 SET_APP_VERSION = (

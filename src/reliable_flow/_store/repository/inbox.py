@@ -224,8 +224,8 @@ class InboxRepository(Dialect):
         sql, listed = self._names(self._SQL.HELD_EFFECTS, chosen)
         return {str(name): int(count) for name, count in self._rows(sql, (now, *listed))}
 
-    def unfed_effects(self, limit: int) -> list[ScheduledEffect]:
-        return [rows.effect(r) for r in self._rows(self._SQL.UNFED, (limit,))]
+    def unfed_effects(self, limit: int, now: float) -> list[ScheduledEffect]:
+        return [rows.effect(r) for r in self._rows(self._SQL.UNFED, (now, limit))]
 
     def effect_history(self, key: str) -> list[EffectTransition]:
         return [rows.effect_transition(r) for r in self._rows(self._SQL.EFFECT_HISTORY, (key,))]

@@ -256,9 +256,11 @@ EFFECT_LIST = f"SELECT {_COLUMNS} FROM effect_outbox {{where}} ORDER BY id"
 EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
 EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
 EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = ? ORDER BY id"
+# Owed feedback: a result, or a failure step (an unknown effect's once due).
 UNFED = (
     f"SELECT {_COLUMNS} FROM effect_outbox INDEXED BY effect_unfed WHERE fed = 0 "
-    "AND state = 'succeeded' ORDER BY id LIMIT ?"
+    "AND (state IN ('succeeded','dead','cancelled','expired','superseded') OR (state = 'unknown' AND due_at <= ?)) "
+    "ORDER BY id LIMIT ?"
 )
 UPDATE_EFFECT = "UPDATE effect_outbox SET {assignments}, updated_at = ? WHERE key = ?"
 APP_VERSION = "SELECT version FROM app_schema WHERE name = ?"
