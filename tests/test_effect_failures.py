@@ -135,7 +135,7 @@ def test_failure_step_is_built_from_on_failure() -> None:
 def test_dead_effect_feeds_its_failure_step_exactly_once(agent: EffectWorld) -> None:
     c = tool(agent, declined)
     ex = agent.executor(c, producer=agent.producer)
-    assert ex.run_once() == 1
+    assert ex.run_once().work == 1
     e = c.scheduled_effect(KEY)
     assert (e.state, e.fed) == ("dead", True)
     assert fed_back(agent) == [(FAILED, "tool_failed", {
@@ -292,7 +292,7 @@ def test_an_async_executor_feeds_failure_steps_too(agent: EffectWorld) -> None:
         ex = AsyncEffectExecutor(consumer, producer=producer, policy=DeliveryPolicy(
             lease_seconds=30, clock=agent.clock, random=lambda: 0.5, owner="aio"))
         await ex.run(until_idle=True, handle_signals=False)
-        assert (ex.stats.fed, await ex.run_once(), ex.stats.fed) == (1, 0, 1)
+        assert (ex.stats.fed, (await ex.run_once()).work, ex.stats.fed) == (1, 0, 1)
         await consumer.close()
         await producer.close()
 

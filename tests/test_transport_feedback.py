@@ -35,7 +35,7 @@ from reliable_flow import (
 from reliable_flow.errors import InvalidEnvelope, TransportError, WrongFile
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 
-import_redis()
+redis = import_redis()
 
 from reliable_flow.transport.redis import Bridge, RedisReceiver, RemoteProducer
 from reliable_flow.transport.redis._producer import producer_location
@@ -111,6 +111,14 @@ def until(check: Callable[[], Any], worker: Worker, timeout: float = 20.0) -> An
             return got
         time.sleep(0.01)
     raise AssertionError(f"not reached within {timeout} s; worker: {worker.stats.as_dict()}")
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    """A plain Redis client on the test's (emptied) server."""
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
 
 
 @pytest.fixture
@@ -212,25 +220,29 @@ def test_nobody_serving_is_a_transport_error_and_nothing_is_fed(redis_url: str) 
 
 
 def test_another_producer_store_under_the_name_is_refused(agent: tuple[Producer, Worker], new_store: Any,
-                                                          redis_url: str) -> None:
+                                                          redis_url: str, client: Any) -> None:
     producer, worker = agent
     worker.run_once()  # 'agent' announced by the first store
+    remote = RemoteProducer(redis_url, "agent", timeout=10)
+    first_uid = remote._announced_uid()  # what a sender learnt before the name changed hands
     with Producer(new_store("other"), ASK) as other, RedisReceiver(redis_url, TOOLS, timeout=5) as tools:
         impostor = Worker(other, [tools], register=True, idle_sleep=0, serve_as="agent")
+        with pytest.raises(WrongFile, match="two producer stores are served under one name"):
+            impostor.run_once()  # the name is announced for another store lately: not served
+        client.delete("rf:{producer:agent}:producer")  # as after the first one's silence, or Redis restarted
         results: list[Any] = []
 
         def send() -> None:
-            with RemoteProducer(redis_url, "agent", timeout=10) as remote:
-                remote._announced_uid()  # the uid the first store announced
-                try:
-                    remote.advance_at_current("k:result", "A", kind="answered", payload={"a": "x"})
-                except Exception as exc:  # noqa: BLE001 - the test looks at it
-                    results.append(exc)
+            try:
+                remote.advance_at_current("k:result", "A", kind="answered", payload={"a": "x"})
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                results.append(exc)
 
         sender = threading.Thread(target=send)
         sender.start()
         until(lambda: not sender.is_alive(), impostor)
-        assert other.outbox() == [] and producer.outbox("A") == []
+        assert other.outbox() == [] and producer.outbox("A") == [] and other.uid != first_uid
+    remote.close()
     assert len(results) == 1 and isinstance(results[0], WrongFile), results
     assert "two producer stores are served under one name" in str(results[0])
 

@@ -231,12 +231,28 @@ class ProducerServer:
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+            self._refuse_another_store(wire.decode(self._client.hgetall(self.keys.producer)))
             self._client.hset(self.keys.producer, mapping={
                 "uid": self.producer.uid, "location": self.producer.location, "name": self.name,
                 "server": self.member, "at": repr(time.time())})
 
         talking(self.url, f"serving producer {self.name!r}", setup)
         self._announced_at = time.monotonic()
+
+    def _refuse_another_store(self, held: dict[str, str]) -> None:
+        """Another producer store announced under this name lately (within
+        three announcement periods): serving both would send each step to
+        either store.  Retrying cannot heal it: ``WrongFile``."""
+        try:
+            at = float(held.get("at", "0"))
+        except ValueError:
+            at = 0.0
+        uid = held.get("uid")
+        if uid and uid != self.producer.uid and time.time() - at < 3 * ANNOUNCE_EVERY:
+            raise WrongFile(
+                f"producer name {self.name!r} on Redis at {shown(self.url)} is served for another store "
+                f"({held.get('location', '?')}, uid {uid}) than {self.producer.location} (uid {self.producer.uid}): "
+                f"two producer stores are served under one name; give each its own")
 
     def serve_once(self) -> int:
         """Answer the requests waiting (never blocks); how many were answered."""
