@@ -25,7 +25,8 @@ from ..errors import ReliableFlowError
 from .loading import PROTOCOL_HELP, OptionError
 
 __all__ = [
-    "RELAY_ONLY", "Caught", "EarlySignals", "Opened", "add_shared", "command", "count_type", "counts", "opening",
+    "RELAY_ONLY", "Caught", "EarlySignals", "Opened", "add_shared", "command", "count_type", "counts", "is_remote",
+    "opening",
     "reporter", "schemas_option", "seconds_type", "serve", "stopped",
 ]
 
@@ -67,7 +68,10 @@ def command(name: str, body: Callable[[], int]) -> int:
 def add_shared(parser: Any, *options: str) -> None:
     """Add ``options`` (in that order) where several commands spell them alike."""
     specs: dict[str, dict[str, Any]] = {
-        "--producer": {"metavar": "PATH", "help": "where results of effects with feedback= are advanced"},
+        "--producer": {"metavar": "LOCATION",
+                       "help": "where results of effects with feedback= are advanced: a producer store this host "
+                               "can open, or a producer on another host served by `reliable-flow run --serve-as "
+                               "NAME --to URL` there, given as URL#NAME (redis://host:6379/0#NAME)"},
         "--protocol": {"metavar": "MODULE:ATTR", "help": PROTOCOL_HELP},
         "--idle-sleep": {"type": seconds_type(True), "default": 0.5, "metavar": "SECONDS",
                          "help": "how long to sleep after a pass that found nothing (default 0.5)"},
@@ -76,6 +80,11 @@ def add_shared(parser: Any, *options: str) -> None:
     }
     for option in options:
         parser.add_argument(option, **specs[option])
+
+
+def is_remote(location: str | None) -> bool:
+    """A ``--producer`` that names a producer on another host (``redis://host#NAME``), not a store."""
+    return location is not None and location.startswith(("redis://", "rediss://", "unix://"))
 
 
 def schemas_option(text: str | None) -> set[int] | None:

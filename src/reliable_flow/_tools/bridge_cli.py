@@ -18,6 +18,7 @@ from ._cli_common import (
     add_shared,
     command,
     count_type,
+    is_remote,
     opening,
     reporter,
     schemas_option,
@@ -78,7 +79,8 @@ def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
         from ..transport.redis import Bridge
     except ImportError as exc:
         raise OptionError(str(exc)) from None
-    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", args.producer))
+    local = None if is_remote(args.producer) else args.producer
+    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", local))
     app = {key: load_option(key, getattr(args, key)) for key in ("handlers", "effects", "app_schema")
            if getattr(args, key)}
     schemas = schemas_option(args.schemas)
@@ -86,11 +88,12 @@ def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
     report = reporter("bridge", args.report_every)
     with opening(opened.close):
         consumer = opened.add(Consumer(args.consumer, protocol, name=args.name, schemas=schemas, **app))
-        producer = None if args.producer is None else opened.add(Producer(args.producer, protocol))
+        producer = args.producer if local is None else opened.add(Producer(local, protocol))
         executors = []
         if "effects" in app:
-            executors.append(EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.effect_lease),
-                                            producer=producer, concurrency=args.concurrency))
+            executors.append(opened.add(EffectExecutor(  # closed: a remote producer it opened goes too
+                consumer, policy=DeliveryPolicy(lease_seconds=args.effect_lease), producer=producer,
+                concurrency=args.concurrency)))
         bridge = Bridge(consumer, args.redis, executors=executors, name=args.bridge_name,
                         claim_after=args.claim_after, on_pass=report)
     signals.watch(bridge)

@@ -23,6 +23,7 @@ from ._cli_common import (
     add_shared,
     command,
     count_type,
+    is_remote,
     opening,
     reporter,
     schemas_option,
@@ -53,6 +54,10 @@ def add_worker_commands(sub: Any) -> None:
                      help="relay only, through the Redis server at URL (redis://host:port/db or "
                           "unix:///path?db=0), to consumers served there by `reliable-flow bridge`; "
                           "applying and effects happen at the bridge (docs/transport.md)")
+    run.add_argument("--serve-as", metavar="NAME",
+                     help="with --to: also serve this producer as NAME to effect executors on other hosts "
+                          "(`bridge|execute --producer URL#NAME`): the results and failure steps they feed "
+                          "back are advanced here (docs/transport.md)")
     run.add_argument("--send-timeout", type=seconds_type(False), metavar="SECONDS",
                      help="with --to: how long a request waits for the bridge's answer before it counts as a "
                           "failed send, retried after backoff (default 10; keep it below --lease)")
@@ -192,6 +197,8 @@ def _run(args: argparse.Namespace, signals: EarlySignals) -> int:
         return _run_remote(args, signals)
     if args.send_timeout is not None:
         raise OptionError("--send-timeout is for run --to (a consumer on another host)")
+    if args.serve_as is not None:
+        raise OptionError("--serve-as needs --to: the producer is served through that Redis server")
     pairs = []
     for item in args.consumer:
         name, sep, path = item.partition("=")
@@ -269,9 +276,12 @@ def _run_remote(args: argparse.Namespace, signals: EarlySignals) -> int:
     report = reporter("run", args.report_every, RELAY_ONLY)  # nothing is applied here, no effect runs
     with opening(producer.close):
         worker = Worker(producer, receivers, policy=DeliveryPolicy(lease_seconds=args.lease),
-                        idle_sleep=args.idle_sleep, on_pass=report, register=args.register)
+                        idle_sleep=args.idle_sleep, on_pass=report, register=args.register,
+                        serve_as=args.serve_as)
     signals.watch(worker)
-    print(f"run: relaying to {', '.join(args.consumer)} through {shown(args.to)}", file=sys.stderr, flush=True)
+    serving = "" if args.serve_as is None else f", serving the producer as {args.serve_as!r}"
+    print(f"run: relaying to {', '.join(args.consumer)} through {shown(args.to)}{serving}", file=sys.stderr,
+          flush=True)
 
     def close() -> None:
         close_receivers()
@@ -347,25 +357,27 @@ def _execute(args: argparse.Namespace) -> int:
     from .._relay import DeliveryPolicy
     from .._store.open import is_postgres
 
-    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", args.producer))
+    local = None if is_remote(args.producer) else args.producer
+    protocol = protocol_for(args.protocol, ("consumer", args.consumer), ("producer", local))
     effects = _load_one("effects", args.effects)
     if not is_postgres(args.consumer) and not os.path.isfile(args.consumer):
         raise OptionError(f"no consumer file at {args.consumer!r}")  # executing creates nothing
     if args.use_async:
         import asyncio
 
-        return asyncio.run(_execute_async(args, protocol, effects))
+        return asyncio.run(_execute_async(args, protocol, effects, local))
     opened = Opened()
     with opening(opened.close):
         consumer = opened.add(Consumer(args.consumer, protocol, effects=effects))
-        producer = None if args.producer is None else opened.add(Producer(args.producer, protocol))
+        producer = args.producer if local is None else opened.add(Producer(local, protocol))
         executor = EffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease), producer=producer,
                                   concurrency=args.concurrency)
+        opened.add(executor)  # closes a remote producer it opened
     return serve("execute", executor, lambda: executor.run(until_idle=args.until_idle,
                                                            idle_sleep=args.idle_sleep), opened.close)
 
 
-async def _execute_async(args: argparse.Namespace, protocol: Any, effects: Any) -> int:
+async def _execute_async(args: argparse.Namespace, protocol: Any, effects: Any, local: str | None) -> int:
     """``execute --async``: :func:`_execute` with the aio face, on the running loop."""
     from .._relay import DeliveryPolicy
     from ..aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer
@@ -380,9 +392,9 @@ async def _execute_async(args: argparse.Namespace, protocol: Any, effects: Any) 
         with opening():
             consumer = await AsyncConsumer.open(args.consumer, protocol, effects=effects)
             opened.append(consumer)
-            producer = None
-            if args.producer is not None:
-                producer = await AsyncProducer.open(args.producer, protocol)
+            producer: Any = args.producer  # None, or a producer on another host (its location)
+            if local is not None:
+                producer = await AsyncProducer.open(local, protocol)
                 opened.append(producer)
             executor = AsyncEffectExecutor(consumer, policy=DeliveryPolicy(lease_seconds=args.lease),
                                            producer=producer, concurrency=args.concurrency)
@@ -394,5 +406,6 @@ async def _execute_async(args: argparse.Namespace, protocol: Any, effects: Any) 
         with caught:
             await executor.run(until_idle=args.until_idle, idle_sleep=args.idle_sleep)
     finally:
+        await executor.close()
         await close()
     return stopped("execute", executor.stats, caught.failure)
