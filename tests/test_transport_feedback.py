@@ -14,6 +14,7 @@ bad locations and names (``ValueError`` naming the argument).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from reliable_flow import (
     Producer,
     Worker,
 )
+from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor
 from reliable_flow.errors import InvalidEnvelope, TransportError, WrongFile
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 
@@ -153,6 +155,48 @@ def test_a_result_comes_home_through_the_transport_once(agent: tuple[Producer, W
         assert (producer.event(events[1].event_id) or {})["payload"] == {"a": flow}
     assert worker.stats.served == {"committed": 2}
     assert worker.stats.as_dict()["served"] == {"committed": 2}
+
+
+def test_an_async_executor_feeds_many_results_home_at_once(agent: tuple[Producer, Worker], new_store: Any,
+                                                           redis_url: str) -> None:
+    producer, worker = agent
+    flows = [f"F{i}" for i in range(12)]
+    for flow in flows:
+        producer.advance(f"{flow}-1", flow, expected_seq=0, kind="asked", payload={"q": flow})
+    effects = EffectRegistry()
+    effects.register("look_up", lambda call: {"a": call.payload["q"]}, feedback=Feedback(kind="answered"))
+    c_at = new_store(TOOLS)
+    with Consumer(c_at, ASK, name=TOOLS) as consumer:  # host B's consumer: the asked steps, as a bridge stores them
+        for flow in flows:
+            consumer.receive(producer.event(f"{flow}-1") or {})
+    errors: list[BaseException] = []
+    stats: list[Any] = []
+
+    async def tools_host() -> None:
+        async with await AsyncConsumer.open(c_at, ASK, name=TOOLS, handlers=[_schedule], effects=effects) as c:
+            await c.process_all()  # applied: 12 effects scheduled, none fed yet
+            ex = AsyncEffectExecutor(c, effects, producer=f"{redis_url}#agent", concurrency=12)
+            try:
+                await ex.run_once(limit=12)  # all 12 called; their results sent home in one round trip
+                await ex.run_until_idle()
+                stats.append(ex.stats)
+            finally:
+                await ex.close()
+
+    def host_b() -> None:
+        try:
+            asyncio.run(tools_host())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    worker.run_once()  # 'agent' announced
+    thread = threading.Thread(target=host_b, daemon=True)
+    thread.start()
+    until(lambda: not thread.is_alive(), worker, timeout=30)
+    assert not errors, errors
+    assert stats[0].fed == 12 and stats[0].feedback_errors == 0
+    assert all((producer.flow(f) or {}).get("state") == "answered" for f in flows)
+    assert worker.stats.served == {"committed": 12}
 
 
 def test_a_retried_step_is_existing_and_a_refused_one_stores_nothing(agent: tuple[Producer, Worker],

@@ -14,7 +14,7 @@ in :mod:`reliable_flow._core.effects`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,13 +24,13 @@ from .._producer import Producer, advance_at_current
 from ..crash import crash_point
 from ..delivery import DeliveryPolicy, error_text
 from ..records import AdvanceResult, ExecutorStats, ScheduledEffect
-from .feedstep import feed_step, owes_nothing
+from .feedstep import FeedStep, feed_step, owes_nothing
 from .registry import EffectRegistry, Feedback
 
 if TYPE_CHECKING:
     from .._consumer import Consumer
 
-__all__ = ["Feeder", "RemoteTarget", "Target", "feedback_target", "refusal"]
+__all__ = ["Feeder", "RemoteTarget", "Target", "feedback_target", "refusal", "refusals"]
 
 
 class RemoteTarget(Protocol):
@@ -43,6 +43,8 @@ class RemoteTarget(Protocol):
 
     def advance_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
                            meta: dict[str, str] | None = None) -> AdvanceResult: ...
+
+    def advance_many(self, steps: Sequence[Mapping[str, Any]]) -> list[AdvanceResult | Exception]: ...
 
     def close(self) -> None: ...
 
@@ -95,6 +97,31 @@ def refusal(producer: Target, effect: ScheduledEffect, feedback: Feedback) -> st
     return refused
 
 
+def refusals(target: RemoteTarget,
+             effects: Sequence[tuple[ScheduledEffect, Feedback]]) -> list[str | None | Exception]:
+    """:func:`refusal` for several effects at once into a producer on
+    another host: every step sent at once (one round trip, each its own
+    producer transaction over there); in order, each refusal (None: fed),
+    or the error of a step that got no answer or whose producer's storage
+    failed (not fed: tried again later)."""
+    steps: list[FeedStep | str] = [feed_step(effect, feedback) for effect, feedback in effects]
+    built = [(i, step) for i, step in enumerate(steps) if not isinstance(step, str)]
+    answers = target.advance_many([{"event_id": step.event_id, "flow_id": step.flow_id, "kind": step.kind,
+                                    "payload": step.payload, "meta": effects[i][0].meta or None}
+                                   for i, step in built])
+    if built:
+        crash_point("feedback.after_advance")  # in the producer, not yet marked fed: re-fed as `existing`
+    out: list[str | None | Exception] = [step if isinstance(step, str) else None for step in steps]
+    for (i, step), answer in zip(built, answers):
+        if isinstance(answer, (ValueError, TypeError)):  # InvalidEnvelope: not a valid step
+            out[i] = f"{FEEDBACK_REFUSED}refused: {error_text(answer)}"
+        elif isinstance(answer, Exception):
+            out[i] = answer
+        else:
+            out[i] = feedback_refusal(answer, step.failure)
+    return out
+
+
 class Feeder:
     """The consumer's half of one executor's feedback (and, for the sync
     face, the whole of it through :meth:`feed`)."""
@@ -127,10 +154,32 @@ class Feeder:
             unit.update_effect(effect.key, {"fed": None}, self.policy.clock())
 
     def feed_owed(self, limit: int) -> None:
-        """Feed the results still owed (at most ``limit``), oldest first."""
-        if self.producer is not None:
-            for effect in self.owed(limit):
+        """Feed the results still owed (at most ``limit``), oldest first
+        (into a producer on another host: all sent at once, :func:`refusals`)."""
+        if self.producer is None:
+            return
+        owed = self.owed(limit)
+        if isinstance(self.producer, Producer) or len(owed) < 2:
+            for effect in owed:
                 self.feed(effect)
+            return
+        self.mark_all(owed, self.producer)
+
+    def mark_all(self, owed: list[ScheduledEffect], target: RemoteTarget) -> None:
+        """Feed ``owed`` into ``target`` at once and mark each answered one;
+        then raise the error of the first step that was not answered."""
+        batch = []
+        for effect in owed:
+            spec = self.effects.get(effect.name)
+            if spec is not None and spec.feedback is not None:
+                batch.append((effect, spec.feedback))
+        answers = refusals(target, batch)
+        for (effect, _feedback), refused in zip(batch, answers):
+            if not isinstance(refused, Exception):
+                self.mark(effect, refused)
+        errors = [a for a in answers if isinstance(a, Exception)]
+        if errors:
+            raise errors[0]
 
     def feed(self, effect: ScheduledEffect) -> None:
         """Advance the result into the producer, then mark it fed."""

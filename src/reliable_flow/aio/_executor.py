@@ -36,7 +36,7 @@ import threading
 
 from .._checks import check_count, check_flag, check_optional_count
 from .._effects.executor import EffectExecutor, ExecutorStats
-from .._effects.feedback import RemoteTarget, feedback_target, refusal
+from .._effects.feedback import RemoteTarget, feedback_target, refusal, refusals
 from .._effects.registry import EffectRegistry
 from .._effects.step import Step
 from .._loop import until_due
@@ -289,16 +289,26 @@ class AsyncEffectExecutor:
         if self.producer is None:
             return 0
         feeder = self._sync.stepper.feeder
+        owed = await self._thread.run(feeder.owed, limit)
+        if not isinstance(self.producer, AsyncProducer):
+            # On another host: every step in one round trip, off the loop and off the stores' threads.
+            batch = [(e, spec.feedback) for e in owed
+                     if (spec := self._sync.effects.get(e.name)) is not None and spec.feedback is not None]
+            answers = await asyncio.to_thread(refusals, self.producer, batch) if batch else []
+            for (effect, _feedback), refused in zip(batch, answers):
+                if not isinstance(refused, Exception):
+                    await self._thread.run(feeder.mark, effect, refused)
+            errors = [a for a in answers if isinstance(a, Exception)]
+            if errors:
+                raise errors[0]
+            return len(answers) - len(errors)
         fed = 0
-        for effect in await self._thread.run(feeder.owed, limit):
+        for effect in owed:
             spec = self._sync.effects.get(effect.name)
             if spec is None or spec.feedback is None:
                 await self._thread.run(feeder.nothing_owed, effect)
                 continue
-            if isinstance(self.producer, AsyncProducer):
-                refused = await self.producer.run_sync(refusal, self.producer.sync, effect, spec.feedback)
-            else:  # on another host: a blocking request, off the loop and off the stores' threads
-                refused = await asyncio.to_thread(refusal, self.producer, effect, spec.feedback)
+            refused = await self.producer.run_sync(refusal, self.producer.sync, effect, spec.feedback)
             await self._thread.run(feeder.mark, effect, refused)
             fed += 1
         return fed

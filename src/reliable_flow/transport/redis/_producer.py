@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -129,33 +130,78 @@ class RemoteProducer:
         producer's protocol refuses raises
         :class:`~reliable_flow.errors.InvalidEnvelope`; a storage of another
         producer served under the name raises :class:`~reliable_flow.errors.WrongFile`."""
+        got = self.advance_many([{"event_id": event_id, "flow_id": flow_id, "kind": kind, "payload": payload,
+                                  "schema": schema, "meta": meta}])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def advance_many(self, steps: Sequence[Mapping[str, Any]]) -> list[AdvanceResult | Exception]:
+        """Several steps (each the keywords of :meth:`advance_at_current`:
+        ``event_id``, ``flow_id``, ``kind``, ``payload``, and optionally
+        ``schema``, ``meta``) sent at once, each its own request and its own
+        producer transaction over there; the answers in order, each a result
+        or the exception that step raised (a step not answered within
+        ``timeout``: :class:`~reliable_flow.errors.TransportError`).  Raises
+        only when the server cannot be reached, or another store answers
+        under the name (:class:`~reliable_flow.errors.WrongFile`)."""
+        if not steps:
+            return []
         with self._lock:
-            request = aw.Advance(id=wire.new_id(), reply=self._reply, deadline=time.time() + self.timeout,
-                                 uid=self._announced_uid(), event_id=event_id, flow_id=flow_id, kind=kind,
-                                 schema=schema, payload=payload, meta=meta)
-            fields_ = aw.advance_fields(request)
+            deadline = time.time() + self.timeout
+            uid = self._announced_uid()
+            requests = [aw.Advance(id=wire.new_id(), reply=self._reply, deadline=deadline, uid=uid,
+                                   event_id=step["event_id"], flow_id=step["flow_id"], kind=step["kind"],
+                                   schema=step.get("schema", 1), payload=step["payload"], meta=step.get("meta"))
+                        for step in steps]
+            sent: dict[str, dict[str, str]] = {}
+            unsent: dict[str, Exception] = {}
+            for request in requests:
+                try:
+                    sent[request.id] = aw.advance_fields(request)
+                except (TypeError, ValueError) as exc:  # not JSON: refused here, as a local advance refuses it
+                    unsent[request.id] = InvalidEnvelope("payload", f"is not JSON ({exc})")
 
             def send() -> None:
                 pipe = self._client.pipeline(transaction=False)
-                pipe.xadd(self.keys.requests, fields_, maxlen=MAX_REQUESTS, approximate=True)
+                for one in sent.values():
+                    pipe.xadd(self.keys.requests, one, maxlen=MAX_REQUESTS, approximate=True)
                 pipe.expire(self._reply, int(self.timeout) + 60)
                 pipe.execute()
 
-            talking(self.url, f"feeding back to producer {self.name!r}", send)
-            return self._wait(request).outcome()
-
-    def _wait(self, request: aw.Advance) -> aw.AdvanceAnswer:
-        while True:
-            left = request.deadline - time.time()
-            if left <= 0:
-                raise TransportError(
+            if sent:
+                talking(self.url, f"feeding back to producer {self.name!r}", send)
+            answers = self._wait(set(sent), deadline)
+        out: list[AdvanceResult | Exception] = []
+        for request in requests:
+            if request.id in unsent:
+                out.append(unsent[request.id])
+                continue
+            answer = answers.get(request.id)
+            if answer is None:
+                out.append(TransportError(
                     f"producer {self.name!r}: no answer from its worker via Redis at {shown(self.url)} within "
-                    f"{self.timeout:g} s (event {request.event_id}); nothing taken as fed")
+                    f"{self.timeout:g} s (event {request.event_id}); nothing taken as fed"))
+                continue
+            try:
+                out.append(answer.outcome())
+            except WrongFile:
+                raise
+            except Exception as exc:  # noqa: BLE001 - that step's answer, given back in its place
+                out.append(exc)
+        return out
+
+    def _wait(self, ids: set[str], deadline: float) -> dict[str, aw.AdvanceAnswer]:
+        """The answers to the requests ``ids`` that come before ``deadline``."""
+        found: dict[str, aw.AdvanceAnswer] = {}
+        while len(found) < len(ids):
+            left = deadline - time.time()
+            if left <= 0:
+                break
             block = max(1, int(left * 1000))
             got = talking(self.url, f"waiting for producer {self.name!r}", lambda: self._client.xread(
-                {self._reply: self._last}, count=16, block=block))  # noqa: B023 - called at once
+                {self._reply: self._last}, count=100, block=block))  # noqa: B023 - called at once
             seen: list[Any] = []
-            found: aw.AdvanceAnswer | None = None
             for _stream, entries in got or ():
                 for entry in entries:
                     seen.append(entry[0])
@@ -165,15 +211,14 @@ class RemoteProducer:
                     except wire.BadMessage:
                         self.ignored += 1
                         continue
-                    if answer.id == request.id and found is None and time.time() <= request.deadline:
-                        found = answer
+                    if answer.id in ids and answer.id not in found and time.time() <= deadline:
+                        found[answer.id] = answer
                     else:
                         self.ignored += 1
             if seen:
                 talking(self.url, "trimming the reply stream",
                         lambda: self._client.xdel(self._reply, *seen))  # noqa: B023 - called at once
-            if found is not None:
-                return found
+        return found
 
     def close(self) -> None:
         """Drop the connection (a later call reconnects)."""
