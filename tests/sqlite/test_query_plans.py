@@ -18,7 +18,6 @@ two versions: as the library leaves them (no statistics) and after
 
 from __future__ import annotations
 
-import importlib
 import re
 import shutil
 import sqlite3
@@ -30,11 +29,10 @@ from typing import Any
 import pytest
 
 from reliable_flow import Consumer, Producer, relay, relay_batch
+from reliable_flow._store.sqlite.inbox_sql import NEXT_ROW, SqliteInboxSql
+from reliable_flow._store.sqlite.outbox_sql import SqliteOutboxSql
 from reliable_flow.reservation import RESERVATION
 from support import advance_step, envelope
-
-relay_module = importlib.import_module("reliable_flow._store.sqlite.outbox")
-consumer_module = importlib.import_module("reliable_flow._store.sqlite.inbox")
 
 BIG, SMALL = 1000, 3  # flows of three events each
 # Tables whose size is the number of consumer files, not the amount of history.
@@ -136,15 +134,15 @@ def full_scans(conn: sqlite3.Connection, details: list[str], sql: str = "") -> l
 
 HOT_QUERIES = [
     # (id, side, sql, params, what the plan line must say)
-    ("relay._NEXT_DUE", "producer", relay_module.NEXT_DUE, ("default", 1e300, 1), "USING INDEX delivery_due (consumer=?"),
+    ("relay._NEXT_DUE", "producer", SqliteOutboxSql.NEXT_DUE, ("default", 1e300, 1), "USING INDEX delivery_due (consumer=?"),
     ("outbox_by_event_id", "producer", "SELECT seq, body FROM outbox WHERE event_id = ?", ("F7-1",), "(event_id=?)"),
     ("outbox_body_by_pos", "producer", "SELECT body FROM outbox WHERE pos = ?", (7,), "USING INTEGER PRIMARY KEY (rowid=?)"),
     ("flow_by_id", "producer", "SELECT seq, state, data FROM flow WHERE flow_id = ?", ("F7",), "(flow_id=?)"),
     ("delivery_mark", "producer",
      "UPDATE delivery SET state = 'accepted', last_status = ? WHERE consumer = ? AND pos = ?",
      ("accepted", "default", 7), "USING PRIMARY KEY (consumer=? AND pos=?)"),
-    ("consumer.NEXT_ROW", "consumer", consumer_module.NEXT_ROW, ("F7", 2), "(flow_id=? AND seq>?)"),
-    ("consumer.OPEN_FLOWS", "consumer", consumer_module.OPEN_FLOWS, (), "INDEX inbox_open"),
+    ("consumer.NEXT_ROW", "consumer", NEXT_ROW, ("F7", 2), "(flow_id=? AND seq>?)"),
+    ("consumer.OPEN_FLOWS", "consumer", SqliteInboxSql.OPEN_FLOWS, (), "INDEX inbox_open"),
     ("inbox_by_event_id", "consumer", "SELECT body FROM inbox WHERE event_id = ?", ("F7-1",), "(event_id=?)"),
     ("inbox_by_flow_and_seq", "consumer", "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", ("F7", 1),
      "(flow_id=? AND seq=?)"),

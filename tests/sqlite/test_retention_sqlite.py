@@ -76,7 +76,7 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
 
 
 def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_path: Path) -> None:
-    from reliable_flow._store.sqlite import inbox, inbox_sql, outbox_sql
+    from reliable_flow._store.sqlite import inbox_sql, outbox_sql
 
     Producer(tmp_path / "p.db", RESERVATION).close()
     Consumer(tmp_path / "c.db", RESERVATION).close()
@@ -84,7 +84,7 @@ def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_pat
     def plan(path: Path, sql: str, params: tuple[object, ...]) -> str:
         return " | ".join(str(r[3]) for r in sql_rows(path, "EXPLAIN QUERY PLAN " + sql, params))
 
-    insert = plan(tmp_path / "c.db", inbox.INSERT_NEW, ("e", "f", 1, "b", 1.0))
+    insert = plan(tmp_path / "c.db", inbox_sql.INSERT_NEW, ("e", "f", 1, "b", 1.0))
     assert "SEARCH inbox_tombstone USING PRIMARY KEY" in insert and "SEARCH projection" in insert
     outbox = plan(tmp_path / "p.db", outbox_sql.OUTBOX_PRUNABLE, (1.0, "pending", "set_aside", 10))
     assert "SEARCH o USING INTEGER PRIMARY KEY" in outbox and "SEARCH d USING PRIMARY KEY" in outbox

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -37,8 +37,6 @@ class PgView(Dialect):
     server runs them in the order sent, each statement on its own snapshot
     (READ COMMITTED), exactly as when each was its own round trip; a failed
     one aborts the transaction and the rest are skipped."""
-
-    _PARAM: ClassVar[str] = "%s"
 
     def __init__(self, conn: Conn, schema: str, writing: bool) -> None:
         self._conn = conn

@@ -45,9 +45,8 @@ import psycopg
 from ..._envelope import Envelope
 from .. import rows
 from ..records import FlowState, NextRow, PruneStep, StoredRow
-from ..repository.inbox import InboxRepository, InboxSql
+from ..repository.inbox import InboxRepository
 from ..shared import identity_problem
-from . import inbox_sql
 from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database, first_error
 from .inbox_sql import (
@@ -55,7 +54,6 @@ from .inbox_sql import (
     DELETE_EFFECTS,
     DELETE_ROWS,
     EFFECTS_PRUNABLE,
-    FLOW,
     FLOW_AND_NEXT_ROW,
     FLOW_FOR_UPDATE,
     FORGET_HISTORY,
@@ -64,15 +62,15 @@ from .inbox_sql import (
     INSERT_NEW_MANY,
     MAX_POS,
     NEXT_ROW,
-    OPEN_FLOWS,
     ROW_OR_TOMBSTONE,
     Candidate,
+    PgInboxSql,
 )
 from .location import Target, parse
 from .placeholders import pyformat, split
 from .schema import CONSUMER
 
-__all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "PgInbox", "PgInboxStore"]
+__all__ = ["PgInbox", "PgInboxStore"]
 
 # Statements that end, split or reshape the library's transaction.
 _TRANSACTION_CONTROL = frozenset({
@@ -109,7 +107,7 @@ class PgInbox(PgView, InboxRepository):
     :class:`~reliable_flow._store.repository.inbox.InboxRepository`'s."""
 
     engine = "postgres"
-    _SQL: ClassVar[InboxSql] = inbox_sql
+    _SQL: ClassVar[type[PgInboxSql]] = PgInboxSql
 
     def insert_new(self, env: Envelope, received_at: float | None = None) -> bool:
         """Store the event unless its id or its (flow, seq) is taken or pruned; True if stored."""
@@ -130,7 +128,7 @@ class PgInbox(PgView, InboxRepository):
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
-        row = self._one(self._guarded(FLOW, FLOW_FOR_UPDATE), (flow_id,))
+        row = self._one(self._guarded(self._SQL.FLOW, FLOW_FOR_UPDATE), (flow_id,))
         return None if row is None else rows.flow_state(row)
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:

@@ -1,29 +1,21 @@
-"""The consumer's SQL on PostgreSQL: every statement text the consumer side
-runs (:mod:`.inbox` runs them), named so tests can check their status
-literals."""
+"""The consumer's SQL on PostgreSQL: its statement table
+(:class:`PgInboxSql`: the shared statements, rendered with ``%s``, and
+PostgreSQL's texts of those that differ) and the statements only
+:mod:`.inbox` runs, named so tests can check their status literals."""
 
 from __future__ import annotations
 
 from ...statuses import InboxState
+from ..repository.statements import InboxSql, rendered
 from ..rows import EFFECT_SELECT as _COLUMNS
-from .outbox_sql import ADD_META, META_VALUE  # the same meta table on both sides
 
 __all__ = [
-    "ACTION", "ADD_EFFECT", "ADD_META", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DELETE_EFFECTS",
-    "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "DUE_EFFECTS", "DUE_EFFECTS_LOCKED", "EFFECT", "EFFECTS_PRUNABLE", "EFFECT_ACTIONS",
-    "EFFECT_ACTIONS_OF", "EFFECT_COUNTS", "EFFECT_HISTORY", "EFFECT_LIST", "EFFECT_RECORDS", "EFFECT_STARTS",
-    "FLOW", "FLOW_AND_NEXT_ROW", "FLOW_FOR_UPDATE", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "HOLDER",
-    "INBOX_ACTIONS", "INBOX_ACTIONS_OF_EVENT", "INBOX_COUNTS", "INBOX_FLOWS", "INBOX_PRUNABLE", "INSERT",
-    "INSERT_NEW", "INSERT_NEW_MANY", "LAST_SEQ", "MARK_APPLIED", "MAX_POS", "META", "META_VALUE", "NEXT_EFFECT_DUE", "NEXT_ROW",
-    "OPEN_FLOWS", "PROJECTED_FLOWS", "PROJECTION", "RECORD_EFFECT", "RECORD_EFFECT_ACTION", "RECORD_INBOX_ACTION",
-    "RECORD_PRUNE", "REPLACED", "ROW", "ROWS_OF_FLOW", "ROW_OF_EVENT", "ROW_OR_TOMBSTONE", "SET_APP_VERSION",
-    "SET_REPLACED", "SET_SKIPPED", "SKIPPED", "TOMBSTONE", "TOMBSTONE_BURY", "TOMBSTONE_FORGET", "UNAPPLIED",
-    "UNFED", "UPDATE_EFFECT", "UPSERT_PROJECTION", "WAITING_BEHIND", "Candidate",
+    "DELETE_EFFECTS", "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "EFFECTS_PRUNABLE", "FLOW_AND_NEXT_ROW",
+    "FLOW_FOR_UPDATE", "FORGET_HISTORY", "INBOX_PRUNABLE", "INSERT_NEW", "INSERT_NEW_MANY", "MAX_POS", "NEXT_ROW",
+    "ROW_OR_TOMBSTONE", "WAITING_BEHIND", "Candidate", "PgInboxSql",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
-
-APPLIED = InboxState.APPLIED.value
 
 NEXT_ROW = (
     "SELECT seq, event_id, body FROM inbox WHERE flow_id = %s AND seq >= %s AND live = 1 ORDER BY seq LIMIT 1"
@@ -42,10 +34,6 @@ FLOW_AND_NEXT_ROW = (
     "LEFT JOIN p ON true LEFT JOIN LATERAL (SELECT seq, event_id, body FROM inbox "
     "WHERE flow_id = %s AND seq >= coalesce(p.last_seq, 0) + 1 AND live = 1 ORDER BY seq LIMIT 1) n ON true"
 )
-
-OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
-
-INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (%s, %s, %s, %s, %s)"
 
 INSERT_NEW = (
     "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) SELECT %(id)s, %(flow)s, %(seq)s, %(body)s, %(at)s "
@@ -67,33 +55,6 @@ INSERT_NEW_MANY = (
     "ORDER BY n.i ON CONFLICT DO NOTHING RETURNING event_id"
 )
 
-UPSERT_PROJECTION = (
-    "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (%s, %s, %s, %s, %s) "
-    "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
-    "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
-)
-
-INBOX_COUNTS = "SELECT state, reason, count(*) FROM inbox GROUP BY state, reason"
-
-GAPS = (
-    "SELECT count(*) FROM (SELECT flow_id, min(seq) AS first FROM inbox WHERE state IN ('pending','blocked') "
-    "GROUP BY flow_id) o LEFT JOIN projection p ON p.flow_id = o.flow_id "
-    "WHERE o.first > coalesce(p.last_seq, 0) + 1"
-)
-
-# Only a change is written; blocked_at keeps the time the row first became blocked.
-BLOCK = (
-    f"UPDATE inbox SET blocked_at = CASE WHEN state = '{BLOCKED}' THEN blocked_at ELSE %s END, "
-    f"state = '{BLOCKED}', reason = %s, detail = %s "
-    f"WHERE event_id = %s AND (state <> '{BLOCKED}' OR reason IS DISTINCT FROM %s OR detail IS DISTINCT FROM %s)"
-)
-
-SKIPPED = InboxState.SKIPPED.value
-
-REPLACED = InboxState.REPLACED.value
-
-ROW = "SELECT event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body FROM inbox "
-
 # An event id's inbox row or its tombstone, in one read (one snapshot:
 # pruning moves a row from one to the other in one transaction, so the read
 # sees it in exactly one of them, or in neither): a leading true and ROW's
@@ -105,29 +66,10 @@ ROW_OR_TOMBSTONE = (
     "NULL, body_hash FROM inbox_tombstone WHERE event_id = %s"
 )
 
-ACTION = (
-    "SELECT at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id "
-    "FROM consumer_action "
-)
-
 WAITING_BEHIND = (
     "NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p "
     "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
     "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id))"
-)
-
-DUE_EFFECTS = (
-    f"SELECT {_COLUMNS} FROM effect_outbox e "
-    "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= %s AND e.name = ANY({names}) "
-    f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT %s"
-)
-# In a unit the effects taken are locked, and those another claim holds skipped.
-DUE_EFFECTS_LOCKED = DUE_EFFECTS + " FOR UPDATE OF e SKIP LOCKED"
-
-NEXT_EFFECT_DUE = (
-    "SELECT e.due_at FROM effect_outbox e "
-    "WHERE e.state IN ('pending','running','in_doubt') AND e.name = ANY({names}) "
-    f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT 1"
 )
 
 MAX_POS = 9223372036854775807
@@ -148,81 +90,48 @@ EFFECTS_PRUNABLE = (
 
 Candidate = tuple[int, str, str, int, str]
 
-TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = %s"
-
-TOMBSTONE_FORGET = (
-    "DELETE FROM inbox_tombstone WHERE event_id IN "
-    "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
-)
-
-TOMBSTONE_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (%s, %s, %s, %s, %s)"
-
-# The effect history (issue 20): one row per transition, read per key in
-# order; rate limits count the starts (``claimed``) of a name in a window
-# (index effect_history_starts); caps count the claims still leased.
-EFFECT_HISTORY = (
-    "SELECT key, name, at, transition, attempt, owner, detail, due_at FROM effect_history WHERE key = %s ORDER BY id"
-)
-ADD_TRANSITION = (
-    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail, due_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-)
-EFFECT_STARTS = (
-    "SELECT count(*), min(at) FROM effect_history WHERE name = %s AND transition = 'claimed' AND at > %s"
-)
-HELD_EFFECTS = (
-    "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
-    "AND due_at > %s AND name = ANY({names}) GROUP BY name"
-)
 FORGET_HISTORY = "DELETE FROM effect_history WHERE key IN (SELECT key FROM effect_outbox WHERE id = ANY(%s))"
-
-RECORD_PRUNE = (
-    "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (%s, %s, %s, %s, %s)"
-)
-
-# The plain reads and writes (the shared repository's: see
-# reliable_flow._store.repository.inbox.InboxSql).
-META = "SELECT key, value FROM meta"
-PROJECTION = "SELECT state, last_seq, view FROM projection WHERE flow_id = %s"
-LAST_SEQ = "SELECT last_seq FROM projection WHERE flow_id = %s"
-FLOW_FOR_UPDATE = "SELECT state, last_seq, data FROM projection WHERE flow_id = %s FOR UPDATE"
-FLOW = "SELECT state, last_seq, data FROM projection WHERE flow_id = %s"
-EFFECT_RECORDS = "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = %s ORDER BY id"
-INBOX_FLOWS = "SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id"
-PROJECTED_FLOWS = "SELECT flow_id FROM projection ORDER BY flow_id"
-ROWS_OF_FLOW = ROW + "WHERE flow_id = %s AND seq >= %s ORDER BY seq, live NULLS FIRST"
-ROW_OF_EVENT = ROW + "WHERE event_id = %s"
-HOLDER = "SELECT event_id FROM inbox WHERE flow_id = %s AND seq = %s AND live = 1"
-UNAPPLIED = "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state IN ('pending','blocked') LIMIT %s) t"
-RECORD_EFFECT = "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (%s, %s, %s, %s)"
-MARK_APPLIED = f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = %s"
-SET_SKIPPED = f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = %s"
-SET_REPLACED = f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = %s"
-RECORD_INBOX_ACTION = (
-    "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
-    "replacement_event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-INBOX_ACTIONS = ACTION + "ORDER BY id"
-INBOX_ACTIONS_OF_EVENT = ACTION + "WHERE event_id = %s OR replacement_event_id = %s ORDER BY id"
-ADD_EFFECT = (
-    "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
-    "version, fed, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-    "ON CONFLICT(key) DO NOTHING"
-)
-EFFECT = f"SELECT {_COLUMNS} FROM effect_outbox WHERE key = %s"
-EFFECT_LIST = f"SELECT {_COLUMNS} FROM effect_outbox {{where}} ORDER BY id"
-EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
-EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
-EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = %s ORDER BY id"
-RECORD_EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (%s, %s, %s, %s, %s)"
-# Owed feedback: a result, or a failure step (an unknown effect's once due).
-UNFED = (f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND (state IN ('succeeded','dead','cancelled',"
-         "'expired','superseded') OR (state = 'unknown' AND due_at <= %s)) ORDER BY id LIMIT %s")
-UPDATE_EFFECT = "UPDATE effect_outbox SET {assignments}, updated_at = %s WHERE key = %s"
-APP_VERSION = "SELECT version FROM app_schema WHERE name = %s"
-SET_APP_VERSION = (
-    "INSERT INTO app_schema(name, version) VALUES (%s, %s) ON CONFLICT(name) DO UPDATE SET version = excluded.version"
-)
+FLOW_FOR_UPDATE = rendered(InboxSql.FLOW, "%s") + " FOR UPDATE"
 DELETE_EFFECT_RECORDS = "DELETE FROM effect WHERE event_id = ANY(%s)"
 DELETE_ROWS = "DELETE FROM inbox WHERE event_id = ANY(%s)"
 DELETE_EFFECTS = "DELETE FROM effect_outbox WHERE id = ANY(%s)"
+
+
+class PgInboxSql(InboxSql, param="%s"):
+    """The consumer side's statement table on PostgreSQL."""
+
+    ROWS_OF_FLOW = InboxSql.ROW + "WHERE flow_id = %s AND seq >= %s ORDER BY seq, live NULLS FIRST"
+    # Only a change is written; blocked_at keeps the time the row first became blocked.
+    BLOCK = (
+        f"UPDATE inbox SET blocked_at = CASE WHEN state = '{BLOCKED}' THEN blocked_at ELSE %s END, "
+        f"state = '{BLOCKED}', reason = %s, detail = %s "
+        f"WHERE event_id = %s AND (state <> '{BLOCKED}' OR reason IS DISTINCT FROM %s OR detail IS DISTINCT FROM %s)"
+    )
+    DUE_EFFECTS = (
+        f"SELECT {_COLUMNS} FROM effect_outbox e "
+        "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= %s AND e.name = ANY({names}) "
+        f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT %s"
+    )
+    # In a unit the effects taken are locked, and those another claim holds skipped.
+    DUE_EFFECTS_LOCKED = DUE_EFFECTS + " FOR UPDATE OF e SKIP LOCKED"
+    NEXT_EFFECT_DUE = (
+        "SELECT e.due_at FROM effect_outbox e "
+        "WHERE e.state IN ('pending','running','in_doubt') AND e.name = ANY({names}) "
+        f"AND {WAITING_BEHIND} ORDER BY e.due_at, e.id LIMIT 1"
+    )
+    # Rate limits count the starts (``claimed``) of a name in a window (index
+    # effect_history_starts); caps count the claims still leased.
+    EFFECT_STARTS = (
+        "SELECT count(*), min(at) FROM effect_history WHERE name = %s AND transition = 'claimed' AND at > %s"
+    )
+    HELD_EFFECTS = (
+        "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
+        "AND due_at > %s AND name = ANY({names}) GROUP BY name"
+    )
+    # Owed feedback: a result, or a failure step (an unknown effect's once due).
+    UNFED = (f"SELECT {_COLUMNS} FROM effect_outbox WHERE fed = 0 AND (state IN ('succeeded','dead','cancelled',"
+             "'expired','superseded') OR (state = 'unknown' AND due_at <= %s)) ORDER BY id LIMIT %s")
+    TOMBSTONE_FORGET = (
+        "DELETE FROM inbox_tombstone WHERE event_id IN "
+        "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+    )

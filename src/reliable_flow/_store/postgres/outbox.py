@@ -54,37 +54,31 @@ from ..._envelope import Envelope
 from .. import rows
 from ..binding import BindingMemo
 from ..records import FlowState, PruneStep, StoredEvent
-from ..repository.outbox import REGISTRY_LOCK, OutboxRepository, OutboxSql
+from ..repository.outbox import REGISTRY_LOCK, OutboxRepository
 from ..shared import identity_problem
 from ..watch import channel
-from . import outbox_sql
 from .base import PgStore, PgView
 from .connection import DEFAULT_LOCK_TIMEOUT, Conn, Database
 from .location import Target, parse
 from .outbox_sql import (
-    ANY_CONSUMER,
     APPEND,
     BACKLOG,
     CLAIM,
     FIND_EVENT,
-    FLOW,
     FLOW_FOR_UPDATE,
     LOCK_DELIVERIES,
-    MARK_CONFLICT,
-    MARK_DELIVERED,
     MAX_POS,
-    NEXT_DUE,
-    NEXT_DUE_AT,
     OUTBOX_PRUNABLE,
     STILL_WAITING,
     UPSERT_FLOW,
     WAITING,
     Candidate,
+    PgOutboxSql,
 )
 from .schema import PRODUCER
 from .watch import PgSignal
 
-__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "PgOutbox", "PgOutboxStore"]
+__all__ = ["PgOutbox", "PgOutboxStore"]
 
 
 class PgOutbox(PgView, OutboxRepository):
@@ -92,7 +86,7 @@ class PgOutbox(PgView, OutboxRepository):
     locks and pipelined reads), claims, marks and pruning here; the rest is
     :class:`~reliable_flow._store.repository.outbox.OutboxRepository`'s."""
 
-    _SQL: ClassVar[OutboxSql] = outbox_sql
+    _SQL: ClassVar[type[PgOutboxSql]] = PgOutboxSql
 
     def find_event(self, event_id: str) -> StoredEvent | None:
         # The lock, then the read: two statements (the read's snapshot
@@ -124,7 +118,7 @@ class PgOutbox(PgView, OutboxRepository):
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         self._lock("flow", flow_id)
-        row = self._one(self._guarded(FLOW, FLOW_FOR_UPDATE), (flow_id,))
+        row = self._one(self._guarded(self._SQL.FLOW, FLOW_FOR_UPDATE), (flow_id,))
         return None if row is None else rows.flow_state(row)
 
     def backlog(self, cap: int) -> int:
@@ -156,9 +150,9 @@ class PgOutbox(PgView, OutboxRepository):
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
         cur = self._cursor()
         if delivered:
-            cur.executemany(MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
+            cur.executemany(self._SQL.MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
         if conflicts:
-            cur.executemany(MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
+            cur.executemany(self._SQL.MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         step = self._prune_outbox(horizon, now, limit)
@@ -167,7 +161,7 @@ class PgOutbox(PgView, OutboxRepository):
 
     def _prune_outbox(self, horizon: float, now: float, limit: int) -> PruneStep:
         self._lock(REGISTRY_LOCK, shared=True)
-        if self._one(ANY_CONSUMER) is None:
+        if self._one(self._SQL.ANY_CONSUMER) is None:
             return PruneStep(0)  # no consumer yet: every event is still owed to the first one
         found = self._rows(OUTBOX_PRUNABLE, (horizon, MAX_POS, WAITING, limit))
         if not found:

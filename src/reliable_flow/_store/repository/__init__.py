@@ -1,7 +1,9 @@
 """The repositories, written once over an engine's dialect.
 
 An engine supplies a :class:`~.dialect.Dialect` (how one of its statements
-runs, its advisory and row locks) and one table of its statement texts;
+runs, its advisory and row locks) and one table of its statement texts:
+the shared ones (:mod:`.statements`) rendered for it, and its own where the
+SQL truly differs;
 the outbox, inbox and effect outbox methods that do the same on every
 engine are written here, once.  What an engine still writes itself is what
 truly differs: its reads ahead and batching (SQLite), its locks and

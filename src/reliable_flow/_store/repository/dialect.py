@@ -3,39 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from ..._envelope import body_hash
 from .. import rows as _rows
 from ..records import PruneStep, Tombstone
+from .statements import SideSql
 
-__all__ = ["Dialect", "MetaSql", "Row", "SideSql", "TombstoneSql"]
+__all__ = ["Dialect", "Row"]
 
 Row = tuple[Any, ...]
-
-
-class TombstoneSql(Protocol):
-    """A side's tombstone statements, in its engine's statement table."""
-
-    #: The tombstone of an event id (flow, seq, body hash).
-    TOMBSTONE: str
-    #: Forget tombstones stamped before ``?``, at most ``?``.
-    TOMBSTONE_FORGET: str
-    #: Bury a pruned row (event id, flow, seq, body hash, stamp).
-    TOMBSTONE_BURY: str
-
-
-class MetaSql(Protocol):
-    """A side's statements on its ``meta`` table (key, value), in its engine's statement table."""
-
-    #: The value of key ``?``.
-    META_VALUE: str
-    #: Insert key ``?`` with value ``?`` unless the key is there (the row already there stays).
-    ADD_META: str
-
-
-class SideSql(TombstoneSql, MetaSql, Protocol):
-    """What every side's statement table names, whatever else it holds."""
 
 
 class Dialect:
@@ -45,10 +22,8 @@ class Dialect:
     runs it through one of these; nothing else of the engine is seen.  The
     tombstone methods, the same on every engine, are written here once."""
 
-    #: The engine's parameter placeholder (``?`` or ``%s``).
-    _PARAM: ClassVar[str]
-    #: The engine's statement table for this side.
-    _SQL: ClassVar[SideSql]
+    #: The engine's statement table for this side (its placeholder: ``_SQL.PARAM``).
+    _SQL: ClassVar[type[SideSql]]
     # The tombstone read by the same statement as an id's own row, for the
     # tombstone() call that follows it when there was no row.
     _looked_up: tuple[str, Tombstone | None] | None = None

@@ -2,8 +2,8 @@
 once: the inbox as receive, apply and an operator read and repair it, the
 effect outbox, and the application's schema versions.
 
-Each picks its statement from the engine's table (:class:`InboxSql`, the
-engine's ``inbox_sql`` module) and runs it through the engine's
+Each picks its statement from the engine's table (its ``inbox_sql``, an
+:class:`~.statements.InboxSql` with the shared texts) and runs it through the engine's
 :class:`~.dialect.Dialect`.  On PostgreSQL ``holder`` locks the flow,
 ``unapplied`` the schema's room, ``app_version`` the application's schema
 and ``lock_effect_names`` each name (advisory, until the unit ends); on
@@ -13,7 +13,7 @@ SQLite a unit holds the file's write lock and these take nothing more.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from ..._envelope import Envelope
 from ...records import AppliedEvent, EffectTransition, OperatorAction, ScheduledEffect
@@ -22,62 +22,16 @@ from .. import rows
 from ..effects import NewEffect
 from ..records import InboxCounts, PruneStep, StoredRow
 from ..shared import effect_changes
-from .dialect import Dialect, SideSql
+from .dialect import Dialect
+from .statements import InboxSql
 
-__all__ = ["InboxRepository", "InboxSql"]
-
-
-class InboxSql(SideSql, Protocol):
-    """The consumer side's statements an engine's table names (see each engine's ``inbox_sql``)."""
-
-    META: str
-    PROJECTION: str
-    LAST_SEQ: str
-    EFFECT_RECORDS: str
-    INBOX_FLOWS: str
-    PROJECTED_FLOWS: str
-    OPEN_FLOWS: str
-    INBOX_COUNTS: str
-    GAPS: str
-    ROWS_OF_FLOW: str
-    ROW_OF_EVENT: str
-    HOLDER: str
-    UNAPPLIED: str
-    INSERT: str
-    BLOCK: str
-    UPSERT_PROJECTION: str
-    RECORD_EFFECT: str
-    MARK_APPLIED: str
-    SET_SKIPPED: str
-    SET_REPLACED: str
-    RECORD_INBOX_ACTION: str
-    INBOX_ACTIONS: str
-    INBOX_ACTIONS_OF_EVENT: str
-    ADD_EFFECT: str
-    EFFECT: str
-    EFFECT_LIST: str
-    EFFECT_COUNTS: str
-    EFFECT_ACTIONS: str
-    EFFECT_ACTIONS_OF: str
-    RECORD_EFFECT_ACTION: str
-    UNFED: str
-    DUE_EFFECTS: str
-    DUE_EFFECTS_LOCKED: str
-    NEXT_EFFECT_DUE: str
-    HELD_EFFECTS: str
-    EFFECT_HISTORY: str
-    EFFECT_STARTS: str
-    ADD_TRANSITION: str
-    UPDATE_EFFECT: str
-    APP_VERSION: str
-    SET_APP_VERSION: str
-    RECORD_PRUNE: str
+__all__ = ["InboxRepository"]
 
 
 class InboxRepository(Dialect):
     """The consumer side's reads and writes that need no engine of their own."""
 
-    _SQL: ClassVar[InboxSql]
+    _SQL: ClassVar[type[InboxSql]]
 
     def meta(self) -> dict[str, str]:
         return {str(k): str(v) for k, v in self._rows(self._SQL.META)}
@@ -184,11 +138,11 @@ class InboxRepository(Dialect):
         params: list[Any] = []
         for column, value in (("state", None if state is None else EffectState(state).value), ("flow_id", flow_id)):
             if value is not None:
-                where.append(f"{column} = {self._PARAM}")
+                where.append(f"{column} = {self._SQL.PARAM}")
                 params.append(value)
         sql = self._SQL.EFFECT_LIST.format(where=("WHERE " + " AND ".join(where)) if where else "")
         if limit is not None:
-            sql, params = f"{sql} LIMIT {self._PARAM}", [*params, limit]
+            sql, params = f"{sql} LIMIT {self._SQL.PARAM}", [*params, limit]
         return [rows.effect(r) for r in self._rows(sql, params)]
 
     def effect_counts(self) -> dict[str, int]:
@@ -237,7 +191,7 @@ class InboxRepository(Dialect):
 
     def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
         columns, values = effect_changes(changes)  # only EFFECT_COLUMNS: safe to name in the text
-        assignments = ", ".join(f"{c} = {self._PARAM}" for c in columns)
+        assignments = ", ".join(f"{c} = {self._SQL.PARAM}" for c in columns)
         self._send(self._SQL.UPDATE_EFFECT.format(assignments=assignments), (*values, now, key))
 
     def add_transitions(self, rows: Sequence[EffectTransition]) -> None:

@@ -1,7 +1,7 @@
 """The producer side's methods that every engine runs the same way, written once.
 
-Each picks its statement from the engine's table (:class:`OutboxSql`, the
-engine's ``outbox_sql`` module) and runs it through the engine's
+Each picks its statement from the engine's table (its ``outbox_sql``, an
+:class:`~.statements.OutboxSql` with the shared texts) and runs it through the engine's
 :class:`~.dialect.Dialect`.  The locks are the engine's: on PostgreSQL the
 registry reads and changes take the schema's ``registry`` advisory lock and
 the guarding reads of a unit lock their rows; on SQLite a unit holds the
@@ -10,64 +10,26 @@ file's write lock, so both are nothing.
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from ...delivery import Retry
 from ...records import ConsumerEntry, OperatorAction, OutboxEntry
 from ...statuses import ActionTarget, DeliveryState
 from .. import rows
 from ..records import OutboxCounts, PruneStep
-from .dialect import Dialect, SideSql
+from .dialect import Dialect
+from .statements import OutboxSql
 
-__all__ = ["REGISTRY_LOCK", "OutboxRepository", "OutboxSql"]
+__all__ = ["REGISTRY_LOCK", "OutboxRepository"]
 
 #: The advisory lock that orders registrations against appends and pruning.
 REGISTRY_LOCK = "registry"
 
 
-class OutboxSql(SideSql, Protocol):
-    """The producer side's statements an engine's table names (see each engine's ``outbox_sql``)."""
-
-    FLOWS: str
-    EVENTS: str
-    EVENTS_OF_FLOW: str
-    DELIVERIES: str
-    DELIVERIES_OF_FLOW: str
-    DELIVERY_COUNTS: str
-    COUNT_EVENTS: str
-    COUNT_FLOWS: str
-    CONSUMER_NAMES: str
-    OPERATOR_ACTIONS: str
-    OPERATOR_ACTIONS_OF_EVENT: str
-    RECORD_ACTION: str
-    REGISTRY_ACTIONS: str
-    REGISTRY_ACTIONS_OF: str
-    RECORD_REGISTRY_ACTION: str
-    ANY_CONSUMER: str
-    IS_REGISTERED: str
-    REGISTER: str
-    PENDING_FOR_ALL: str
-    BOUND_UID: str
-    BIND: str
-    FORGET_DELIVERIES_OF: str
-    REMOVE_CONSUMER: str
-    CONSUMERS: str
-    SET_RETRY: str
-    RESOLVE: str
-    NEXT_DUE: str
-    NEXT_DUE_LOCKED: str
-    NEXT_DUE_AT: str
-    PENDING_FAILURES: str
-    PENDING_FAILURES_LOCKED: str
-    DELIVERY_STATE: str
-    DELIVERY_STATE_LOCKED: str
-    RECORD_PRUNE: str
-
-
 class OutboxRepository(Dialect):
     """The producer side's reads and writes that need no engine of their own."""
 
-    _SQL: ClassVar[OutboxSql]
+    _SQL: ClassVar[type[OutboxSql]]
 
     def protocol_name(self) -> str | None:
         return self.meta_value("protocol")

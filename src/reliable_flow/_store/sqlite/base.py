@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..repository.dialect import Dialect, Row
 from .connection import Database
@@ -56,8 +56,6 @@ class SqliteDialect(Dialect):
     A unit of work holds the file's write lock from its first statement
     (``BEGIN IMMEDIATE``), so there is no lock to take and no row to lock:
     :meth:`_lock` does nothing and :meth:`_guarded` picks the plain read."""
-
-    _PARAM: ClassVar[str] = "?"
 
     def __init__(self, conn: sqlite3.Connection, keeps: Callable[[str], bool]) -> None:
         self._conn = Statements(conn, keeps, self._settle)

@@ -24,37 +24,26 @@ from typing import Any, ClassVar
 from ..._envelope import Envelope
 from .. import rows
 from ..records import FlowState, NextRow, PruneStep
-from ..repository.inbox import InboxRepository, InboxSql
+from ..repository.inbox import InboxRepository
 from ..shared import identity_problem
-from . import inbox_sql
 from .base import SqliteDialect, SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .inbox_sql import (
-    ADD_EFFECT,
-    ADD_TRANSITION,
-    BLOCK,
     EFFECTS_PRUNABLE,
-    FLOW,
     FLOW_AHEAD,
     FORGET_HISTORY,
     INBOX_PRUNABLE,
     INSERT_NEW,
     INSERT_NEW_RETURNING,
-    LAST_SEQ,
-    MARK_APPLIED,
     NEXT_ROW,
     NEXT_ROW_AHEAD,
-    OPEN_FLOWS,
-    RECORD_EFFECT,
-    RECORD_EFFECT_ACTION,
     RETURNING,
-    SET_APP_VERSION,
-    UPSERT_PROJECTION,
+    SqliteInboxSql,
     insert_chunks,
 )
 from .schema import CONSUMER
 
-__all__ = ["INSERT_NEW", "NEXT_ROW", "OPEN_FLOWS", "SqliteInbox", "SqliteInboxStore"]
+__all__ = ["SqliteInbox", "SqliteInboxStore"]
 
 _REFUSED_ACTIONS = frozenset({
     sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT, sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH,
@@ -67,9 +56,10 @@ def _allow_all(*_: object) -> int:
 # The writes of an apply and of the effect outbox: none adds, frees or
 # removes an inbox row (its slot), nor writes a projection behind
 # put_projection's back, so what a unit read ahead stays true.
+_T = SqliteInboxSql
 _APPLY_WRITES = frozenset({
-    BLOCK, UPSERT_PROJECTION, RECORD_EFFECT, MARK_APPLIED, ADD_EFFECT, ADD_TRANSITION, RECORD_EFFECT_ACTION,
-    SET_APP_VERSION, "SAVEPOINT step", "RELEASE step",
+    _T.BLOCK, _T.UPSERT_PROJECTION, _T.RECORD_EFFECT, _T.MARK_APPLIED, _T.ADD_EFFECT, _T.ADD_TRANSITION,
+    _T.RECORD_EFFECT_ACTION, _T.SET_APP_VERSION, "SAVEPOINT step", "RELEASE step",
 })
 
 
@@ -85,7 +75,7 @@ class SqliteInbox(SqliteDialect, InboxRepository):
     :class:`~reliable_flow._store.repository.inbox.InboxRepository`'s."""
 
     engine = "sqlite"
-    _SQL: ClassVar[InboxSql] = inbox_sql
+    _SQL: ClassVar[type[SqliteInboxSql]] = SqliteInboxSql
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         super().__init__(conn, _keeps)
@@ -135,11 +125,11 @@ class SqliteInbox(SqliteDialect, InboxRepository):
         if flow_id in self._known:
             known = self._known[flow_id]
             return 0 if known is None else int(known[1])
-        row = self._one(LAST_SEQ, (flow_id,))
+        row = self._one(self._SQL.LAST_SEQ, (flow_id,))
         return int(row[0]) if row else 0
 
     def flow_state(self, flow_id: str) -> FlowState | None:
-        known = self._known[flow_id] if flow_id in self._known else self._one(FLOW, (flow_id,))
+        known = self._known[flow_id] if flow_id in self._known else self._one(self._SQL.FLOW, (flow_id,))
         return None if known is None else rows.flow_state(known)
 
     def flow_and_next_row(self, flow_id: str) -> tuple[FlowState | None, NextRow | None]:
@@ -177,7 +167,7 @@ class SqliteInbox(SqliteDialect, InboxRepository):
 
     def put_projection(self, flow_id: str, state: str, seq: int, data: str, view: str) -> None:
         self._known.pop(flow_id, None)
-        self._send(UPSERT_PROJECTION, (flow_id, state, seq, data, view))
+        self._send(self._SQL.UPSERT_PROJECTION, (flow_id, state, seq, data, view))
         if self._conn.in_transaction:
             self._known[flow_id] = (state, seq, data)
 

@@ -1,6 +1,7 @@
-"""The consumer file's SQL on SQLite: every statement text the consumer side
-runs (:mod:`.inbox` runs them), named so tests can check their plans and
-their status literals."""
+"""The consumer file's SQL on SQLite: its statement table
+(:class:`SqliteInboxSql`: the shared statements and SQLite's texts of those
+that differ) and the statements only :mod:`.inbox` runs, named so tests can
+check their plans and their status literals."""
 
 from __future__ import annotations
 
@@ -8,27 +9,16 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 
 from ..._envelope import Envelope
-from ...statuses import (
-    InboxState,
-)
+from ...statuses import InboxState
+from ..repository.statements import InboxSql
 from ..rows import EFFECT_SELECT as _COLUMNS
-from .outbox_sql import ADD_META, META_VALUE  # the same meta table on both sides
 
 __all__ = [
-    "ACTION", "ADD_EFFECT", "ADD_META", "ADD_TRANSITION", "APPLIED", "APP_VERSION", "BLOCK", "BLOCKED", "DUE_EFFECTS", "DUE_EFFECTS_LOCKED", "EFFECT",
-    "EFFECTS_PRUNABLE", "EFFECT_ACTIONS", "EFFECT_ACTIONS_OF", "EFFECT_COUNTS", "EFFECT_HISTORY", "EFFECT_LIST",
-    "EFFECT_RECORDS", "EFFECT_STARTS", "FLOW", "FLOW_AHEAD", "FORGET_HISTORY", "GAPS", "HELD_EFFECTS", "HOLDER",
-    "INBOX_ACTIONS", "INBOX_ACTIONS_OF_EVENT", "INBOX_COUNTS", "INBOX_FLOWS", "INBOX_PRUNABLE", "INSERT",
-    "INSERT_MAX", "INSERT_NEW", "INSERT_NEW_RETURNING", "LAST_SEQ", "MARK_APPLIED", "META", "META_VALUE", "NEXT_EFFECT_DUE",
-    "NEXT_ROW", "NEXT_ROW_AHEAD", "OPEN_FLOWS", "PROJECTED_FLOWS", "PROJECTION", "RECORD_EFFECT",
-    "RECORD_EFFECT_ACTION", "RECORD_INBOX_ACTION", "RECORD_PRUNE", "REPLACED", "RETURNING", "ROW", "ROWS_OF_FLOW",
-    "ROW_OF_EVENT", "SET_APP_VERSION", "SET_REPLACED", "SET_SKIPPED", "SKIPPED", "TOMBSTONE", "TOMBSTONE_BURY",
-    "TOMBSTONE_FORGET", "UNAPPLIED", "UNFED", "UPDATE_EFFECT", "UPSERT_PROJECTION", "insert_chunks",
+    "EFFECTS_PRUNABLE", "FLOW_AHEAD", "FORGET_HISTORY", "INBOX_PRUNABLE", "INSERT_MAX", "INSERT_NEW",
+    "INSERT_NEW_RETURNING", "NEXT_ROW", "NEXT_ROW_AHEAD", "RETURNING", "SqliteInboxSql", "insert_chunks",
 ]
 
 BLOCKED = InboxState.BLOCKED.value
-
-APPLIED = InboxState.APPLIED.value
 
 # The hot queries, named so tests can check their plans use an index.
 # NEXT_ROW answers "next row, gap or idle" in one probe: the first inbox row
@@ -53,10 +43,6 @@ FLOW_AHEAD = (
     "AND seq >= coalesce((SELECT last_seq FROM projection WHERE flow_id = ?1), 0) + 1 AND live = 1 "
     f"ORDER BY seq LIMIT {NEXT_ROW_AHEAD})"
 )
-
-OPEN_FLOWS = "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') ORDER BY flow_id"
-
-INSERT = "INSERT INTO inbox(event_id, flow_id, seq, body, received_at) VALUES (?, ?, ?, ?, ?)"
 
 # The common receive in one statement: stored unless the id or the slot is
 # taken, the id is tombstoned (a pruned event), or the seq is at or before
@@ -107,75 +93,6 @@ def insert_chunks(envs: Sequence[Envelope]) -> Iterator[tuple[Sequence[Envelope]
         start += size
 
 
-RECORD_EFFECT = "INSERT INTO effect(event_id, flow_id, seq, kind) VALUES (?, ?, ?, ?)"
-MARK_APPLIED = f"UPDATE inbox SET state = '{APPLIED}', reason = NULL, detail = NULL WHERE event_id = ?"
-ADD_EFFECT = (
-    "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
-    "version, fed, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT(key) DO NOTHING"
-)
-RECORD_EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
-SET_APP_VERSION = (
-    "INSERT INTO app_schema(name, version) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET version = excluded.version"
-)
-
-UPSERT_PROJECTION = (
-    "INSERT INTO projection(flow_id, state, last_seq, data, view) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT(flow_id) DO UPDATE SET state = excluded.state, "
-    "last_seq = excluded.last_seq, data = excluded.data, view = excluded.view"
-)
-
-# Metrics.  A flow is at a gap when its first row still waiting (pending or
-# blocked) is past last_seq + 1.
-INBOX_COUNTS = "SELECT state, reason, count(*) FROM inbox GROUP BY state, reason"
-
-GAPS = (
-    "SELECT count(*) FROM (SELECT flow_id, min(seq) AS first FROM inbox WHERE state IN ('pending','blocked') "
-    "GROUP BY flow_id) o LEFT JOIN projection p ON p.flow_id = o.flow_id "
-    "WHERE o.first > coalesce(p.last_seq, 0) + 1"
-)
-
-# Only a change is written: re-examining an unchanged block then costs no
-# fsync (a transaction without writes commits for free).
-# blocked_at keeps the time the row first became blocked.
-BLOCK = (
-    f"UPDATE inbox SET blocked_at = CASE WHEN state = '{BLOCKED}' THEN blocked_at ELSE ? END, "
-    f"state = '{BLOCKED}', reason = ?, detail = ? "
-    f"WHERE event_id = ? AND (state <> '{BLOCKED}' OR reason IS NOT ? OR detail IS NOT ?)"
-)
-
-SKIPPED = InboxState.SKIPPED.value
-
-REPLACED = InboxState.REPLACED.value
-
-ROW = "SELECT event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body FROM inbox "
-
-ACTION = (
-    "SELECT at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id "
-    "FROM consumer_action "
-)
-
-# The predicates repeat the partial indexes' text, so SQLite uses them.
-DUE_EFFECTS = (
-    f"SELECT {_COLUMNS} FROM effect_outbox e INDEXED BY effect_due "
-    "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= ? AND e.name IN ({names}) "
-    "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
-    "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
-    "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
-    "ORDER BY e.due_at, e.id LIMIT ?"
-)
-DUE_EFFECTS_LOCKED = DUE_EFFECTS  # a unit holds the file's write lock
-
-# The earliest time DUE_EFFECTS will pick something up (same predicates, any time).
-NEXT_EFFECT_DUE = (
-    "SELECT e.due_at FROM effect_outbox e INDEXED BY effect_due "
-    "WHERE e.state IN ('pending','running','in_doubt') AND e.name IN ({names}) "
-    "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
-    "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
-    "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
-    "ORDER BY e.due_at, e.id LIMIT 1"
-)
-
 # Consumer: rows before the first received after the horizon (NULL
 # received_at: before v3, old enough) that are done (applied, skipped,
 # replaced) and at or before their flow's last applied seq.
@@ -187,16 +104,6 @@ INBOX_PRUNABLE = (
     "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.rowid LIMIT ?"
 )
 
-TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = ?"
-
-# A scan, but of a table that forgetting keeps to the window's size.
-TOMBSTONE_FORGET = (
-    "DELETE FROM inbox_tombstone WHERE event_id IN "
-    "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < ? LIMIT ?)"
-)
-
-TOMBSTONE_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
-
 # Finished effect-outbox rows (final, and fed when feedback was asked for),
 # last written before the horizon; through the index by state.  ``dead`` and
 # ``unknown`` wait for an operator and are kept.
@@ -206,61 +113,59 @@ EFFECTS_PRUNABLE = (
     "AND (fed IS NULL OR fed = 1) ORDER BY state, id LIMIT ?"
 )
 
-# The effect history (issue 20): one row per transition, read per key in
-# order; rate limits count the starts (``claimed``) of a name in a window
-# (index effect_history_starts); caps count the claims still leased.
-EFFECT_HISTORY = (
-    "SELECT key, name, at, transition, attempt, owner, detail, due_at FROM effect_history WHERE key = ? ORDER BY id"
-)
-ADD_TRANSITION = (
-    "INSERT INTO effect_history(key, name, at, transition, attempt, owner, detail, due_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-EFFECT_STARTS = (
-    "SELECT count(*), min(at) FROM effect_history INDEXED BY effect_history_starts "
-    "WHERE name = ? AND transition = 'claimed' AND at > ?"
-)
-HELD_EFFECTS = (
-    "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
-    "AND due_at > ? AND name IN ({names}) GROUP BY name"
-)
 FORGET_HISTORY = "DELETE FROM effect_history WHERE key = (SELECT key FROM effect_outbox WHERE id = ?)"
 
-RECORD_PRUNE = (
-    "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (?, ?, ?, ?, ?)"
-)
 
-# The plain reads and writes (the shared repository's: see
-# reliable_flow._store.repository.inbox.InboxSql).
-META = "SELECT key, value FROM meta"
-PROJECTION = "SELECT state, last_seq, view FROM projection WHERE flow_id = ?"
-LAST_SEQ = "SELECT last_seq FROM projection WHERE flow_id = ?"
-FLOW = "SELECT state, last_seq, data FROM projection WHERE flow_id = ?"
-EFFECT_RECORDS = "SELECT event_id, flow_id, seq, kind FROM effect WHERE flow_id = ? ORDER BY id"
-INBOX_FLOWS = "SELECT DISTINCT flow_id FROM inbox ORDER BY flow_id"
-PROJECTED_FLOWS = "SELECT flow_id FROM projection ORDER BY flow_id"
-ROWS_OF_FLOW = ROW + "WHERE flow_id = ? AND seq >= ? ORDER BY seq, live"
-ROW_OF_EVENT = ROW + "WHERE event_id = ?"
-HOLDER = "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ? AND live = 1"
-UNAPPLIED = "SELECT count(*) FROM (SELECT 1 FROM inbox WHERE state IN ('pending','blocked') LIMIT ?)"
-SET_SKIPPED = f"UPDATE inbox SET state = '{SKIPPED}' WHERE event_id = ?"
-SET_REPLACED = f"UPDATE inbox SET state = '{REPLACED}', live = NULL WHERE event_id = ?"
-RECORD_INBOX_ACTION = (
-    "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
-    "replacement_event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-INBOX_ACTIONS = ACTION + "ORDER BY id"
-INBOX_ACTIONS_OF_EVENT = ACTION + "WHERE event_id = ? OR replacement_event_id = ? ORDER BY id"
-EFFECT = f"SELECT {_COLUMNS} FROM effect_outbox WHERE key = ?"
-EFFECT_LIST = f"SELECT {_COLUMNS} FROM effect_outbox {{where}} ORDER BY id"
-EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
-EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
-EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = ? ORDER BY id"
-# Owed feedback: a result, or a failure step (an unknown effect's once due).
-UNFED = (
-    f"SELECT {_COLUMNS} FROM effect_outbox INDEXED BY effect_unfed WHERE fed = 0 "
-    "AND (state IN ('succeeded','dead','cancelled','expired','superseded') OR (state = 'unknown' AND due_at <= ?)) "
-    "ORDER BY id LIMIT ?"
-)
-UPDATE_EFFECT = "UPDATE effect_outbox SET {assignments}, updated_at = ? WHERE key = ?"
-APP_VERSION = "SELECT version FROM app_schema WHERE name = ?"
+
+class SqliteInboxSql(InboxSql, param="?"):
+    """The consumer side's statement table on SQLite."""
+
+    ROWS_OF_FLOW = InboxSql.ROW + "WHERE flow_id = ? AND seq >= ? ORDER BY seq, live"
+    # Only a change is written: re-examining an unchanged block then costs no
+    # fsync (a transaction without writes commits for free).
+    # blocked_at keeps the time the row first became blocked.
+    BLOCK = (
+        f"UPDATE inbox SET blocked_at = CASE WHEN state = '{BLOCKED}' THEN blocked_at ELSE ? END, "
+        f"state = '{BLOCKED}', reason = ?, detail = ? "
+        f"WHERE event_id = ? AND (state <> '{BLOCKED}' OR reason IS NOT ? OR detail IS NOT ?)"
+    )
+    # The predicates repeat the partial indexes' text, so SQLite uses them.
+    DUE_EFFECTS = (
+        f"SELECT {_COLUMNS} FROM effect_outbox e INDEXED BY effect_due "
+        "WHERE e.state IN ('pending','running','in_doubt') AND e.due_at <= ? AND e.name IN ({names}) "
+        "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
+        "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
+        "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
+        "ORDER BY e.due_at, e.id LIMIT ?"
+    )
+    DUE_EFFECTS_LOCKED = DUE_EFFECTS  # a unit holds the file's write lock
+    # The earliest time DUE_EFFECTS will pick something up (same predicates, any time).
+    NEXT_EFFECT_DUE = (
+        "SELECT e.due_at FROM effect_outbox e INDEXED BY effect_due "
+        "WHERE e.state IN ('pending','running','in_doubt') AND e.name IN ({names}) "
+        "AND NOT (e.ordered = 1 AND EXISTS (SELECT 1 FROM effect_outbox p INDEXED BY effect_open_ordered "
+        "WHERE p.flow_id = e.flow_id AND p.ordered = 1 "
+        "AND p.state IN ('pending','running','in_doubt','dead','unknown') AND p.id < e.id)) "
+        "ORDER BY e.due_at, e.id LIMIT 1"
+    )
+    # Rate limits count the starts (``claimed``) of a name in a window (index
+    # effect_history_starts); caps count the claims still leased.
+    EFFECT_STARTS = (
+        "SELECT count(*), min(at) FROM effect_history INDEXED BY effect_history_starts "
+        "WHERE name = ? AND transition = 'claimed' AND at > ?"
+    )
+    HELD_EFFECTS = (
+        "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
+        "AND due_at > ? AND name IN ({names}) GROUP BY name"
+    )
+    # Owed feedback: a result, or a failure step (an unknown effect's once due).
+    UNFED = (
+        f"SELECT {_COLUMNS} FROM effect_outbox INDEXED BY effect_unfed WHERE fed = 0 "
+        "AND (state IN ('succeeded','dead','cancelled','expired','superseded') OR (state = 'unknown' AND due_at <= ?)) "
+        "ORDER BY id LIMIT ?"
+    )
+    # A scan, but of a table that forgetting keeps to the window's size.
+    TOMBSTONE_FORGET = (
+        "DELETE FROM inbox_tombstone WHERE event_id IN "
+        "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < ? LIMIT ?)"
+    )

@@ -32,14 +32,12 @@ from ...errors import StorageError
 from .. import rows
 from ..binding import BindingMemo
 from ..records import FlowState, PruneStep, StoredEvent
-from ..repository.outbox import OutboxRepository, OutboxSql
+from ..repository.outbox import OutboxRepository
 from ..shared import identity_problem
-from . import outbox_sql
 from .base import SqliteDialect, SqliteStore
 from .connection import DEFAULT_BUSY_TIMEOUT, Database, PathLike
 from .errors import storage_error
 from .outbox_sql import (
-    ANY_CONSUMER,
     APPEND,
     BACKLOG,
     BACKLOG_BEFORE_CONSUMERS,
@@ -47,28 +45,23 @@ from .outbox_sql import (
     DELIVER_FROM,
     FIND_EVENT,
     FIND_EVENT_AND_FLOW,
-    FLOW,
-    MARK_CONFLICT,
-    MARK_DELIVERED,
-    NEXT_DUE,
-    NEXT_DUE_AT,
     OUTBOX_PRUNABLE,
-    TOMBSTONE,
     UPSERT_FLOW,
     WAITING,
+    SqliteOutboxSql,
     by_status,
     in_chunks,
 )
 from .schema import PRODUCER
 from .watch import SqliteSignal
 
-__all__ = ["NEXT_DUE", "NEXT_DUE_AT", "SqliteOutbox", "SqliteOutboxStore"]
+__all__ = ["SqliteOutbox", "SqliteOutboxStore"]
 
 # The statements of an advance, which neither read nor change deliveries nor
 # a tombstone: in a batch they leave its owed deliveries owed.  Every other
 # statement first writes them (see Statements).
 _ADVANCE = frozenset({
-    FIND_EVENT, FIND_EVENT_AND_FLOW, FLOW, UPSERT_FLOW, APPEND, TOMBSTONE,
+    FIND_EVENT, FIND_EVENT_AND_FLOW, SqliteOutboxSql.FLOW, UPSERT_FLOW, APPEND, SqliteOutboxSql.TOMBSTONE,
     "SAVEPOINT advance", "RELEASE advance", "ROLLBACK TO advance",
 })
 
@@ -78,7 +71,7 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
     a batch's deliveries, claims, marks and pruning here; the rest is
     :class:`~reliable_flow._store.repository.outbox.OutboxRepository`'s."""
 
-    _SQL: ClassVar[OutboxSql] = outbox_sql
+    _SQL: ClassVar[type[SqliteOutboxSql]] = SqliteOutboxSql
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         super().__init__(conn, _ADVANCE.__contains__)
@@ -126,12 +119,12 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
         return found, self.flow_state(flow_id)
 
     def flow_state(self, flow_id: str) -> FlowState | None:
-        row = self._flows[flow_id] if flow_id in self._flows else self._one(FLOW, (flow_id,))
+        row = self._flows[flow_id] if flow_id in self._flows else self._one(self._SQL.FLOW, (flow_id,))
         return None if row is None else rows.flow_state(row)
 
     def backlog(self, cap: int) -> int:
         """Pending deliveries summed over consumers, or events before any consumer; counts stop at ``cap``."""
-        if self._one(ANY_CONSUMER) is None:
+        if self._one(self._SQL.ANY_CONSUMER) is None:
             return int(self._conn.execute(BACKLOG_BEFORE_CONSUMERS, (cap,)).fetchone()[0])
         return int(self._conn.execute(BACKLOG, (cap,)).fetchone()[0])
 
@@ -190,7 +183,7 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
     def mark(self, consumer: str, delivered: Sequence[tuple[int, str]],
              conflicts: Sequence[tuple[int, str]], now: float) -> None:
         """Record answers: ``delivered`` become accepted, ``conflicts`` set aside."""
-        for sql, answers in ((MARK_DELIVERED, delivered), (MARK_CONFLICT, conflicts)):
+        for sql, answers in ((self._SQL.MARK_DELIVERED, delivered), (self._SQL.MARK_CONFLICT, conflicts)):
             if len(answers) == 1:
                 [(pos, status)] = answers
                 self._conn.execute(sql, (status, now, consumer, pos))
