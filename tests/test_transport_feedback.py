@@ -199,6 +199,42 @@ def test_an_async_executor_feeds_many_results_home_at_once(agent: tuple[Producer
     assert worker.stats.served == {"committed": 12}
 
 
+def test_an_idle_serving_worker_answers_at_once_not_after_its_idle_sleep(new_store: Any, redis_url: str) -> None:
+    answered: list[float] = []
+    with RedisReceiver(redis_url, TOOLS, timeout=5) as tools:
+        location = new_store("agent")
+
+        def host_a() -> None:
+            with Producer(location, ASK) as producer:
+                worker = Worker(producer, [tools], register=True, idle_sleep=30, serve_as="agent")
+                holder.append(worker)
+                worker.run(handle_signals=False)
+
+        holder: list[Worker] = []
+        thread = threading.Thread(target=host_a, daemon=True)
+        thread.start()
+        try:
+            with RemoteProducer(redis_url, "agent", timeout=10) as remote:
+                end = time.monotonic() + 10
+                while True:  # until the worker announced itself
+                    try:
+                        remote._announced_uid()
+                        break
+                    except TransportError:
+                        assert time.monotonic() < end, "the worker did not announce the producer"
+                        time.sleep(0.02)
+                time.sleep(0.3)  # the worker is in its idle sleep now
+                for i in range(3):
+                    start = time.monotonic()
+                    result = remote.advance_at_current(f"k{i}:result", f"F{i}", kind="asked", payload={"q": "x"})
+                    answered.append(time.monotonic() - start)
+                    assert result.status == "committed"
+        finally:
+            holder[0].stop()
+            thread.join(40)
+    assert max(answered) < 2.0, answered  # not the 30 s idle sleep
+
+
 def test_a_retried_step_is_existing_and_a_refused_one_stores_nothing(agent: tuple[Producer, Worker],
                                                                       redis_url: str) -> None:
     producer, worker = agent

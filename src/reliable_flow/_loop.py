@@ -76,13 +76,16 @@ class Loop:
     def run(
         self, one_pass: Callable[[], PassResult], *, idle_sleep: float, max_passes: int | None,
         handle_signals: bool, until_idle: bool, woken: Sequence[threading.Event] = (),
+        idle: Callable[[float, Sequence[threading.Event]], None] | None = None,
     ) -> None:
         """Call ``one_pass`` until :meth:`stop`, SIGTERM / SIGINT (handled
         only when ``handle_signals`` and in the main thread; the previous
         handlers are put back on return), or ``max_passes``.  After a pass
         that did no work: sleep ``idle_sleep``, or with ``until_idle`` sleep
         the pass's ``wake_in``, returning when it is None; a sleep ends early
-        once one of ``woken`` is set (an effect call ended)."""
+        once one of ``woken`` is set (an effect call ended).  ``idle``: how to
+        sleep instead of :meth:`idle` (a worker serving its producer waits on
+        the transport, so a request wakes it)."""
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,7 +101,7 @@ class Loop:
                     wait = done.wake_in if until_idle else sooner(idle_sleep, done.wake_in)
                     if wait is None:
                         break
-                    self.idle(wait, woken)
+                    (idle or self.idle)(wait, woken)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -301,10 +303,28 @@ class Worker:
         try:
             self._loop.run(self.run_once, idle_sleep=self.idle_sleep, max_passes=max_passes,
                            handle_signals=handle_signals, until_idle=until_idle,
-                           woken=[e.calls_ended for e in self.executors])
+                           woken=[e.calls_ended for e in self.executors],
+                           idle=self._serving_idle if self.servers else None)
         finally:
             finish_executors(self.executors, self.stats)
         return self.stats
+
+    def _serving_idle(self, seconds: float, woken: Sequence[threading.Event]) -> None:
+        """Sleep ``seconds`` waiting on the first server's requests (in slices
+        of 0.1 s, so a stop, a signal or an ended call is seen), so a result
+        sent from another host is advanced at once, not after the sleep."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping and not any(event.is_set() for event in woken):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                if self.servers[0].wait(min(left, 0.1)):
+                    return
+            except Exception as exc:  # noqa: BLE001 - recorded; the sleep goes on without the server
+                failed(self.stats, f"serving {self.servers[0].name}", exc)
+                self._loop.idle(left, woken)
+                return
 
     def _wake_in(self) -> float | None:
         """Seconds until the earliest pending delivery or open effect is due

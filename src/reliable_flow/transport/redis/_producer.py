@@ -299,6 +299,30 @@ class ProducerServer:
                 f"({held.get('location', '?')}, uid {uid}) than {self.producer.location} (uid {self.producer.uid}): "
                 f"two producer stores are served under one name; give each its own")
 
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a request (what an idle worker does
+        instead of sleeping); True when one came (it is then this member's,
+        answered by the next :meth:`serve_once`)."""
+        if time.monotonic() - self._announced_at >= ANNOUNCE_EVERY:
+            self._announce()
+        block = max(1, int(seconds * 1000))
+
+        def read() -> Any:
+            try:
+                return self._client.xreadgroup(GROUP, self.member, {self.keys.requests: ">"}, count=self.batch,
+                                               block=block)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    self._announce()
+                    return None
+                raise
+
+        got = talking(self.url, f"serving producer {self.name!r}", read)
+        if any(es for _s, es in got or ()):
+            self._own_pending = True  # delivered to this member: read again from its pending entries
+            return True
+        return False
+
     def serve_once(self) -> int:
         """Answer the requests waiting (never blocks); how many were answered."""
         if time.monotonic() - self._announced_at >= ANNOUNCE_EVERY:
