@@ -12,7 +12,6 @@ its protocol refuses is answered ``InvalidEnvelope`` and stores nothing.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from .._envelope import MAX_BODY_BYTES
 from ..errors import InvalidEnvelope, RemoteError, WrongFile
 from ..records import AdvanceResult
 from ..statuses import AdvanceStatus
-from ._wire import VERSION, BadMessage, text_field, version_field
+from ._wire import VERSION, BadMessage, deadline_field, text_field, version_field
 
 __all__ = ["Advance", "AdvanceAnswer", "advance_answer_fields", "advance_fields", "parse_advance",
            "parse_advance_answer"]
@@ -98,13 +97,7 @@ def advance_answer_fields(request_id: str, uid: str, location: str, result: Adva
 def parse_advance(fields: Mapping[str, str]) -> Advance:
     """A request to advance, every field checked (the step itself is the producer's to check)."""
     version_field(fields)
-    deadline_text = text_field(fields, "deadline", limit=64)
-    try:
-        deadline = float(deadline_text)
-    except ValueError:
-        raise BadMessage("deadline", f"must be a number of seconds, got {deadline_text!r}") from None
-    if not math.isfinite(deadline):
-        raise BadMessage("deadline", f"must be finite, got {deadline_text!r}")
+    deadline = deadline_field(fields)
     schema_text = text_field(fields, "schema", limit=16)
     if not schema_text.isdigit() or int(schema_text) < 1:
         raise BadMessage("schema", f"must be an int >= 1, got {schema_text!r}")

@@ -32,6 +32,7 @@ __all__ = [
     "BadMessage",
     "Request",
     "answer_fields",
+    "deadline_field",
     "error_fields",
     "parse_answer",
     "parse_request",
@@ -164,17 +165,23 @@ def decode(raw: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
     return out
 
 
+def deadline_field(fields: Mapping[str, str]) -> float:
+    """The ``deadline`` field: finite seconds since the epoch."""
+    text = text_field(fields, "deadline", limit=64)
+    try:
+        deadline = float(text)
+    except ValueError:
+        raise BadMessage("deadline", f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(deadline):
+        raise BadMessage("deadline", f"must be finite, got {text!r}")
+    return deadline
+
+
 def parse_request(fields: Mapping[str, str]) -> Request:
     """A request, every field checked (the bodies only as strings of at most
     the envelope's size: the consumer parses each as any body)."""
     version_field(fields)
-    deadline_text = text_field(fields, "deadline", limit=64)
-    try:
-        deadline = float(deadline_text)
-    except ValueError:
-        raise BadMessage("deadline", f"must be a number of seconds, got {deadline_text!r}") from None
-    if not math.isfinite(deadline):
-        raise BadMessage("deadline", f"must be finite, got {deadline_text!r}")
+    deadline = deadline_field(fields)
     raw = text_field(fields, "bodies", limit=MAX_FIELD_BYTES)
     try:
         bodies = json.loads(raw)

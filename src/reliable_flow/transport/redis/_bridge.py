@@ -24,6 +24,7 @@ from ...errors import InvalidEnvelope, ReliableFlowError
 from ...records import PassResult, ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, denied, fields_of, shown, talking
+from ._group import GroupReader
 
 __all__ = ["Bridge", "BridgeStats"]
 
@@ -31,9 +32,6 @@ GROUP = "rf-bridge"
 #: How often a bridge announces its consumer again (a Redis restarted
 #: without persistence forgets it, and the group too: both are made anew).
 ANNOUNCE_EVERY = 5.0
-#: Seconds a reply stream lives after an answer is written to it (the
-#: receiver's own EXPIRE at send time finds no stream before the first answer).
-REPLY_TTL = 600
 #: Refused messages kept for an operator to read (``XRANGE <prefix>:{NAME}:refused``).
 MAX_REFUSED_KEPT = 1000
 
@@ -140,8 +138,8 @@ class Bridge:
         self._loop = Loop()
         self._client = connect(self.url, timeout=self.block + 5.0)
         self._announced_at = float("-inf")
-        self._own_pending = True  # after a start: first what this name held when it stopped
-        self._claimed_at = float("-inf")
+        self._reader = GroupReader(self._client, self.url, self.keys.requests, GROUP, self.name, batch=self.batch,
+                                   claim_after=self.claim_after, setup=self._setup)
         self._busy = False
         self._setup()
 
@@ -218,30 +216,10 @@ class Bridge:
         """Requests to answer: first those this name held when it stopped,
         then any another bridge left unacknowledged for ``claim_after``
         seconds, then new ones (waiting up to ``block``)."""
-        client, requests = self._client, self.keys.requests
-        try:
-            if self._own_pending:
-                got = client.xreadgroup(GROUP, self.name, {requests: "0"}, count=self.batch)
-                entries = [e for _s, es in got or () for e in es if e[1]]
-                if entries:
-                    return entries
-                self._own_pending = False
-            # Another bridge's leftovers can only be claim_after old: look twice per that period.
-            if time.monotonic() - self._claimed_at >= self.claim_after / 2:
-                claimed = client.xautoclaim(requests, GROUP, self.name, int(self.claim_after * 1000),
-                                            count=self.batch)
-                entries = [e for e in (claimed[1] if claimed else ()) if e and e[1]]
-                if entries:
-                    self.stats.reclaimed += len(entries)
-                    return entries  # there may be more: look again on the next pass
-                self._claimed_at = time.monotonic()
-            got = client.xreadgroup(GROUP, self.name, {requests: ">"}, count=self.batch, block=self._wait_ms())
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):  # the server restarted empty: make the group again
-                self._setup()
-                return []
-            raise
-        return [e for _s, es in got or () for e in es]
+        before = self._reader.reclaimed
+        entries = self._reader.read(self._wait_ms())
+        self.stats.reclaimed += self._reader.reclaimed - before
+        return entries
 
     def _wait_ms(self) -> int | None:
         """How long a read waits for a request: not at all after a pass that
@@ -341,17 +319,7 @@ class Bridge:
 
     def _finish(self, answers: list[tuple[str, dict[str, str]]], done: list[Any]) -> None:
         """Write the answers, then acknowledge the requests (one round trip)."""
-        def finish() -> None:
-            pipe = self._client.pipeline(transaction=False)
-            for reply, answer in answers:
-                pipe.xadd(reply, answer, maxlen=1000, approximate=True)
-                pipe.expire(reply, REPLY_TTL)  # no litter when its receiver is gone for good
-            if done:
-                pipe.xack(self.keys.requests, GROUP, *done)
-                pipe.xdel(self.keys.requests, *done)  # an answered request is of no use any more
-            pipe.execute()
-
-        talking(self.url, f"bridge for consumer {self.consumer.name!r}", finish)
+        self._reader.finish(f"bridge for consumer {self.consumer.name!r}", answers, done)
         self.stats.answered += len(answers)
 
     def _malformed(self, entry_id: Any, exc: wire.BadMessage, raw: dict[str, str],

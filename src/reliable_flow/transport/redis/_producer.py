@@ -33,12 +33,12 @@ from ...records import AdvanceResult
 from .. import _advance_wire as aw
 from .. import _wire as wire
 from ._connect import check_key_part, check_url, connect, fields_of, shown, talking
+from ._group import GroupReader
 
 __all__ = ["ProducerServer", "RemoteProducer", "producer_location"]
 
 GROUP = "rf-producer"
 ANNOUNCE_EVERY = 5.0
-REPLY_TTL = 600
 DEFAULT_TIMEOUT = 10.0
 MAX_REQUESTS = 10_000
 
@@ -260,8 +260,8 @@ class ProducerServer:
         self.member = f"{socket.gethostname()}-{os.getpid()}"
         self._client = connect(self.url, timeout=10.0)
         self._announced_at = -ANNOUNCE_EVERY
-        self._claimed_at = -claim_after
-        self._own_pending = True
+        self._reader = GroupReader(self._client, self.url, self.keys.requests, GROUP, self.member, batch=batch,
+                                   claim_after=claim_after, setup=self._announce)
         self.served: Counter[str] = Counter()
 
     @property
@@ -306,28 +306,13 @@ class ProducerServer:
         if time.monotonic() - self._announced_at >= ANNOUNCE_EVERY:
             self._announce()
         block = max(1, int(seconds * 1000))
-
-        def read() -> Any:
-            try:
-                return self._client.xreadgroup(GROUP, self.member, {self.keys.requests: ">"}, count=self.batch,
-                                               block=block)
-            except redis.ResponseError as exc:
-                if "NOGROUP" in str(exc):
-                    self._announce()
-                    return None
-                raise
-
-        got = talking(self.url, f"serving producer {self.name!r}", read)
-        if any(es for _s, es in got or ()):
-            self._own_pending = True  # delivered to this member: read again from its pending entries
-            return True
-        return False
+        return talking(self.url, f"serving producer {self.name!r}", lambda: self._reader.wait(block))
 
     def serve_once(self) -> int:
         """Answer the requests waiting (never blocks); how many were answered."""
         if time.monotonic() - self._announced_at >= ANNOUNCE_EVERY:
             self._announce()
-        entries = talking(self.url, f"serving producer {self.name!r}", self._read)
+        entries = talking(self.url, f"serving producer {self.name!r}", lambda: self._reader.read(None))
         if not entries:
             return 0
         now, uid, location = time.time(), self.producer.uid, self.producer.location
@@ -351,7 +336,7 @@ class ProducerServer:
                 self.served["expired"] += 1
                 continue
             answers.append((request.reply, self._advance(request, uid, location)))
-        self._finish(answers, [e[0] for e in entries])
+        self._reader.finish(f"serving producer {self.name!r}", answers, [e[0] for e in entries])
         return len(answers)
 
     def _advance(self, request: aw.Advance, uid: str, location: str) -> dict[str, str]:
@@ -372,42 +357,6 @@ class ProducerServer:
             return wire.error_fields(request.id, uid, location, exc)
         self.served[result.status.value] += 1
         return aw.advance_answer_fields(request.id, uid, location, result)
-
-    def _read(self) -> list[Any]:
-        client, requests = self._client, self.keys.requests
-        try:
-            if self._own_pending:  # what this member held when it died: first
-                got = client.xreadgroup(GROUP, self.member, {requests: "0"}, count=self.batch)
-                entries = [e for _s, es in got or () for e in es if e[1]]
-                if entries:
-                    return entries
-                self._own_pending = False
-            if time.monotonic() - self._claimed_at >= self.claim_after / 2:
-                claimed = client.xautoclaim(requests, GROUP, self.member, int(self.claim_after * 1000),
-                                            count=self.batch)
-                entries = [e for e in (claimed[1] if claimed else ()) if e and e[1]]
-                if entries:
-                    return entries
-                self._claimed_at = time.monotonic()
-            got = client.xreadgroup(GROUP, self.member, {requests: ">"}, count=self.batch)
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):  # the server restarted empty: make the group again
-                self._announce()
-                return []
-            raise
-        return [e for _s, es in got or () for e in es]
-
-    def _finish(self, answers: list[tuple[str, dict[str, str]]], done: list[Any]) -> None:
-        def finish() -> None:
-            pipe = self._client.pipeline(transaction=False)
-            for reply, answer in answers:
-                pipe.xadd(reply, answer, maxlen=1000, approximate=True)
-                pipe.expire(reply, REPLY_TTL)
-            pipe.xack(self.keys.requests, GROUP, *done)
-            pipe.xdel(self.keys.requests, *done)
-            pipe.execute()
-
-        talking(self.url, f"serving producer {self.name!r}", finish)
 
     def close(self) -> None:
         """Drop the connection (the producer stays open: it is the caller's)."""
