@@ -33,7 +33,7 @@ from reliable_flow import (
     Producer,
     Worker,
 )
-from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor
+from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer, AsyncWorker
 from reliable_flow.errors import InvalidEnvelope, TransportError, WrongFile
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 
@@ -232,6 +232,55 @@ def test_an_idle_serving_worker_answers_at_once_not_after_its_idle_sleep(new_sto
         finally:
             holder[0].stop()
             thread.join(40)
+    assert max(answered) < 2.0, answered  # not the 30 s idle sleep
+
+
+def test_an_idle_async_serving_worker_answers_at_once(new_store: Any, redis_url: str) -> None:
+    location = new_store("agent")
+    answered: list[float] = []
+    errors: list[BaseException] = []
+    ready, stop = threading.Event(), threading.Event()
+
+    async def host_a() -> None:
+        async with await AsyncProducer.open(location, ASK) as producer:
+            with RedisReceiver(redis_url, TOOLS, timeout=5) as tools:
+                worker = AsyncWorker(producer, [tools], register=True, idle_sleep=30, serve_as="agent")
+                task = asyncio.create_task(worker.run(handle_signals=False))
+                ready.set()
+                while not stop.is_set():
+                    await asyncio.sleep(0.02)
+                worker.stop()
+                await task
+
+    def run_a() -> None:
+        try:
+            asyncio.run(host_a())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_a, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(20)
+        with RemoteProducer(redis_url, "agent", timeout=10) as remote:
+            end = time.monotonic() + 10
+            while True:
+                try:
+                    remote._announced_uid()
+                    break
+                except TransportError:
+                    assert time.monotonic() < end, "the worker did not announce the producer"
+                    time.sleep(0.02)
+            time.sleep(0.3)  # idle now
+            for i in range(3):
+                start = time.monotonic()
+                assert remote.advance_at_current(f"k{i}:result", f"F{i}", kind="asked",
+                                                 payload={"q": "x"}).status == "committed"
+                answered.append(time.monotonic() - start)
+    finally:
+        stop.set()
+        thread.join(40)
+    assert not errors, errors
     assert max(answered) < 2.0, answered  # not the 30 s idle sleep
 
 

@@ -237,16 +237,37 @@ class AsyncWorker:
         for executor in self.executors:
             executor.sync.stepper.flights.wakers.append(waker.set)
 
+        watching = threading.Event()
+        watcher = None
+        if self._worker.servers:  # serving the producer: a request wakes the loop, not the idle sleep's end
+            watcher = threading.Thread(target=self._watch_requests, args=(waker, watching), daemon=True,
+                                       name="reliable-flow-serve-watch")
+            watcher.start()
         with Signals(handle_signals, self.stop):
             try:
                 await run_passes(self.run_once, self.idle_sleep, until_idle, waker, lambda: self.stopping,
                                  max_passes)
             finally:
+                watching.set()
                 for executor in self.executors:
                     executor.sync.stepper.flights.wakers.remove(waker.set)
                 self._waker = None
                 await self._finish_calls()
+                if watcher is not None:
+                    await asyncio.to_thread(watcher.join)
         return self.stats
+
+    def _watch_requests(self, waker: Waker, done: threading.Event) -> None:
+        """While :meth:`run` runs (until ``done``): wait on the first server's
+        requests, off the loop, and wake the loop when one comes."""
+        server = self._worker.servers[0]
+        while not done.is_set():
+            try:
+                if server.wait(0.2):
+                    waker.set()
+                    done.wait(0.05)  # the pass answers it; do not take the next ones from under it
+            except Exception:  # noqa: BLE001 - the pass records what fails; look again a little later
+                done.wait(0.5)
 
     async def _finish_calls(self) -> None:
         for executor in self.executors:

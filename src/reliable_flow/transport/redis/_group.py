@@ -37,6 +37,7 @@ class GroupReader:
         self.own_pending = True  # after a start: first what this member held when it stopped
         self.claimed_at = float("-inf")
         self.reclaimed = 0
+        self.arrived = 0  # entries wait() took for this member (it may run on another thread than read())
 
     def read(self, block_ms: int | None) -> list[Any]:
         """Entries to answer: this member's pending ones, then others' left
@@ -45,11 +46,13 @@ class GroupReader:
         client = self.client
         try:
             if self.own_pending:
+                arrived = self.arrived
                 got = client.xreadgroup(self.group, self.member, {self.stream: "0"}, count=self.batch)
                 entries = [e for _s, es in got or () for e in es if e[1]]
                 if entries:
                     return entries
-                self.own_pending = False
+                if arrived == self.arrived:  # no wait() took one meanwhile (from another thread)
+                    self.own_pending = False
             # Another member's leftovers can only be claim_after old: look twice per that period.
             if time.monotonic() - self.claimed_at >= self.claim_after / 2:
                 claimed = client.xautoclaim(self.stream, self.group, self.member, int(self.claim_after * 1000),
@@ -79,6 +82,7 @@ class GroupReader:
                 return False
             raise
         if any(es for _s, es in got or ()):
+            self.arrived += 1
             self.own_pending = True
             return True
         return False
