@@ -34,7 +34,7 @@ from reliable_flow import (
     Worker,
 )
 from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer, AsyncWorker
-from reliable_flow.errors import InvalidEnvelope, TransportError, WrongFile
+from reliable_flow.errors import InvalidEnvelope, NotResolvable, TransportError, WrongFile
 from reliable_flow.protocol import Protocol, by_kind, exact, text
 
 redis = import_redis()
@@ -340,6 +340,42 @@ def test_a_protocol_refusal_is_recorded_as_refused_feedback(agent: tuple[Produce
         last = host.executor.stats.last_error or ""
     assert "feedback invalid_payload: payload.not_a" in last, last
     assert [e.event_id for e in producer.outbox("A")] == ["A1"]
+
+
+def test_an_amend_is_checked_by_the_producer_on_its_host_then_fed_once(agent: tuple[Producer, Worker],
+                                                                       new_store: Any, redis_url: str) -> None:
+    producer, worker = agent
+    effects = EffectRegistry()
+    effects.register("look_up", lambda call: {"not_a": 1}, feedback=Feedback(kind="answered"))
+    producer.advance("A1", "A", expected_seq=0, kind="asked", payload={"q": "a"})
+    c_at = new_store(TOOLS)
+    with ToolsHost(c_at, redis_url, effects) as host:  # the result is refused by the protocol
+        until(lambda: host.executor is not None and host.executor.stats.feedback_errors >= 1, worker)
+    outcomes: list[Any] = []
+
+    def operator(result: Any) -> None:
+        with Consumer(c_at, ASK, name=TOOLS, effects=effects) as consumer, \
+                RemoteProducer(redis_url, "agent", timeout=10) as remote:
+            key = consumer.scheduled_effects()[0].key
+            try:
+                outcomes.append(consumer.admin.amend_effect(key, result=result, actor="ops", reason="fix",
+                                                            producer=remote))
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                outcomes.append(exc)
+
+    for result in ({"b": 1}, {"a": "fixed"}):
+        sender = threading.Thread(target=operator, args=(result,))
+        sender.start()
+        until(lambda s=sender: not s.is_alive(), worker)
+    refused, amended = outcomes
+    assert isinstance(refused, NotResolvable) and "nothing recorded" in str(refused), refused
+    assert amended.action == "resolve" and amended.reason.startswith("amend:")
+    assert [e.event_id for e in producer.outbox("A")] == ["A1"]  # the checks committed nothing
+    assert worker.stats.served["checked"] == 2
+    with ToolsHost(c_at, redis_url, effects) as host:  # the next pass feeds the amended result, once
+        until(lambda: (producer.flow("A") or {}).get("state") == "answered", worker)
+    assert [e.seq for e in producer.outbox("A")] == [1, 2]
+    assert (producer.event(producer.outbox("A")[1].event_id) or {})["payload"] == {"a": "fixed"}
 
 
 def test_nobody_serving_is_a_transport_error_and_nothing_is_fed(redis_url: str) -> None:

@@ -17,6 +17,7 @@ from .._checks import check_text
 from .._core.admin import amend_in, effect_action_in
 from .._core.operate import replace_in, skip_in
 from .._effects import EffectRegistry, check_json_value
+from .._effects.feedback import RemoteTarget
 from .._effects.feedstep import check_feedback
 from .._observe import CONSUMER, operator_action
 from .._producer import Producer
@@ -135,7 +136,7 @@ class ConsumerAdmin:
         return self._effect_action("cancel", key, actor, reason)
 
     def amend_effect(self, key: str, *, result: Any = None, failure: bool = False, actor: str, reason: str,
-                     producer: Producer | None = None) -> OperatorAction:
+                     producer: Producer | RemoteTarget | None = None) -> OperatorAction:
         """The way out for an effect whose feedback was refused (its
         ``last_error`` begins ``feedback``): replace its result with
         ``result`` (it is ``succeeded``), or, with ``failure=True``, switch
@@ -144,8 +145,9 @@ class ConsumerAdmin:
 
         Checked before anything is recorded, as :meth:`resolve_effect`
         checks, and (given ``producer``, a sync ``Producer`` of the
-        producer's store, used on this thread) against the producer's
-        protocol at the flow's current seq, nothing committed: a step that
+        producer's store, used on this thread, or a ``RemoteProducer`` of
+        one on another host) against the producer's protocol at the flow's
+        current seq, nothing committed: a step that
         would be refused raises :class:`NotResolvable`.  Needs the effect's
         registry (``Consumer(..., effects=)``) with ``feedback=`` for its
         name.  Raises :class:`NotResolvable` for an effect whose feedback
@@ -174,7 +176,7 @@ class ConsumerAdmin:
                         flow_id=before.flow_id, previous_state=str(before.state))
         return record
 
-    def _check(self, key: str, producer: Producer | None, **would: Any) -> None:
+    def _check(self, key: str, producer: Producer | RemoteTarget | None, **would: Any) -> None:
         """:func:`~reliable_flow._effects.feedstep.check_feedback` of the effect
         with this key (an unknown key is left to the action to refuse)."""
         effect = self._store.latest.effect(check_text("key", key))

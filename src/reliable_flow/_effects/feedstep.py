@@ -14,6 +14,7 @@ anything is recorded.  Feeding it is :mod:`.feedback`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from .._core.admin import amended_reason
@@ -74,7 +75,7 @@ def feed_step(effect: ScheduledEffect, feedback: Feedback) -> FeedStep | str:
     return FeedStep(event_id, flow_id, step.kind, payload, failure)
 
 
-def checked(effect: ScheduledEffect, feedback: Feedback, producer: Producer | None) -> str | None:
+def checked(effect: ScheduledEffect, feedback: Feedback, producer: Any) -> str | None:
     """None when ``effect``'s step would be taken: built, a valid envelope,
     and (given a ``producer``) accepted by its protocol at the flow's
     current seq, nothing committed; else why it would be refused."""
@@ -86,13 +87,14 @@ def checked(effect: ScheduledEffect, feedback: Feedback, producer: Producer | No
         if producer is None:
             build(step.event_id, step.flow_id, 0, step.kind, step.payload, 1, meta)
             return None
-        return feedback_refusal(check_at_current(producer, step.event_id, step.flow_id, kind=step.kind,
-                                                 payload=step.payload, meta=meta), step.failure)
+        check = partial(check_at_current, producer) if isinstance(producer, Producer) else producer.check_at_current
+        return feedback_refusal(check(step.event_id, step.flow_id, kind=step.kind, payload=step.payload, meta=meta),
+                                step.failure)
     except (ValueError, TypeError) as exc:  # InvalidEnvelope: the result does not make a valid step
         return f"{FEEDBACK_REFUSED}refused: {error_text(exc)}"
 
 
-def check_feedback(effect: ScheduledEffect, effects: EffectRegistry | None, producer: Producer | None, *,
+def check_feedback(effect: ScheduledEffect, effects: EffectRegistry | None, producer: Any, *,
                    result: Any = None, failure: bool = False, actor: str = "", reason: str = "") -> None:
     """Raise :class:`NotResolvable` when ``effect``, given ``result`` (or
     switched to its failure step, ``failure``) by an operator, would feed a
@@ -100,10 +102,12 @@ def check_feedback(effect: ScheduledEffect, effects: EffectRegistry | None, prod
     producer's protocol refuses now; nothing is written anywhere.  Without
     the registry (``effects``) or a ``Feedback`` for the effect's name there
     is nothing to check.  ``producer``: a sync :class:`Producer` (used on
-    this thread); ``actor`` and ``reason``: the operator's, as the failure
+    this thread), or a producer on another host (a ``RemoteProducer``: the
+    check runs over there, nothing committed); ``actor`` and ``reason``: the operator's, as the failure
     step will say them."""
-    if producer is not None and not isinstance(producer, Producer):
-        raise TypeError(f"producer must be a Producer or None, got {type(producer).__name__}")
+    if producer is not None and not isinstance(producer, Producer) and not callable(
+            getattr(producer, "check_at_current", None)):
+        raise TypeError(f"producer must be a Producer, a RemoteProducer or None, got {type(producer).__name__}")
     spec = None if effects is None else effects.get(effect.name)
     if spec is None or spec.feedback is None:
         return

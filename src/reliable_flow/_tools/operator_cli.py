@@ -38,6 +38,7 @@ from typing import Any
 from .._checks import check_text
 from ..errors import NotResolvable, ReliableFlowError
 from ..records import OperatorAction
+from ._cli_common import is_remote
 from .loading import PROTOCOL_HELP, OptionError, load, protocol_for
 
 __all__ = ["add_operator_commands", "run_operator_command"]
@@ -135,7 +136,8 @@ def _checks(parser: argparse.ArgumentParser, *, required: bool) -> None:
                         help="the consumer's EffectRegistry: the result is built into the step its Feedback feeds "
                              "(refused, nothing recorded, if that fails)" + ("" if required else " (default: no check)"))
     parser.add_argument("--producer", metavar="LOCATION",
-                        help="the producer's store (SQLite path or postgresql://...#schema, opened with --protocol): "
+                        help="the producer's store (SQLite path or postgresql://...#schema, opened with --protocol), or a "
+                             "producer on another host served by `run --serve-as NAME` (URL#NAME): "
                              "the step is checked against its protocol at the flow's current seq, nothing committed")
 
 
@@ -171,6 +173,18 @@ def _checking(args: argparse.Namespace, protocol: Any) -> Iterator[Any]:
 
     if not getattr(args, "producer", None):
         yield None
+        return
+    if is_remote(args.producer):  # on another host: checked over there, by the worker serving it
+        try:
+            from ..transport.redis import RemoteProducer
+        except ImportError as exc:
+            raise OptionError(str(exc)) from None
+        try:
+            remote = RemoteProducer.at(args.producer)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        with remote:
+            yield remote
         return
     open_producer(args.producer).close()
     with Producer(args.producer, protocol) as producer:

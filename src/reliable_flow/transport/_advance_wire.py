@@ -46,6 +46,7 @@ class Advance:
     schema: int
     payload: Any
     meta: dict[str, str] | None
+    check: bool = False  # only check it: the same transaction, rolled back (an operator's resolve / amend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ def advance_fields(request: Advance) -> dict[str, str]:
     return {"v": VERSION, "id": request.id, "reply": request.reply, "deadline": repr(request.deadline),
             "uid": request.uid, "event_id": request.event_id, "flow_id": request.flow_id, "kind": request.kind,
             "schema": str(request.schema), "payload": _json(request.payload),
-            "meta": _json(request.meta or {})}
+            "meta": _json(request.meta or {}), **({"check": "1"} if request.check else {})}
 
 
 def advance_answer_fields(request_id: str, uid: str, location: str, result: AdvanceResult) -> dict[str, str]:
@@ -114,7 +115,14 @@ def parse_advance(fields: Mapping[str, str]) -> Advance:
     return Advance(id=text_field(fields, "id"), reply=text_field(fields, "reply"), deadline=deadline,
                    uid=text_field(fields, "uid"), event_id=text_field(fields, "event_id"),
                    flow_id=text_field(fields, "flow_id"), kind=text_field(fields, "kind"), schema=int(schema_text),
-                   payload=payload, meta=meta or None)
+                   payload=payload, meta=meta or None, check=_check_flag(fields))
+
+
+def _check_flag(fields: Mapping[str, str]) -> bool:
+    value = fields.get("check")
+    if value not in (None, "1"):
+        raise BadMessage("check", f"must be 1 or absent, got {value!r}")
+    return value == "1"
 
 
 def parse_advance_answer(fields: Mapping[str, str]) -> AdvanceAnswer:

@@ -27,7 +27,7 @@ import redis
 
 from ..._envelope import check_name
 from ..._observe import WARNING, WORKER, fields, log
-from ..._producer import Producer, advance_at_current
+from ..._producer import Producer, advance_at_current, check_at_current
 from ...errors import InvalidEnvelope, ReliableFlowError, TransportError, WrongFile
 from ...records import AdvanceResult
 from .. import _advance_wire as aw
@@ -136,7 +136,20 @@ class RemoteProducer:
             raise got
         return got
 
-    def advance_many(self, steps: Sequence[Mapping[str, Any]]) -> list[AdvanceResult | Exception]:
+    def check_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+                         meta: dict[str, str] | None = None) -> AdvanceResult:
+        """What :meth:`advance_at_current` would answer now, nothing
+        committed over there (the same transaction, rolled back): how an
+        operator's result is checked against the producer's protocol before
+        it is recorded."""
+        got = self.advance_many([{"event_id": event_id, "flow_id": flow_id, "kind": kind, "payload": payload,
+                                  "schema": schema, "meta": meta}], check=True)[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def advance_many(self, steps: Sequence[Mapping[str, Any]], *,
+                     check: bool = False) -> list[AdvanceResult | Exception]:
         """Several steps (each the keywords of :meth:`advance_at_current`:
         ``event_id``, ``flow_id``, ``kind``, ``payload``, and optionally
         ``schema``, ``meta``) sent at once, each its own request and its own
@@ -144,7 +157,8 @@ class RemoteProducer:
         or the exception that step raised (a step not answered within
         ``timeout``: :class:`~reliable_flow.errors.TransportError`).  Raises
         only when the server cannot be reached, or another store answers
-        under the name (:class:`~reliable_flow.errors.WrongFile`)."""
+        under the name (:class:`~reliable_flow.errors.WrongFile`).  ``check``:
+        only check each (:meth:`check_at_current`)."""
         if not steps:
             return []
         with self._lock:
@@ -152,7 +166,8 @@ class RemoteProducer:
             uid = self._announced_uid()
             requests = [aw.Advance(id=wire.new_id(), reply=self._reply, deadline=deadline, uid=uid,
                                    event_id=step["event_id"], flow_id=step["flow_id"], kind=step["kind"],
-                                   schema=step.get("schema", 1), payload=step["payload"], meta=step.get("meta"))
+                                   schema=step.get("schema", 1), payload=step["payload"], meta=step.get("meta"),
+                                   check=check)
                         for step in steps]
             sent: dict[str, dict[str, str]] = {}
             unsent: dict[str, Exception] = {}
@@ -345,9 +360,10 @@ class ProducerServer:
             return wire.error_fields(request.id, uid, location, WrongFile(
                 f"producer {self.name!r} served from {location} has storage uid {uid}, but the request is "
                 f"for uid {request.uid}: two producer stores are served under one name; give each its own"))
+        advance = check_at_current if request.check else advance_at_current
         try:
-            result = advance_at_current(self.producer, request.event_id, request.flow_id, kind=request.kind,
-                                        payload=request.payload, schema=request.schema, meta=request.meta)
+            result = advance(self.producer, request.event_id, request.flow_id, kind=request.kind,
+                             payload=request.payload, schema=request.schema, meta=request.meta)
         except (ValueError, TypeError) as exc:  # InvalidEnvelope: not a valid step; nothing stored
             self.served["refused"] += 1
             return wire.error_fields(request.id, uid, location, exc)
@@ -355,7 +371,7 @@ class ProducerServer:
             self.served["error"] += 1
             _warn(self.name, f"advance failed: {type(exc).__name__}: {exc}")
             return wire.error_fields(request.id, uid, location, exc)
-        self.served[result.status.value] += 1
+        self.served["checked" if request.check else result.status.value] += 1
         return aw.advance_answer_fields(request.id, uid, location, result)
 
     def close(self) -> None:
