@@ -412,6 +412,47 @@ def test_another_producer_store_under_the_name_is_refused(agent: tuple[Producer,
     assert "two producer stores are served under one name" in str(results[0])
 
 
+def _advance_request(**changes: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"v": "1", "id": "hand", "reply": "rf:{producer:agent}:answers:hand",
+                              "deadline": repr(time.time() + 3600), "uid": "?", "event_id": "k:result",
+                              "flow_id": "A", "kind": "answered", "schema": "1", "payload": '{"a": "x"}',
+                              "meta": "{}"}
+    fields.update(changes)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+BAD_ADVANCES = [
+    {"foo": "bar"}, _advance_request(v="2"), _advance_request(deadline="nan"), _advance_request(schema="0"),
+    _advance_request(schema="true"), _advance_request(payload="{not json"), _advance_request(meta="[1]"),
+    _advance_request(meta='{"a": 1}'), _advance_request(check="2"), _advance_request(event_id=None),
+    _advance_request(reply="rf:{producer:other}:answers:x"),
+]
+
+
+def test_bad_advance_requests_are_refused_and_never_block(agent: tuple[Producer, Worker], redis_url: str,
+                                                          client: Any) -> None:
+    producer, worker = agent
+    producer.advance("A1", "A", expected_seq=0, kind="asked", payload={"q": "a"})
+    worker.run_once()  # announced: the group exists
+    for fields in BAD_ADVANCES:
+        client.xadd("rf:{producer:agent}:requests", {**fields, "uid": producer.uid} if "uid" in fields else fields)
+    results: list[Any] = []
+
+    def send() -> None:  # behind every bad one
+        with RemoteProducer(redis_url, "agent", timeout=10) as remote:
+            results.append(remote.advance_at_current("k:result", "A", kind="answered", payload={"a": "x"}))
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    until(lambda: not sender.is_alive(), worker)
+    assert [r.status for r in results] == ["committed"]
+    assert worker.stats.served == {"malformed": len(BAD_ADVANCES), "committed": 1}
+    assert [e.event_id for e in producer.outbox("A")] == ["A1", "k:result"]
+    answered = client.xrange("rf:{producer:agent}:answers:hand")
+    assert len(answered) == len(BAD_ADVANCES) - 2  # all but the two without a reply address of this producer
+    assert client.xlen("rf:{producer:agent}:requests") == 0  # every one acknowledged and dropped
+
+
 @pytest.mark.parametrize("location", ["redis://h:1/0", "agent", "http://h#agent", "redis://h:1/0#", "", 3])
 def test_a_bad_remote_location_is_a_value_error_naming_producer(location: Any) -> None:
     with pytest.raises(ValueError, match="producer"):
