@@ -218,6 +218,7 @@ class ProducerServer:
         self._claimed_at = -claim_after
         self._own_pending = True
         self.served: Counter[str] = Counter()
+        self._reported: Counter[str] = Counter()
 
     @property
     def where(self) -> str:
@@ -303,6 +304,13 @@ class ProducerServer:
             return wire.error_fields(request.id, uid, location, exc)
         self.served[result.status.value] += 1
         return aw.advance_answer_fields(request.id, uid, location, result)
+
+    def unreported(self) -> Counter[str]:
+        """The answers counted in :attr:`served` since the last call (the
+        worker's tally: some are answered while a relay waits)."""
+        news = self.served - self._reported
+        self._reported = Counter(self.served)
+        return news
 
     def _read(self) -> list[Any]:
         client, requests = self._client, self.keys.requests
