@@ -196,7 +196,12 @@ def settled(run: RoundTrip) -> tuple[bool, str]:
 def drain(run: RoundTrip) -> None:
     """The agent runs until every task is final (exit 0); the stores settle;
     the worker, bridge and executor stop on SIGTERM (exit 0)."""
-    code = run.procs["agent"].wait(DRAIN)
+    agent = run.procs["agent"]
+    deadline = time.monotonic() + DRAIN
+    while agent.alive() and time.monotonic() < deadline:
+        run.expect_alive("worker", "bridge", "executor")  # the agent waits for them: say so at once
+        time.sleep(0.5)
+    code = agent.wait(0.1)
     run.note(f"agent exited {code}")
     if code != 0:
         run.fail(f"the agent did not finish every task within {DRAIN:g}s after the faults (code {code}); "
