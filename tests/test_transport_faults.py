@@ -215,9 +215,11 @@ class Proc:
 
 
 class Service:
-    """``fake_service.py`` in its own process (this namespace), on a Unix socket."""
+    """``fake_service.py`` in its own process (this namespace), on a Unix socket;
+    ``p_fail``, ``p_late`` and ``more`` (further options) as that script takes them."""
 
-    def __init__(self, log_path: Path, seed: int) -> None:
+    def __init__(self, log_path: Path, seed: int, *, p_fail: float = P_FAIL, p_late: float = P_LATE,
+                 more: tuple[str, ...] = ()) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rf-tx-"))  # a short path: Unix socket paths are limited
         self.socket = str(self.dir / "service.sock")
         self.log_path = log_path
@@ -225,8 +227,8 @@ class Service:
         with open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(SERVICE), "--socket", self.socket, "--log", str(log_path), "--seed", str(seed),
-                 "--dedup", "0", "--p-fail", str(P_FAIL), "--p-late", str(P_LATE), "--late-delay", "0.1",
-                 "--max-seconds", "1800"],
+                 "--dedup", "0", "--p-fail", str(p_fail), "--p-late", str(p_late), "--late-delay", "0.1",
+                 "--max-seconds", "1800", *more],
                 env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], WAIT)

@@ -475,3 +475,32 @@ def test_an_executor_refuses_a_producer_that_is_neither(new_store: Any) -> None:
             EffectExecutor(consumer, EffectRegistry(), producer=3)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="producer"):
             EffectExecutor(consumer, EffectRegistry(), producer="agent.db")
+
+
+
+def test_a_result_comes_home_while_the_worker_waits_on_the_bridge(new_store: Any, redis_url: str,
+                                                                   client: Any) -> None:
+    # The bridge's executor feeds A's result and waits for the worker's answer, while the worker's
+    # relay of B waits for the bridge's: the worker serves its producer meanwhile, so neither waits
+    # out its timeout (before, both did: every round trip took up to the worker's send timeout).
+    effects = EffectRegistry()
+    effects.register("look_up", lambda call: {"a": call.payload["q"].upper()}, feedback=Feedback(kind="answered"))
+    with Producer(new_store("agent"), ASK) as producer, RedisReceiver(redis_url, TOOLS, timeout=8) as tools:
+        worker = Worker(producer, [tools], register=True, idle_sleep=0, serve_as="agent")
+        producer.advance("A1", "A", expected_seq=0, kind="asked", payload={"q": "a"})
+        with ToolsHost(new_store(TOOLS), redis_url, effects):
+            until(lambda: producer.outbox("A")[0].deliveries[TOOLS].state == "accepted", worker)
+            # No pass of the worker now: the bridge runs A's call and waits in its feed.
+            end = time.monotonic() + 5
+            while client.xlen("rf:{producer:agent}:requests") == 0 and time.monotonic() < end:
+                time.sleep(0.01)
+            assert client.xlen("rf:{producer:agent}:requests") == 1
+            producer.advance("B1", "B", expected_seq=0, kind="asked", payload={"q": "b"})
+            began = time.monotonic()
+            work, _more = worker.relay_step(0, worker.stats)  # B's relay waits for the bridge
+            took = time.monotonic() - began
+            assert work > 0 and producer.outbox("B")[0].deliveries[TOOLS].state == "accepted", worker.stats
+            assert (producer.flow("A") or {}).get("state") == "answered"
+            until(lambda: (producer.flow("B") or {}).get("state") == "answered", worker)
+        assert took < 4.0, f"B's relay took {took:.1f} s (the send timeout is 8 s)"
+        assert worker.stats.served == {"committed": 2}, worker.stats.served

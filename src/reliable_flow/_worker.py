@@ -253,12 +253,11 @@ class Worker:
         is recorded and the pass goes on.  Uses the producer's store."""
         work = 0
         for server in self.servers:
-            before = Counter(server.served)
             try:
                 work += server.serve_once()
             except Exception as exc:  # noqa: BLE001 - recorded; the next pass tries again
                 failed(tally, f"serving {server.name}", exc)
-            tally.served.update(server.served - before)
+            tally.served.update(server.unreported())  # also what was served while a relay waited
         return work
 
     def apply_step(self, index: int, tally: WorkerStats) -> int:
@@ -353,10 +352,12 @@ def producer_servers(producer: Producer, receivers: Sequence[Receiver], name: ob
         make = getattr(receiver, "producer_server", None)
         if callable(make):
             server = make(producer, name)
-            if server.where in servers:
+            kept = servers.setdefault(server.where, server)
+            if kept is not server:
                 server.close()
-            else:
-                servers[server.where] = server
+            meanwhile = getattr(receiver, "serve_meanwhile", None)
+            if callable(meanwhile):  # its relays wait on a bridge that may wait on this producer
+                meanwhile(kept)
     if not servers:
         raise ValueError("serve_as: none of the consumers is reached through a transport that can serve a "
                          "producer (give a RedisReceiver, or `reliable-flow run --to redis://...`)")

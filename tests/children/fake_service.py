@@ -3,7 +3,7 @@
 Not collected by pytest.  Run as a script::
 
     python tests/children/fake_service.py --socket PATH --log PATH --seed N --dedup 0|1
-        [--p-fail P] [--p-late P] [--late-delay S] [--max-seconds S]
+        [--p-fail P] [--p-late P] [--late-delay S] [--max-seconds S] [--p-throttle P]
 
 It listens on the Unix domain socket PATH only (no network address) and
 prints ``ready`` on stdout once it accepts connections.  It stops when its
@@ -23,12 +23,19 @@ line (or none).
   happened before the deadline").  Otherwise, with seeded probabilities:
 
   - ``fail`` (``--p-fail``): nothing performed, answers ``{"error": "retry"}``;
+  - ``throttled`` (``--p-throttle``, 0 by default): nothing performed,
+    answers ``{"error": "throttled", "after": S}`` (an HTTP 429 with a
+    ``Retry-After`` of S, 0.05-0.3 s);
   - ``late`` (``--p-late``): performed, and the answer is held back until
     ``--late-delay`` seconds after the deadline (the caller sees a timeout);
   - else performed, answers ``{"ok": true, "result": {"receipt": ...}}``.
 
   With ``--dedup 1`` (an "idempotent target") a key already performed is
   never performed again: the stored result is answered at once (``dedup``).
+
+  ``"broken": true`` (a tool that always fails, ``test_agent_round_trip``):
+  nothing performed, answers ``{"error": "broken"}`` (an HTTP 500), logged
+  ``broken``; drawn before nothing, so the other calls' draws are as without it.
 
   Optional (the concurrent kill tests): ``"hold": S`` -- the service works
   ``S`` seconds before it decides (a long call), and then decides only if
@@ -48,7 +55,7 @@ Every request read is appended to the log before it is answered, one JSON
 line flushed and fsynced: ``{"n", "op", "key", "attempt", "outcome",
 "performed", "result"}``; ``outcome`` is one of ``fail``, ``performed``,
 ``late`` (performed, answer delayed), ``dedup``, ``expired`` (past its
-deadline), ``abandoned`` (a held call whose caller was gone when it was to be
+deadline), ``throttled``, ``broken``, ``abandoned`` (a held call whose caller was gone when it was to be
 decided), ``status``, ``garbled`` (an incomplete request: its sender died
 while sending); a held call also logs its ``hold`` and ``kind``, ``read_at``
 and ``at`` (``time.monotonic()`` when it was read and decided), and its
@@ -82,12 +89,13 @@ class Service:
     """The decisions and the log; every request goes through :meth:`handle` under one lock."""
 
     def __init__(self, log_path: str, seed: int, dedup: bool, p_fail: float, p_late: float,
-                 late_delay: float) -> None:
+                 late_delay: float, p_throttle: float = 0.0) -> None:
         self.rng = random.Random(seed)
         self.late_delay = late_delay
         self.dedup = dedup
         self.p_fail = p_fail
         self.p_late = p_late
+        self.p_throttle = p_throttle
         self.lock = threading.Lock()
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed by close()
         self.n = 0
@@ -146,6 +154,9 @@ class Service:
             if hold > 0 and caller_gone is not None and caller_gone():  # it died (or gave up) meanwhile
                 log("abandoned")
                 return None, None
+            if request.get("broken"):  # a tool that always answers 500: never performs
+                log("broken")
+                return {"error": "broken"}, None
             if self.dedup and key in self.results:
                 log("dedup", self.results[key])
                 return {"ok": True, "result": self.results[key]}, None
@@ -155,10 +166,13 @@ class Service:
                 if held:  # a Retry-After
                     return {"error": "retry", "after": round(0.02 + 0.18 * (draw / self.p_fail), 3)}, None
                 return {"error": "retry"}, None
+            if draw < self.p_fail + self.p_throttle:  # a 429 with a Retry-After
+                log("throttled")
+                return {"error": "throttled", "after": round(0.05 + 0.25 * self.rng.random(), 3)}, None
             self.performances += 1
             result = {"receipt": f"{key}#{self.performances}"}
             self.results[key] = result
-            late = draw < self.p_fail + self.p_late
+            late = draw < self.p_fail + self.p_throttle + self.p_late
             log("late" if late else "performed", result)
             return {"ok": True, "result": result}, (deadline + self.late_delay) if late else None
 
@@ -216,8 +230,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--p-late", type=float, default=0.2)
     parser.add_argument("--late-delay", type=float, default=0.1)
     parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument("--p-throttle", type=float, default=0.0)
     args = parser.parse_args(argv)
-    service = Service(args.log, args.seed, bool(args.dedup), args.p_fail, args.p_late, args.late_delay)
+    service = Service(args.log, args.seed, bool(args.dedup), args.p_fail, args.p_late, args.late_delay,
+                      args.p_throttle)
     if os.path.exists(args.socket):
         os.unlink(args.socket)
     server = Server(args.socket, Handler)

@@ -278,6 +278,7 @@ class ProducerServer:
         self._reader = GroupReader(self._client, self.url, self.keys.requests, GROUP, self.member, batch=batch,
                                    claim_after=claim_after, setup=self._announce)
         self.served: Counter[str] = Counter()
+        self._reported: Counter[str] = Counter()
 
     @property
     def where(self) -> str:
@@ -373,6 +374,13 @@ class ProducerServer:
             return wire.error_fields(request.id, uid, location, exc)
         self.served["checked" if request.check else result.status.value] += 1
         return aw.advance_answer_fields(request.id, uid, location, result)
+
+    def unreported(self) -> Counter[str]:
+        """The answers counted in :attr:`served` since the last call (the
+        worker's tally: some are answered while a relay waits)."""
+        news = self.served - self._reported
+        self._reported = Counter(self.served)
+        return news
 
     def close(self) -> None:
         """Drop the connection (the producer stays open: it is the caller's)."""

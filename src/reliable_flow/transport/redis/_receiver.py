@@ -26,6 +26,8 @@ DEFAULT_TIMEOUT = 10.0
 #: Requests kept in a consumer's stream at most (trimmed approximately);
 #: a request trimmed before a bridge read it is a failed send, retried.
 DEFAULT_MAX_REQUESTS = 10_000
+#: How often a waiting request answers the producer's own requests (:meth:`RedisReceiver.serve_meanwhile`).
+MEANWHILE = 0.05
 
 
 class RedisReceiver:
@@ -53,6 +55,13 @@ class RedisReceiver:
 
     One request at a time per object (a lock); the relay calls it from one
     thread.  ``close()`` drops the connection.
+
+    A worker that also serves its producer (``Worker(..., serve_as=NAME)``)
+    hands its server to :meth:`serve_meanwhile`: while a request waits for
+    its answer, the producer's requests are answered too, every
+    :data:`MEANWHILE` seconds.  Else a bridge whose executor waits for the
+    producer's answer to a result it feeds, and this relay waiting for that
+    bridge's answer, would each wait for the other until the relay's timeout.
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class RedisReceiver:
         self._location: str | None = None
         #: Answers ignored: late (after their deadline), for another request, malformed.
         self.ignored = 0
+        self._meanwhile: ProducerServer | None = None
 
     # -- what a relay reads -------------------------------------------------------------
 
@@ -169,6 +179,9 @@ class RedisReceiver:
                     f"within {self.timeout:g} s (request {request.id}, {len(request.bodies)} events); "
                     f"nothing taken as accepted"
                 )
+            if self._meanwhile is not None:
+                self._serve_meanwhile()
+                left = min(left, MEANWHILE)
             block = max(1, int(left * 1000))
             read = self._read(block)
             seen: list[Any] = []
@@ -209,6 +222,22 @@ class RedisReceiver:
         self.ignored += 1
         if RELAY.isEnabledFor(WARNING):
             log(RELAY, WARNING, "answer ignored", fields(consumer=self._name, request=request_id, why=why))
+
+    def serve_meanwhile(self, server: ProducerServer) -> None:
+        """Answer ``server``'s requests while a request of this receiver
+        waits for its answer (on the thread that sends, which must be the
+        thread of ``server``'s producer: a relay holds no producer
+        transaction while it waits)."""
+        if not isinstance(server, ProducerServer):
+            raise TypeError(f"server must be a ProducerServer, got {type(server).__name__}")
+        self._meanwhile = server
+
+    def _serve_meanwhile(self) -> None:
+        assert self._meanwhile is not None
+        try:
+            self._meanwhile.serve_once()
+        except Exception:  # noqa: BLE001, S110 - the worker's own serve step meets it again and records it
+            pass
 
     def producer_server(self, producer: Producer, name: str) -> ProducerServer:
         """A server of ``producer`` as ``name`` on this receiver's Redis
