@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from redis_server import MISSING as REDIS_MISSING
+from redis_server import redis_required
 from support import child_env, run_script
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.py"))
+#: Scripts that start a private redis-server (and need the redis client).
+NEEDS_REDIS = {"agent_two_hosts.py"}
 
 EXPECTED: dict[str, list[str]] = {
     "quickstart.py": [
@@ -51,6 +55,19 @@ EXPECTED: dict[str, list[str]] = {
         "  tools:C1-2:get_weather: 1 request",
         "  tools.db effects: {'succeeded': 2}; results fed back by this run: 2",
     ],
+    "agent_two_hosts.py": [
+        "  A     advance T1-2 tool_called  -> committed: search('Dune author') runs on host B",
+        ("  B     result came home as tools:T1-2:search:result (seq 3): 3 results for 'Dune author', "
+         "the first from an encyclopedia"),
+        ("  B     failure came home as tools:T2-2:fetch_page:failure (seq 3): effect dead, "
+         "RetryLater: HTTP 500 from https://example.org/"),
+        "  A     advance T2-4 answered     -> committed: Sorry, I could not reach that page; try again later.",
+        "  tools:T2-2:fetch_page: 3 calls",
+        "  tools:T3-2:search: 1 call",
+        "  A agent.db T3: state answered, seq 4",
+        ("  B tools.db effects: {'succeeded': 2, 'dead': 1}; projections: "
+         "[('T1', 'answered'), ('T2', 'answered'), ('T3', 'answered')]"),
+    ],
 }
 
 
@@ -59,6 +76,10 @@ def _tree(root: Path) -> set[str]:
 
 
 def _run(script: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    if script.name in NEEDS_REDIS and REDIS_MISSING:
+        if redis_required():
+            pytest.fail(REDIS_MISSING, pytrace=False)
+        pytest.skip(REDIS_MISSING)
     env = child_env(
         PYTHONDONTWRITEBYTECODE="1",  # a stray __pycache__ is not the script's doing
         TMPDIR=str(tmp_path / "tmp"),  # so we can see whether temporary files are removed
@@ -89,7 +110,7 @@ def test_example_runs_cleanly(script: Path, tmp_path: Path) -> None:
         assert _tree(tmp_path / "tmp") == set(), "left temporary files behind"
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "agent_tasks.py", "async_agent.py"])
+@pytest.mark.parametrize("script", ["quickstart.py", "agent_tasks.py", "async_agent.py", "agent_two_hosts.py"])
 def test_example_keeps_its_files_in_a_given_directory_and_reruns_idempotently(
     script: str, tmp_path: Path
 ) -> None:
