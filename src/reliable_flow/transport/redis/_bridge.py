@@ -24,6 +24,7 @@ from ...errors import InvalidEnvelope, ReliableFlowError
 from ...records import PassResult, ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, denied, fields_of, shown, talking
+from ._owed import publish_owed
 
 __all__ = ["Bridge", "BridgeStats"]
 
@@ -148,7 +149,9 @@ class Bridge:
     # -- the group and the announcement ----------------------------------------------------
 
     def _setup(self) -> None:
-        """Make the group (if missing) and announce the consumer's storage."""
+        """Make the group (if missing), announce the consumer's storage and
+        publish the steps its effects owe producers (a view for the
+        producer's ``inspect``, :mod:`._owed`)."""
         def setup() -> None:
             try:
                 self._client.xgroup_create(self.keys.requests, GROUP, id="0", mkstream=True)
@@ -158,6 +161,7 @@ class Bridge:
             self._client.hset(self.keys.consumer, mapping={
                 "uid": self.consumer.uid, "location": self.consumer.location, "name": self.consumer.name,
                 "bridge": self.name, "at": repr(time.time())})
+            publish_owed(self._client, self.keys, self.consumer, self.executors)
 
         talking(self.url, f"bridge for consumer {self.consumer.name!r}", setup)
         self._announced_at = time.monotonic()
