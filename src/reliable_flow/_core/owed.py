@@ -114,10 +114,10 @@ def owed_summary(consumer: str, uid: str, effects: list[ScheduledEffect], trunca
 
 def _field(obj: Mapping[str, Any], name: str, kinds: tuple[type, ...], where: str) -> Any:
     value = obj.get(name)
-    if isinstance(value, bool) and bool not in kinds:
-        value = None  # a bool is no number here
-    if not isinstance(value, kinds) or (isinstance(value, float) and not math.isfinite(value)):
-        raise ValueError(f"{where}{name}: expected {'/'.join(k.__name__ for k in kinds)}, got {value!r}"[:200])
+    if (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)  # a bool is no number
+            or (isinstance(value, float) and not math.isfinite(value))):
+        raise ValueError(f"summary: {where}{name}: expected {'/'.join(k.__name__ for k in kinds)}, "
+                         f"got {value!r}"[:200])
     return value
 
 
