@@ -146,7 +146,7 @@ def quick_announcements(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _owed(client: Any) -> dict[str, Any] | None:
-    raw = client.get(OWED_KEY)
+    raw = client.hget(OWED_KEY, "summary")
     return None if raw is None else parse_summary(raw)
 
 
@@ -197,7 +197,7 @@ def test_a_stale_or_malformed_summary_is_said_so(new_store: Any, redis_url: str,
         effect = {"key": "k", "name": "look_up", "flow_id": "A", "state": "running", "since": at,
                   "updated_at": at, "fed": None, "refused": False, "producer": "agent"}
         other = {**effect, "key": "k2", "flow_id": "Z", "producer": "another-agent"}
-        client.set(OWED_KEY, json.dumps({"v": 1, "consumer": TOOLS, "uid": "u", "at": at, "count": 2,
+        client.hset(OWED_KEY, "summary", json.dumps({"v": 1, "consumer": TOOLS, "uid": "u", "at": at, "count": 2,
                                          "truncated": False, "effects": [effect, other]}))
         report = remote_report(agent_at, stuck_after=60, now=at + 59)
         [summary] = [c["summary"] for c in report["consumers"]]
@@ -209,7 +209,7 @@ def test_a_stale_or_malformed_summary_is_said_so(new_store: Any, redis_url: str,
             ("waiting_for_result", "k"), ("summary_stale", None)]
         for bad in ("[1]", json.dumps({"v": 1, "consumer": TOOLS, "uid": "u", "at": "soon", "count": 1,
                                        "truncated": False, "effects": []})):
-            client.set(OWED_KEY, bad)
+            client.hset(OWED_KEY, "summary", bad)
             report = remote_report(agent_at, stuck_after=60, now=at)
             assert report["attention"] == [] and report["consumers"][0]["unreadable"], bad
             assert "cannot be read" in format_remote_report(report)

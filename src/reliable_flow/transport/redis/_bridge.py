@@ -97,6 +97,10 @@ class Bridge:
       given up and will send again.
     * **Another store under the name is refused:** a request for another
       storage uid is answered ``ConsumerMismatch`` and nothing is stored.
+    * **What its effects owe producers is published** with each
+      announcement (``<prefix>:{NAME}:owed``): the effects registered with
+      ``feedback=`` whose step is not fed yet, a view for the producer's
+      ``reliable-flow inspect`` (docs/operations.md).
 
     Several bridges for one consumer are safe (the inbox decides); their
     ``name`` in the group must differ (default: host, process id).

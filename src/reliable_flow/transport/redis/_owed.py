@@ -4,8 +4,9 @@ PRODUCER redis://host#CONSUMER`` (or ``inspect PRODUCER`` alone, once the
 producer was served) shows as flows waiting for a result.
 
 A bridge publishes, with each announcement of its consumer (every 5 s),
-the summary of :mod:`reliable_flow._core.owed` under
-``<prefix>:{NAME}:owed``: a JSON string, bounded, as of its ``at``.  It is a
+the summary of :mod:`reliable_flow._core.owed` in the hash
+``<prefix>:{NAME}:owed`` (field ``summary``: JSON, bounded, as of its
+``at``; kept 7 days after its last write).  It is a
 view for operators, never an authority: nothing reads it to decide.  The
 worker that serves a producer (``serve_as``) records where in the
 producer's store (``meta`` row ``served_as``, the URL without its password).
@@ -67,7 +68,11 @@ def publish_owed(client: Any, keys: Keys, consumer: Consumer, executors: Sequenc
     with consumer.store.read() as reads:
         effects, truncated = owed_effects(reads, targets, now)
     summary = owed_summary(consumer.name, consumer.uid, effects, truncated, targets, now)
-    client.set(keys.owed, json.dumps(summary, sort_keys=True), ex=OWED_TTL)
+    # HSET and EXPIRE: commands a bridge's ACL user has already (docs/transport.md, "Security")
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(keys.owed, mapping={"summary": json.dumps(summary, sort_keys=True)})
+    pipe.expire(keys.owed, OWED_TTL)
+    pipe.execute()
 
 
 def record_served(producer: Producer, url: str, name: str, prefix: str) -> None:
@@ -87,13 +92,14 @@ def announced(url: str, consumer: str, prefix: str = "rf") -> tuple[dict[str, st
         def both() -> tuple[Any, Any]:
             pipe = client.pipeline(transaction=False)
             pipe.hgetall(keys.consumer)
-            pipe.get(keys.owed)
+            pipe.hgetall(keys.owed)  # HGETALL: a command a relay's ACL user has already
             got = pipe.execute()
             return got[0], got[1]
 
-        raw, text = talking(url, f"reading what consumer {consumer!r} publishes", both)
+        raw, owed = talking(url, f"reading what consumer {consumer!r} publishes", both)
     finally:
         client.close()
+    text = (owed or {}).get(b"summary", (owed or {}).get("summary"))
     try:
         announcement = wire.decode(raw) if raw else None
     except wire.BadMessage:
