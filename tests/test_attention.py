@@ -249,7 +249,9 @@ def test_refused_feedback_needs_attention(world: World) -> None:
     assert world.inspect("--event", "A1")[1]["attention"][0]["kind"] == "feedback_refused"
 
 
-def test_a_succeeded_effect_owing_feedback_without_a_refusal_needs_nothing(world: World) -> None:
+def test_a_succeeded_effect_owing_feedback_without_a_refusal_needs_nothing_until_stuck_after(world: World) -> None:
+    """Owed and not refused: nothing, until it is owed ``stuck_after`` (then
+    no executor with a producer feeds it: ``result_not_fed``, issue 30 item 5)."""
     effects = EffectRegistry()
     effects.register("look", lambda call: {"ok": True}, feedback=Feedback(kind="confirmed"))
 
@@ -261,8 +263,14 @@ def test_a_succeeded_effect_owing_feedback_without_a_refusal_needs_nothing(world
     world.deliver(c, "A", upto=1)
     world.executor(c).run_until_idle()  # no producer given: the result is owed, nothing was refused
     assert (c.scheduled_effect("default:A1:look").state, c.scheduled_effect("default:A1:look").fed) == ("succeeded", False)
-    code, report = world.inspect()
-    assert (code, report["attention"], report["consumer"]["effects"]["attention"]) == (0, [], [])
+    report = inspect_files(world.p_loc, world.c_loc, stuck_after=300, now=world.clock.t + 299)
+    assert (report["attention"], report["consumer"]["effects"]["attention"]) == ([], [])
+    report = inspect_files(world.p_loc, world.c_loc, stuck_after=300, now=world.clock.t + 300)
+    [item] = report["attention"]
+    assert (item["kind"], item["effect_key"], item["flow_id"], item["since"]) == (
+        "result_not_fed", "default:A1:look", "A", world.clock.t)
+    assert "is an executor with producer= running" in format_report(report)
+    assert report["consumer"]["effects"]["attention"] == []  # the effect itself is fine
 
 
 # -- a pruned flow is still the consumer's flow ----------------------------------------------------------

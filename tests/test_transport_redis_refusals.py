@@ -161,6 +161,9 @@ def test_the_documented_acl_rules_carry_events_end_to_end(server: RedisServer, t
     bridge_url, relay_url = _url(server, "bridge", SECRET), _url(server, "relay", SECRET)
     args = [sys.executable, "-m", "reliable_flow", "bridge", c_at, "--redis", bridge_url, "--report-every", "0"]
     with child_process(args, cwd=tmp_path, env=child_env()) as proc:
+        assert proc.stderr is not None
+        started = proc.stderr.readline()  # written once the bridge has announced: no race with the run
+        assert started.startswith("bridge: serving consumer"), started
         done = _run_to(p_at, relay_url, tmp_path)
         proc.terminate()
         _out, err = proc.communicate(timeout=30)
@@ -168,6 +171,10 @@ def test_the_documented_acl_rules_carry_events_end_to_end(server: RedisServer, t
     assert json.loads(done.stderr.rsplit("run: stopped: ", 1)[1])["relayed"] == {"accepted": 6}
     assert proc.returncode == 0, err
     assert "Traceback" not in err and SECRET not in err + done.stderr
+    # what the bridge published (HSET, EXPIRE) the producer's inspect reads as the relay's user (HGETALL)
+    seen = run_cli("inspect", p_at, f"{relay_url}#{NAME}", cwd=tmp_path)
+    assert seen.returncode == 0, seen.stderr
+    assert "0 effects owe a step" in seen.stdout and SECRET not in seen.stdout + seen.stderr, seen.stdout
 
 
 def test_a_relay_only_run_reports_only_what_it_did(server: RedisServer, tmp_path: Path) -> None:

@@ -16,15 +16,22 @@ nothing.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Protocol
 
-__all__ = ["PROTOCOL_PATH", "STORE_UID", "new_uid", "other_path_note", "protocol_path_in"]
+__all__ = ["PROTOCOL_PATH", "SERVED_AS", "STORE_UID", "new_uid", "other_path_note", "protocol_path_in",
+           "served_as_in", "served_where"]
 
 #: The ``meta`` key holding the recorded ``module:ATTRIBUTE``.
 PROTOCOL_PATH = "protocol_path"
 #: The ``meta`` key holding a producer store's identity (a consumer store has its own ``uid`` row).
 STORE_UID = "uid"
+#: The ``meta`` key of a producer store served to other hosts (``serve_as``):
+#: where, so that ``reliable-flow inspect PRODUCER`` finds its consumers'
+#: summaries.  The first place recorded stays, as for the protocol path;
+#: the URL is recorded without its password.
+SERVED_AS = "served_as"
 
 
 def new_uid() -> str:
@@ -50,3 +57,24 @@ def other_path_note(location: str, held: str | None, path: str | None) -> str | 
     note = (f"{location} keeps its recorded protocol path {held!r}; this process opened it with the "
             f"same protocol from {path!r} (the first path recorded stays)")
     return note
+
+
+def served_as_in(unit: _MetaUnit, name: str, url: str, prefix: str) -> str:
+    """Record that the producer is served as ``name`` on the Redis server
+    at ``url`` (given without its password) under ``prefix``, unless a place
+    is recorded already; the value the store holds after (JSON)."""
+    return unit.add_meta(SERVED_AS, json.dumps({"name": name, "url": url, "prefix": prefix}, sort_keys=True))
+
+
+def served_where(value: str | None) -> dict[str, str] | None:
+    """The recorded ``{"name", "url", "prefix"}`` (:func:`served_as_in`), or
+    None when none is recorded or it is not readable."""
+    if value is None:
+        return None
+    try:
+        held = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(held, dict) or not all(isinstance(held.get(k), str) for k in ("name", "url", "prefix")):
+        return None
+    return {k: str(held[k]) for k in ("name", "url", "prefix")}

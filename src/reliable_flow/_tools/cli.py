@@ -44,16 +44,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect = sub.add_parser(
         "inspect",
-        help="summarise a producer store and a consumer store, or why one flow / event is stuck (read only)",
+        help="summarise a producer store and a consumer store (or what its consumers on other hosts owe it), "
+             "or why one flow / event is stuck (read only)",
         description="Flows, undelivered and set-aside events per consumer, inbox pending / "
                     "blocked (with reasons) / applied, and gaps per flow; with --flow or --event, that "
                     "flow or event on both sides; with --effect, one effect and its durable history. Never writes. Exits 1 when something is blocked, set "
                     "aside, or stuck longer than --stuck-after (for alerts), 2 on an error. "
                     "Each store is a SQLite file or a postgresql://...#schema location. "
-                    "See docs/operations.md.",
+                    "Given redis://host:6379/0#NAME instead of a consumer store (or nothing, once the producer "
+                    "was served with --serve-as), the flows waiting for a result from effects beside the "
+                    "consumers on other hosts, as their bridges last published. A producer and a consumer "
+                    "that share no registration are refused (exit 2). See docs/operations.md.",
     )
     inspect.add_argument("producer", metavar="PRODUCER_DB")
-    inspect.add_argument("consumer", metavar="CONSUMER_DB")
+    inspect.add_argument("consumer", metavar="CONSUMER_DB", nargs="?",
+                         help="the consumer's store, or its location on Redis: redis://host:6379/0#NAME (without "
+                              "#NAME: every consumer in the producer's registry); default: where the producer "
+                              "is served")
     inspect.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     focus = inspect.add_mutually_exclusive_group()
     focus.add_argument("--flow", metavar="FLOW_ID", help="why this flow waits, on both sides")
@@ -115,9 +122,17 @@ def _inspect(args: argparse.Namespace) -> int:
         format_flow_report,
     )
     from .inspection import format_report, inspect_files
+    from .remote_inspect import format_remote_report, is_remote, remote_report
 
+    remote = args.consumer is None or is_remote(args.consumer)
+    if remote and any(x is not None for x in (args.flow, args.event, args.effect)):
+        print("inspect: --flow, --event and --effect need the consumer's store", file=sys.stderr)
+        return 2
     try:
-        if args.flow is not None:
+        if remote:
+            report = remote_report(args.producer, args.consumer, stuck_after=args.stuck_after)
+            text = format_remote_report
+        elif args.flow is not None:
             report = flow_report(args.producer, args.consumer, args.flow, stuck_after=args.stuck_after)
             text = format_flow_report
         elif args.event is not None:

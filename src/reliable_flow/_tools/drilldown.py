@@ -18,11 +18,13 @@ from typing import Any
 
 from .._core.effects import with_waits
 from .._core.operate import effect_attention, needs_attention, why_waiting
+from .._core.owed import pair_refusal
 from .._store import InboxReads, OutboxReads
 from .._store.records import as_flow_dict
+from ..errors import ConsumerMismatch
 from ..records import DeliveryRecord, InboxRow, OutboxEntry, ScheduledEffect, StuckFlow
 from ..statuses import DeliveryState, EffectState, FlowWait
-from .stores import Location, open_consumer, open_producer
+from .stores import Location, open_consumer, open_producer, shown
 
 __all__ = [
     "DEFAULT_STUCK_AFTER",
@@ -52,12 +54,19 @@ DEFAULT_STUCK_AFTER = 300.0
 
 @contextmanager
 def opened(producer_path: Location, consumer_path: Location) -> Iterator[tuple[OutboxReads, InboxReads]]:
-    """Both stores, opened read-only, each inside one read transaction."""
+    """Both stores, opened read-only, each inside one read transaction;
+    :class:`~reliable_flow.errors.ConsumerMismatch` when they share no
+    registration (:func:`~reliable_flow._core.owed.pair_refusal`)."""
     producer = open_producer(producer_path)
     try:
         consumer = open_consumer(consumer_path)
         try:
             with producer.read() as p_reads, consumer.read() as c_reads:
+                meta = c_reads.meta()
+                why = pair_refusal(shown(producer_path, producer), shown(consumer_path, consumer),
+                                   p_reads.consumers(), meta.get("name"), meta.get("uid"))
+                if why is not None:
+                    raise ConsumerMismatch(why)
                 yield p_reads, c_reads
         finally:
             consumer.close()

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._core.operate import feedback_refused, why_waiting
+from .._core.owed import unfed_too_long
 from ..records import ScheduledEffect
 from ..statuses import EffectState, FlowWait, InboxState
 from .drilldown import (
@@ -154,7 +155,16 @@ def _add_operations(report: dict[str, Any], producer_path: Location, consumer_pa
         attention += [set_aside_attention(consumer, e["flow_id"], e["seq"], e["event_id"], e["last_status"])
                       for e in d["set_aside"]]
     attention += [item for e in effects if (item := effect_item(name, e, now)) is not None]
+    attention += [_unfed_item(name, e) for e in effects if unfed_too_long(e, now, stuck_after)]
     report["attention"], report["stuck_after"], report["checked_at"] = attention, stuck_after, now
+
+
+def _unfed_item(name: str | None, e: ScheduledEffect) -> dict[str, Any]:
+    """A finished effect whose step the producer still waits for, too long."""
+    return {"kind": "result_not_fed", "consumer": name, "flow_id": e.flow_id, "seq": e.seq,
+            "event_id": e.event_id, "since": e.updated_at, "reason": None, "effect_key": e.key,
+            "detail": f"effect {e.name!r} ended {e.state.value}; its step is not fed into the producer: is an "
+                      "executor with producer= running for this consumer?"}
 
 
 def _lease(entry: dict[str, Any]) -> str:

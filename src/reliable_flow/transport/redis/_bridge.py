@@ -25,6 +25,7 @@ from ...records import PassResult, ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, denied, fields_of, shown, talking
 from ._group import GroupReader
+from ._owed import publish_owed
 
 __all__ = ["Bridge", "BridgeStats"]
 
@@ -94,6 +95,10 @@ class Bridge:
       given up and will send again.
     * **Another store under the name is refused:** a request for another
       storage uid is answered ``ConsumerMismatch`` and nothing is stored.
+    * **What its effects owe producers is published** with each
+      announcement (``<prefix>:{NAME}:owed``): the effects registered with
+      ``feedback=`` whose step is not fed yet, a view for the producer's
+      ``reliable-flow inspect`` (docs/operations.md).
 
     Several bridges for one consumer are safe (the inbox decides); their
     ``name`` in the group must differ (default: host, process id).
@@ -146,7 +151,9 @@ class Bridge:
     # -- the group and the announcement ----------------------------------------------------
 
     def _setup(self) -> None:
-        """Make the group (if missing) and announce the consumer's storage."""
+        """Make the group (if missing), announce the consumer's storage and
+        publish the steps its effects owe producers (a view for the
+        producer's ``inspect``, :mod:`._owed`)."""
         def setup() -> None:
             try:
                 self._client.xgroup_create(self.keys.requests, GROUP, id="0", mkstream=True)
@@ -156,6 +163,7 @@ class Bridge:
             self._client.hset(self.keys.consumer, mapping={
                 "uid": self.consumer.uid, "location": self.consumer.location, "name": self.consumer.name,
                 "bridge": self.name, "at": repr(time.time())})
+            publish_owed(self._client, self.keys, self.consumer, self.executors)
 
         talking(self.url, f"bridge for consumer {self.consumer.name!r}", setup)
         self._announced_at = time.monotonic()

@@ -103,13 +103,15 @@ def denied(url: str, what: str, exc: BaseException) -> TransportDenied | None:
 class Keys:
     """The Redis keys of one consumer name: its request stream, the hash
     its bridges announce the consumer's storage in, the stream of refused
-    messages, and the prefix of reply streams."""
+    messages, the summary of the effects that owe a producer a step
+    (:mod:`._owed`), and the prefix of reply streams."""
 
     def __init__(self, prefix: str, consumer: str) -> None:
         base = f"{prefix}:{{{consumer}}}"  # one hash slot per consumer (Redis Cluster)
         self.requests = f"{base}:requests"
         self.consumer = f"{base}:consumer"
         self.refused = f"{base}:refused"
+        self.owed = f"{base}:owed"
         self.replies = f"{base}:answers"
 
     def reply(self, receiver_id: str) -> str:

@@ -16,6 +16,7 @@ from ...errors import ConsumerMismatch, TransportError
 from ...records import ReceiveResult
 from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, fields_of, shown, talking
+from ._owed import record_served
 from ._producer import ProducerServer
 
 __all__ = ["RedisReceiver"]
@@ -242,8 +243,11 @@ class RedisReceiver:
     def producer_server(self, producer: Producer, name: str) -> ProducerServer:
         """A server of ``producer`` as ``name`` on this receiver's Redis
         server and prefix: what ``Worker(..., serve_as=name)`` answers
-        remote executors' feedback with."""
-        return ProducerServer(producer, self.url, name, prefix=self.prefix)
+        remote executors' feedback with; where is recorded in the
+        producer's store (``meta`` row ``served_as``, for ``inspect``)."""
+        server = ProducerServer(producer, self.url, name, prefix=self.prefix)
+        record_served(producer, self.url, server.name, self.prefix)
+        return server
 
     def close(self) -> None:
         """Drop the connection (a later call reconnects)."""
