@@ -443,7 +443,14 @@ class Invariants:
         return state
 
     def check(self, where: str) -> dict[str, Any]:
-        now = self.read()
+        # Read until two reads agree: on PostgreSQL the backend of a client just SIGKILLed may still
+        # be finishing its COMMIT, which could land between the reads of two tables.
+        now, again = self.read(), self.read()
+        for _ in range(50):
+            if now == again:
+                break
+            time.sleep(0.1)
+            now, again = again, self.read()
         outbox, delivery = now["outbox"], now["delivery"]
         planted_body = json.dumps(PLANTED, sort_keys=True, separators=(",", ":"))
         # committed: flow row and outbox rows together, gap-free

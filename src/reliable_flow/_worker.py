@@ -204,6 +204,8 @@ class Worker:
             work += self.apply_step(index, self.stats)
         work += pump_executors(self.executors, self.apply_limit, self.stats, partial(failed, self.stats),
                                lambda: self.stopping)
+        for server in self.servers:  # what was answered while a relay waited on its bridge
+            self.stats.served.update(server.unreported())
         self.passed()
         return PassResult(work, 0.0 if work else self._wake_in())
 

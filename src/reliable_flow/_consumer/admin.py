@@ -17,8 +17,7 @@ from .._checks import check_text
 from .._core.admin import amend_in, effect_action_in
 from .._core.operate import replace_in, skip_in
 from .._effects import EffectRegistry, check_json_value
-from .._effects.feedback import RemoteTarget
-from .._effects.feedstep import check_feedback
+from .._effects.feedstep import RemoteTarget, check_feedback
 from .._observe import CONSUMER, operator_action
 from .._producer import Producer
 from .._retention import DEFAULT_PRUNE_BATCH, prune_older_than

@@ -14,42 +14,23 @@ in :mod:`reliable_flow._core.effects`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._core.effects import FEEDBACK_REFUSED, fed_back_in, feedback_refusal
 from .._observe import WARNING
 from .._producer import Producer, advance_at_current
 from ..crash import crash_point
 from ..delivery import DeliveryPolicy, error_text
-from ..records import AdvanceResult, ExecutorStats, ScheduledEffect
-from .feedstep import FeedStep, feed_step, owes_nothing
+from ..records import ExecutorStats, ScheduledEffect
+from .feedstep import FeedStep, RemoteTarget, feed_step, owes_nothing
 from .registry import EffectRegistry, Feedback
 
 if TYPE_CHECKING:
     from .._consumer import Consumer
 
 __all__ = ["Feeder", "RemoteTarget", "Target", "feedback_target", "refusal", "refusals"]
-
-
-class RemoteTarget(Protocol):
-    """A producer on another host, as feedback sees it (the transport's
-    ``RemoteProducer``): it advances one step at the flow's current seq
-    over there and answers the producer's result."""
-
-    @property
-    def location(self) -> str: ...
-
-    def advance_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
-                           meta: dict[str, str] | None = None) -> AdvanceResult: ...
-
-    def check_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
-                         meta: dict[str, str] | None = None) -> AdvanceResult: ...
-
-    def advance_many(self, steps: Sequence[Mapping[str, Any]]) -> list[AdvanceResult | Exception]: ...
-
-    def close(self) -> None: ...
 
 
 #: What results are fed back into: a local producer, or one on another host.

@@ -13,9 +13,10 @@ anything is recorded.  Feeding it is :mod:`.feedback`'s.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from .._core.admin import amended_reason
 from .._core.advance import build
@@ -29,11 +30,11 @@ from .._core.effects import (
 from .._producer import Producer, check_at_current
 from ..delivery import error_text
 from ..errors import NotResolvable
-from ..records import ScheduledEffect
+from ..records import AdvanceResult, ScheduledEffect
 from ..statuses import EffectState
 from .registry import EffectRegistry, Feedback, check_json_value
 
-__all__ = ["FeedStep", "check_feedback", "checked", "feed_step", "owes_nothing"]
+__all__ = ["FeedStep", "RemoteTarget", "check_feedback", "checked", "feed_step", "owes_nothing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,25 @@ class FeedStep:
     kind: str
     payload: Any
     failure: bool
+
+
+class RemoteTarget(Protocol):
+    """A producer on another host, as feedback sees it (the transport's
+    ``RemoteProducer``): it advances one step at the flow's current seq
+    over there and answers the producer's result."""
+
+    @property
+    def location(self) -> str: ...
+
+    def advance_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+                           meta: dict[str, str] | None = None) -> AdvanceResult: ...
+
+    def check_at_current(self, event_id: str, flow_id: str, *, kind: str, payload: Any, schema: int = 1,
+                         meta: dict[str, str] | None = None) -> AdvanceResult: ...
+
+    def advance_many(self, steps: Sequence[Mapping[str, Any]]) -> list[AdvanceResult | Exception]: ...
+
+    def close(self) -> None: ...
 
 
 def owes_nothing(effect: ScheduledEffect, feedback: Feedback | None) -> bool:

@@ -174,6 +174,8 @@ class AsyncWorker:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+        for server in self._worker.servers:  # what was answered while a relay waited on its bridge
+            self.stats.served.update(server.unreported())
         if not self.stopping:
             self._worker.passed()
         work = sum(r for r in results if isinstance(r, int))
