@@ -213,7 +213,10 @@ def _params(environ: dict[str, Any], allowed: Sequence[str]) -> dict[str, str]:
 
 
 def _json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    """JSON with ``<``, ``>`` and ``&`` as ``\\u`` escapes: the same values, and
+    nothing a browser that sniffs despite ``nosniff`` could take for markup."""
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") + "\n"
 
 
 def _send(start_response: StartResponse, method: str, status: HTTPStatus, kind: str, body: str,

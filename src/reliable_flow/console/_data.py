@@ -232,6 +232,7 @@ class Console:
                 if not events:
                     events = [self._event(p.find_event(e["event_id"]), e) for e in report["producer"]["events"]]
             effects = [self._effect(e, stored.get(e["key"])) for e in report["consumer"]["effects"]]
+            projection = self._merged(projection, events)
             deliveries = {e["seq"]: e["deliveries"].get(t.name) for e in report["producer"]["events"]}
             consumers.append({"name": t.name, "flow": report["consumer"]["flow"], "projection": projection,
                               "effects": effects, "why": why_sentence(report["consumer"]["flow"], deliveries)})
@@ -242,8 +243,20 @@ class Console:
         if not known:
             raise NotFound(f"no flow {flow_id!r} in the producer or any consumer")
         return {"checked_at": now, "stuck_after": self.stuck_after, "flow_id": flow_id,
-                "producer": {"flow": reports[0]["producer"]["flow"], "events": events},
+                "producer": {"flow": self._merged(reports[0]["producer"]["flow"], events), "events": events},
                 "consumers": consumers, "attention": attention}
+
+    def _merged(self, data: dict[str, Any] | None, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A flow's data or projection, which merge its payloads: its fields
+        through the redaction of every kind of the flow's events, in turn
+        (the library's own ``state`` / ``seq`` / ``last_seq`` kept as they are)."""
+        if data is None or self.redact is None:
+            return data
+        own = {k: data[k] for k in ("state", "seq", "last_seq") if k in data}
+        fields: Any = {k: v for k, v in data.items() if k not in own}
+        for kind in dict.fromkeys(str(e["kind"]) for e in events if "kind" in e):
+            fields = _redacted(self.redact, kind, fields)
+        return {**(fields if isinstance(fields, dict) else {"redacted": fields}), **own}
 
     def _event(self, stored: Any, entry: dict[str, Any]) -> dict[str, Any]:
         body = None if stored is None else json.loads(stored.body)

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 __all__ = ["Html", "age", "chart", "esc", "href", "join", "link", "page", "path_to", "payload", "table", "tag", "when"]
 
 #: A payload shown on a page is cut here (the JSON twin has all of it).
-SHOWN_CHARS = 20_000
+SHOWN_CHARS = 8_000
 
 
 class Html(str):
