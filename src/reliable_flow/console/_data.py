@@ -347,8 +347,11 @@ class Console:
             with opened(self.producer, t.location) as (_, c):
                 consumers[t.name] = {"actions": [a.as_dict() for a in c.inbox_actions()],
                                      "effect_actions": [a.as_dict() for a in c.effect_actions()]}
-        log = [{**a, "store": "producer"} for k in ("operator_actions", "registry_actions") for a in producer[k]]
-        log += [{**a, "store": f"consumer {n}"} for n, d in consumers.items() for k in d for a in d[k]]
+        targets = {"operator_actions": "delivery", "registry_actions": "registry", "actions": "inbox",
+                   "effect_actions": "effect"}
+        log = [{**a, "store": "producer", "target": targets[k]} for k in producer for a in producer[k]]
+        log += [{**a, "store": f"consumer {n}", "target": targets[k]} for n, d in consumers.items() for k in d
+                for a in d[k]]
         log.sort(key=lambda a: -float(a.get("at") or 0))
         return {"producer": producer, "consumers": consumers, "log": log}
 

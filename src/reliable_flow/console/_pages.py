@@ -33,9 +33,11 @@ def overview_page(base: str, data: dict[str, Any]) -> Html:
                      chart(data["applied_per_minute"].get(c["name"], []),
                            label=f"events applied per minute by {c['name']}")])
     attention = data["attention"]
+    produced = data["consumers"][0]["inspect"]["producer"]
     body = Html(
-        tag("p", "producer ", tag("code", data["producer"]), f"; stuck after {data['stuck_after']:g} s; checked ",
-            when(data["checked_at"]))
+        tag("p", "producer ", tag("code", data["producer"]), ": ",
+            tag("span", f"{produced['events']} events in {produced['flows']} flows", id="produced"),
+            f"; stuck after {data['stuck_after']:g} s; checked ", when(data["checked_at"]))
         + tag("h2", "Consumers")
         + table(["consumer", "location", "backlog", "undelivered", "unapplied", "in flight",
                  "oldest unaccepted", "oldest unapplied", "applied", "effects", "applied per minute"], rows)
