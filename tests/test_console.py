@@ -411,3 +411,26 @@ def test_the_server_serves_and_stops_cleanly(tmp_path: Path, stop: signal.Signal
         assert proc.returncode == 0, err
         assert "console: stopped" in out and time.monotonic() - started < 5
     assert not is_pg(p_at)
+
+
+def test_several_consumers_each_answer_for_themselves(tmp_path: Path) -> None:
+    from reliable_flow.reservation import RESERVATION
+
+    p_at, c_at, b_at = (str(tmp_path / f"{n}.db") for n in ("p", "c", "b"))
+    troubled_history(p_at, c_at)
+    with Producer(p_at, RESERVATION) as producer, Consumer(b_at, RESERVATION, name="billing") as billing:
+        producer.admin.register_consumer("billing", actor="ops", reason="a second reader")
+        relay(producer, billing, event_id="A1")
+        billing.process_all()
+    client = Client(make_app(p_at, [c_at, f"billing={b_at}"]))
+    overview = client.json("/api/overview")
+    assert [c["name"] for c in overview["consumers"]] == ["default", "billing"]
+    expected = inspect_files(p_at, c_at)["attention"]
+    expected += [a for a in inspect_files(p_at, b_at)["attention"] if a not in expected]
+    assert overview["attention"] == expected  # each inspect's items, in its order; the shared set-aside once
+    assert [a["kind"] for a in overview["attention"]].count("set_aside") == 1
+    flow = client.json("/api/flows/A")
+    assert [c["name"] for c in flow["consumers"]] == ["default", "billing"]
+    assert set(flow["producer"]["events"][0]["deliveries"]) == {"default", "billing"}
+    assert client.json("/api/effects", "consumer=billing")["consumer"] == "billing"
+    assert "to billing" in client.ok("/flows/A")
