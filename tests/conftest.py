@@ -115,6 +115,7 @@ _REQUIREMENTS = (
     ("RELIABLE_FLOW_REQUIRE_POSTGRES", "postgres", ("psycopg", "PostgreSQL"), "PostgreSQL"),
     ("RELIABLE_FLOW_REQUIRE_REDIS", "redis", ("redis",), "Redis"),
     ("RELIABLE_FLOW_REQUIRE_NETNS", "netns", ("network namespace",), "two-host (network namespace)"),
+    ("RELIABLE_FLOW_REQUIRE_BROWSER", "browser", ("selenium", "chromium", "browser"), "browser (headless chromium)"),
 )
 
 
@@ -124,7 +125,7 @@ def _skip_reason(report) -> str:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
-    """With RELIABLE_FLOW_REQUIRE_POSTGRES (_REDIS, _NETNS) set, a module skipped
+    """With RELIABLE_FLOW_REQUIRE_POSTGRES (_REDIS, _NETNS, _BROWSER) set, a module skipped
     for want of that service or its client (``pytest.importorskip("psycopg")``
     at its top, say) is a failure too."""
     outcome = yield
@@ -141,8 +142,8 @@ def pytest_make_collect_report(collector):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With RELIABLE_FLOW_REQUIRE_POSTGRES (_REDIS, _NETNS) set, a skipped
-    ``postgres`` (``redis``, ``netns``) test is a failure."""
+    """With RELIABLE_FLOW_REQUIRE_POSTGRES (_REDIS, _NETNS, _BROWSER) set, a skipped
+    ``postgres`` (``redis``, ``netns``, ``browser``) test is a failure."""
     outcome = yield
     report = outcome.get_result()
     if not report.skipped:

@@ -193,7 +193,8 @@ def test_the_module_walk_finds_the_core_modules() -> None:
 #: every other module is private: its name, or a package above it, starts
 #: with an underscore (issue 19, item 1).
 PUBLIC_MODULES = [
-    "reliable_flow", "reliable_flow.aio", "reliable_flow.crash", "reliable_flow.delivery", "reliable_flow.errors",
+    "reliable_flow", "reliable_flow.aio", "reliable_flow.console", "reliable_flow.crash", "reliable_flow.delivery",
+    "reliable_flow.errors",
     "reliable_flow.metrics", "reliable_flow.protocol", "reliable_flow.records", "reliable_flow.reservation",
     "reliable_flow.statuses", "reliable_flow.tracing", "reliable_flow.transport", "reliable_flow.transport.redis",
 ]

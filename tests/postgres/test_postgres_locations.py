@@ -76,3 +76,15 @@ def test_a_pool_lends_the_store_a_connection_and_gets_it_back_reset(pg_cluster: 
 def test_a_bad_postgres_location_is_refused_naming_the_field(connect: Any, schema: Any, error: type) -> None:
     with pytest.raises(error, match="connect|schema"):
         PostgresLocation(connect, schema)
+
+
+@pytest.mark.parametrize("given", [
+    "postgresql://ops:pa55word@db.example/app#orders",
+    "postgresql:///app?host=/run/pg&password=pa55word&user=ops#orders",
+    "postgresql:///app?PASSWORD=pa55word#orders",
+])
+def test_a_location_is_shown_without_its_password(given: str) -> None:
+    from reliable_flow._store.postgres.location import parse
+
+    shown = parse(given, "producer").shown
+    assert "pa55word" not in shown and "***" in shown and shown.endswith("#orders")

@@ -1,8 +1,8 @@
 """``python -m reliable_flow._tools.apidoc``: the API reference (``docs/api.md``),
 generated from ``reliable_flow.__all__``, the ``__all__`` of the public
 namespaces (``records``, ``errors``, ``statuses``, the asyncio face, the
-Redis transport ``reliable_flow.transport.redis``, the protocol's field
-checks), the signatures and the docstrings.
+Redis transport ``reliable_flow.transport.redis``, the operator console
+``reliable_flow.console``, the protocol's field checks), the signatures and the docstrings.
 
 A test regenerates it and compares, so the page cannot fall behind the code:
 every public name, every public method and argument, and every result field
@@ -42,13 +42,14 @@ daily); then, one section each, the namespaces `reliable_flow.errors` (every
 error), `reliable_flow.statuses` (every status enum; the common ones are at
 the top level too), `reliable_flow.records` (every result and record) and
 the asyncio face `reliable_flow.aio`, the Redis transport
-`reliable_flow.transport.redis` (the extra `.[redis]`) and the field checks of
+`reliable_flow.transport.redis` (the extra `.[redis]`), the operator console
+`reliable_flow.console` and the field checks of
 `reliable_flow.protocol`. The other public modules are
 `reliable_flow.delivery`, `reliable_flow.reservation`, `reliable_flow.metrics`,
 `reliable_flow.crash` and `reliable_flow.tracing`; every other module is
 internal. Guides: [concepts](concepts.md), [effects](effects.md),
 [asyncio](asyncio.md), [worker](worker.md), [transport](transport.md),
-[operations](operations.md), [writing a protocol](writing-a-protocol.md).
+[operations](operations.md), [console](console.md), [writing a protocol](writing-a-protocol.md).
 """
 
 # name -> where its heading is: a namespace documents its own names, so a
@@ -197,6 +198,12 @@ def render() -> str:
     out.append(_doc(transport_redis).split("\n\n")[0] + " See [transport](transport.md).\n")
     for name in sorted(transport_redis.__all__):
         _entry(name, getattr(transport_redis, name), out)
+    from reliable_flow import console
+
+    out.append("## `reliable_flow.console`: the operator console\n")
+    out.append(_doc(console).split("\n\n")[0] + " See [console](console.md).\n")
+    for name in sorted(console.__all__):
+        _entry(name, getattr(console, name), out)
     out.append("## `reliable_flow.protocol`: field checks\n")
     out.append("What a protocol's ``schemas`` are written with, next to `Protocol` "
                "(see [writing a protocol](writing-a-protocol.md)).\n")

@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     from .operator_cli import add_operator_commands
 
     add_operator_commands(sub)
+    from .console_cli import add_console_command
+
+    add_console_command(sub)
     return parser
 
 
@@ -237,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bridge_cli import bridge_command
 
         return bridge_command(args)
+    if args.command == "console":
+        from .console_cli import console_command
+
+        return console_command(args)
     from .operator_cli import run_operator_command
 
     done = run_operator_command(args)

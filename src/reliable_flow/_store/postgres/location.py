@@ -12,6 +12,7 @@ shown is then built from the connection's own parameters.
 from __future__ import annotations
 
 import hashlib
+import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,10 @@ def _shown(url: str, schema: str) -> str:
         netloc = parts.netloc.rsplit("@", 1)
         user = netloc[0].split(":", 1)[0]
         url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    if re.search(r"(?:^|&)password=", parts.query, flags=re.IGNORECASE):
+        # libpq takes the password as a query parameter too: left out just the same
+        query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query, flags=re.IGNORECASE)
+        url = urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(query=query))
     return f"{url}#{urllib.parse.quote(schema, safe='')}"
 
 

@@ -1,0 +1,398 @@
+"""What the console shows, as JSON-able dicts, read from the stores read only.
+
+Every answer comes from the operator tools ``inspect`` uses
+(:mod:`reliable_flow._tools.inspection`, :mod:`reliable_flow._tools.drilldown`,
+:mod:`reliable_flow._tools.metrics_report`), so the console and ``inspect``
+give the same items in the same order; this module only gathers them per
+consumer and adds what a page shows besides (payloads, through ``redact``;
+the projection; the search).  It is the one seam the pages read through:
+indexed keyset reads (issue 31, item 5) and a consumer on another host
+(item 6) change this module, not the pages.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._envelope import MAX_ID_CHARS
+from .._tools.drilldown import effect_dict, effect_report, flow_report, opened, when
+from .._tools.inspection import inspect_files
+from .._tools.metrics_report import metrics_files
+from .._tools.stores import Location, open_consumer, open_producer, shown
+from ..metrics import prometheus_text
+from ..statuses import EffectState
+
+__all__ = ["BadRequest", "Console", "NotFound", "Redact", "Target", "parse_consumer"]
+
+#: ``redact(kind, payload) -> payload``: kind is the event's kind or the effect's name.
+Redact = Callable[[str, Any], Any]
+
+#: The keys a search finds a flow by, in the order they are tried.
+MATCHES = ("flow_id", "event_id", "effect_key", "correlation_id")
+
+
+class BadRequest(ValueError):
+    """A query parameter or an id the console cannot take: a 400, with this sentence."""
+
+
+class NotFound(LookupError):
+    """Nothing under this id in any store: a 404, with this sentence."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One consumer store: the ``name`` its store records (the producer keeps
+    its deliveries under it), where it is, and how a page names that place
+    (a PostgreSQL location without its password)."""
+
+    name: str
+    location: Location
+    shown: str
+
+
+def parse_consumer(item: Location) -> tuple[str | None, Location]:
+    """``NAME=LOCATION`` or a location alone.  A string whose text before the
+    first ``=`` holds no ``/``, ``:``, ``#`` or ``?`` names the consumer
+    (a location's own ``=``, as in ``?sslmode=``, comes after one of them)."""
+    if isinstance(item, str):
+        name, sep, rest = item.partition("=")
+        if sep and name and rest and not any(c in name for c in "/:#?\\"):
+            return name, rest
+    return None, item
+
+
+def _target(item: Location) -> Target:
+    wanted, location = parse_consumer(item)
+    store = open_consumer(location)
+    try:
+        with store.read() as reads:
+            name = reads.meta().get("name") or "default"
+        where = shown(location, store)
+    finally:
+        store.close()
+    if wanted is not None and wanted != name:
+        raise ValueError(f"consumers: {wanted}={where} names consumer {wanted!r}, "
+                         f"but that store is consumer {name!r}")
+    return Target(name, location, where)
+
+
+def _redacted(redact: Redact | None, kind: str, payload: Any) -> Any:
+    """The payload as the console may show it: through ``redact`` (a copy, so a
+    redact that edits in place changes nothing stored); a redact that fails
+    shows nothing of the payload, never the payload itself."""
+    if redact is None:
+        return payload
+    try:
+        return redact(kind, copy.deepcopy(payload))
+    except Exception as exc:  # noqa: BLE001 - the operator's function; hide the payload, say why
+        return {"redact_failed": type(exc).__name__}
+
+
+class Console:
+    """A producer and its consumers, read on every call (nothing cached but
+    the applied-per-minute samples this object takes itself)."""
+
+    def __init__(self, producer: Location, consumers: Sequence[Location], *, redact: Redact | None,
+                 stuck_after: float) -> None:
+        if isinstance(consumers, (str, bytes, os.PathLike)):
+            raise TypeError("consumers must be a list of consumer locations, got one location")
+        if not consumers:
+            raise ValueError("consumers: give at least one consumer location")
+        if redact is not None and not callable(redact):
+            raise TypeError(f"redact must be a function redact(kind, payload) -> payload, got {redact!r}")
+        store = open_producer(producer)  # refuse a missing or wrong store now, not on the first page
+        try:
+            self.producer_shown = shown(producer, store)
+        finally:
+            store.close()
+        self.producer = producer
+        self.targets = [_target(item) for item in consumers]
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"consumers: a consumer is given twice: {names}")
+        self.redact = redact
+        self.stuck_after = stuck_after
+        self._samples: deque[tuple[float, dict[str, int]]] = deque(maxlen=720)
+        self._lock = threading.Lock()
+
+    # -- the overview ---------------------------------------------------------------------------
+
+    def overview(self, now: float | None = None) -> dict[str, Any]:
+        """Per consumer its ``inspect --json`` report and the figures the
+        overview shows; ``attention``: every consumer's ``inspect`` items in
+        its order (consumers in the order given), an item two reports share
+        (a set-aside event, from the producer) once."""
+        now = time.time() if now is None else now
+        consumers, attention = [], []
+        for t in self.targets:
+            report = inspect_files(self.producer, t.location, stuck_after=self.stuck_after, now=now)
+            p_metrics, c_metrics = metrics_files(self.producer, t.location, now)
+            delivery = p_metrics.consumers.get(t.name)
+            waits = [w["since"] for w in report["consumer"]["waiting"] if w["since"]]
+            inbox = report["consumer"]["inbox"]
+            consumers.append({
+                "name": t.name, "location": t.shown,
+                "backlog": (delivery.pending if delivery else 0) + inbox["pending"] + inbox["blocked"],
+                "undelivered": delivery.pending if delivery else 0,
+                "unapplied": inbox["pending"] + inbox["blocked"],
+                "in_flight": (delivery.leased if delivery else 0) + c_metrics.effects.get("running", 0),
+                "oldest_unaccepted_age": delivery.oldest_pending_age if delivery else None,
+                "oldest_unapplied_age": max(0.0, now - min(waits)) if waits else None,
+                "applied": inbox["applied"],
+                "inspect": report,
+            })
+            attention += [item for item in report["attention"] if item not in attention]
+        self._sample(now, {c["name"]: c["applied"] for c in consumers})
+        return {"checked_at": now, "stuck_after": self.stuck_after, "producer": self.producer_shown,
+                "consumers": consumers, "attention": attention,
+                "applied_per_minute": self.applied_per_minute()}
+
+    def _sample(self, now: float, applied: dict[str, int]) -> None:
+        with self._lock:
+            if not self._samples or now - self._samples[-1][0] >= 1.0:
+                self._samples.append((now, applied))
+
+    def applied_per_minute(self) -> dict[str, list[list[float]]]:
+        """Per consumer ``[time, events applied per minute]`` between the
+        samples this console took (one per overview, at most one a second;
+        the last 720): not stored anywhere, so it starts again with the
+        console.  A prune that removed applied rows counts as 0."""
+        with self._lock:
+            samples = list(self._samples)
+        out: dict[str, list[list[float]]] = {t.name: [] for t in self.targets}
+        for (t0, a0), (t1, a1) in itertools.pairwise(samples):
+            for name, points in out.items():
+                if name in a0 and name in a1 and t1 > t0:
+                    points.append([t1, max(0, a1[name] - a0[name]) * 60.0 / (t1 - t0)])
+        return out
+
+    def healthz(self) -> dict[str, Any]:
+        """``{"attention": [...]}``: the overview's list, in ``inspect --json``'s item shape."""
+        return {"attention": self.overview()["attention"]}
+
+    def metrics_text(self) -> str:
+        """``prometheus_text`` of the producer (once) and every consumer."""
+        now = time.time()
+        snapshots: list[Any] = []
+        for i, t in enumerate(self.targets):
+            p, c = metrics_files(self.producer, t.location, now)
+            snapshots += ([p] if i == 0 else []) + [c]
+        return prometheus_text(snapshots)
+
+    # -- flows ------------------------------------------------------------------------------------
+
+    def find_flows(self, q: str) -> dict[str, Any]:
+        """The flows ``q`` names, as a flow id, an event id, an effect key or a
+        correlation id (``meta["correlation_id"]`` of an event a consumer
+        received), each once, with what matched."""
+        q = _checked("q", q)
+        found: dict[str, set[str]] = {}
+        for t in self.targets:
+            with opened(self.producer, t.location) as (p, c):
+                if p.flow_state(q) is not None or c.projection(q) is not None or c.inbox_rows(q):
+                    found.setdefault(q, set()).add("flow_id")
+                event = p.find_event(q)
+                if event is not None:
+                    found.setdefault(str(json.loads(event.body)["flow_id"]), set()).add("event_id")
+                row = c.inbox_row(q)
+                if row is not None:
+                    found.setdefault(row.row().flow_id, set()).add("event_id")
+                effect = c.effect(q)
+                if effect is not None:
+                    found.setdefault(effect.flow_id, set()).add("effect_key")
+                for flow in c.flows():  # a scan: no index on meta yet (issue 31, item 5)
+                    if any(r.entry().meta.get("correlation_id") == q for r in c.inbox_rows(flow)):
+                        found.setdefault(flow, set()).add("correlation_id")
+        return {"q": q, "flows": [{"flow_id": f, "matched": [m for m in MATCHES if m in found[f]]}
+                                  for f in sorted(found)]}
+
+    def flow(self, flow_id: str, now: float | None = None) -> dict[str, Any]:
+        """One flow: per consumer ``inspect --flow``'s report (its ``attention``
+        the consumers' items, once), the events' payloads (redacted), the
+        projection, the effects' payloads, and one sentence of why it waits."""
+        flow_id = _checked("flow_id", flow_id)
+        now = time.time() if now is None else now
+        reports, consumers, attention = [], [], []
+        events: list[dict[str, Any]] = []
+        for t in self.targets:
+            report = flow_report(self.producer, t.location, flow_id, stuck_after=self.stuck_after, now=now)
+            with opened(self.producer, t.location) as (p, c):
+                projection = c.projection(flow_id)
+                stored = {e.key: e for e in c.effect_list(flow_id=flow_id)}
+                if not events:
+                    events = [self._event(p.find_event(e["event_id"]), e) for e in report["producer"]["events"]]
+            effects = [self._effect(e, stored.get(e["key"])) for e in report["consumer"]["effects"]]
+            projection = self._merged(projection, events)
+            deliveries = {e["seq"]: e["deliveries"].get(t.name) for e in report["producer"]["events"]}
+            consumers.append({"name": t.name, "flow": report["consumer"]["flow"], "projection": projection,
+                              "effects": effects, "why": why_sentence(report["consumer"]["flow"], deliveries)})
+            attention += [item for item in report["attention"] if item not in attention]
+            reports.append(report)
+        known = reports[0]["producer"]["flow"] is not None or events or any(
+            c["projection"] is not None or c["flow"]["rows"] or c["effects"] for c in consumers)
+        if not known:
+            raise NotFound(f"no flow {flow_id!r} in the producer or any consumer")
+        return {"checked_at": now, "stuck_after": self.stuck_after, "flow_id": flow_id,
+                "producer": {"flow": self._merged(reports[0]["producer"]["flow"], events), "events": events},
+                "consumers": consumers, "attention": attention}
+
+    def _merged(self, data: dict[str, Any] | None, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A flow's data or projection, which merge its payloads: its fields
+        through the redaction of every kind of the flow's events, in turn
+        (the library's own ``state`` / ``seq`` / ``last_seq`` kept as they are)."""
+        if data is None or self.redact is None:
+            return data
+        own = {k: data[k] for k in ("state", "seq", "last_seq") if k in data}
+        fields: Any = {k: v for k, v in data.items() if k not in own}
+        for kind in dict.fromkeys(str(e["kind"]) for e in events if "kind" in e):
+            fields = _redacted(self.redact, kind, fields)
+        return {**(fields if isinstance(fields, dict) else {"redacted": fields}), **own}
+
+    def _event(self, stored: Any, entry: dict[str, Any]) -> dict[str, Any]:
+        body = None if stored is None else json.loads(stored.body)
+        out = dict(entry)
+        if body is not None:
+            out.update(kind=body["kind"], schema=body["schema"], meta=body.get("meta", {}),
+                       payload=_redacted(self.redact, body["kind"], body["payload"]))
+        return out
+
+    def _effect(self, shown_dict: dict[str, Any], stored: Any) -> dict[str, Any]:
+        out = dict(shown_dict)
+        if stored is not None:
+            out["payload"] = _redacted(self.redact, stored.name, stored.payload)
+            out["result"] = None if stored.result is None else _redacted(self.redact, stored.name, stored.result)
+        return out
+
+    # -- effects ----------------------------------------------------------------------------------
+
+    def consumer_named(self, name: str | None) -> Target:
+        """The consumer ``name`` (the first one given for None)."""
+        if name is None:
+            return self.targets[0]
+        for t in self.targets:
+            if t.name == name:
+                return t
+        raise BadRequest(f"consumer must be one of {[t.name for t in self.targets]}, got {name!r}")
+
+    def effects(self, *, consumer: str | None = None, state: str | None = None, name: str | None = None,
+                after: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """A page of one consumer's effects in scheduling order, filtered by
+        state and name: those after the key ``after`` (keyset: a page stays
+        put while effects are added), at most ``limit``; ``next`` is the
+        ``after`` of the page that follows (None on the last)."""
+        target = self.consumer_named(consumer)
+        wanted = None
+        if state is not None:
+            states = [s.value for s in EffectState]
+            if state not in states:
+                raise BadRequest(f"state must be one of {states}, got {state!r}")
+            wanted = EffectState(state)
+        if name is not None:
+            name = _checked("name", name)
+        if after is not None:
+            after = _checked("after", after)
+        if not 1 <= limit <= 500:
+            raise BadRequest(f"limit must be between 1 and 500, got {limit}")
+        with opened(self.producer, target.location) as (_, c):
+            listed = [e for e in c.effect_list(state=wanted) if name is None or e.name == name]
+        keys = [e.key for e in listed]
+        start = 0
+        if after is not None:
+            if after not in keys:
+                raise BadRequest(f"after must be the key of an effect on the list, got {after!r}")
+            start = keys.index(after) + 1
+        page = listed[start:start + limit]
+        more = start + limit < len(listed)
+        return {"consumer": target.name, "state": state, "name": name, "after": after, "limit": limit,
+                "effects": [self._effect(effect_dict(e), e) for e in page],
+                "next": page[-1].key if more and page else None}
+
+    def effect(self, key: str, now: float | None = None) -> dict[str, Any]:
+        """``inspect --effect``'s report from the consumer that holds ``key``
+        (or whose history names it), with its payload and result, redacted."""
+        key = _checked("key", key, limit=1024)
+        for t in self.targets:
+            report = effect_report(self.producer, t.location, key, stuck_after=self.stuck_after, now=now)
+            cons = report["consumer"]
+            if cons["effect"] is None and not cons["history"] and not cons["actions"]:
+                continue
+            with opened(self.producer, t.location) as (_, c):
+                stored = c.effect(key)
+            if cons["effect"] is not None:
+                cons["effect"] = self._effect(cons["effect"], stored)
+            return report
+        raise NotFound(f"no effect {key!r} in any consumer (nor a history of one)")
+
+    # -- the operator action log ------------------------------------------------------------------
+
+    def actions(self) -> dict[str, Any]:
+        """Every recorded operator action, as the stores keep them:
+        ``producer`` (deliveries and registry), per consumer (inbox and
+        effects); ``log``: all of them, newest first, each with its store."""
+        with opened(self.producer, self.targets[0].location) as (p, _):
+            producer = {"operator_actions": [a.as_dict() for a in p.operator_actions()],
+                        "registry_actions": [a.as_dict() for a in p.registry_actions()]}
+        consumers = {}
+        for t in self.targets:
+            with opened(self.producer, t.location) as (_, c):
+                consumers[t.name] = {"actions": [a.as_dict() for a in c.inbox_actions()],
+                                     "effect_actions": [a.as_dict() for a in c.effect_actions()]}
+        targets = {"operator_actions": "delivery", "registry_actions": "registry", "actions": "inbox",
+                   "effect_actions": "effect"}
+        log = [{**a, "store": "producer", "target": targets[k]} for k in producer for a in producer[k]]
+        log += [{**a, "store": f"consumer {n}", "target": targets[k]} for n, d in consumers.items() for k in d
+                for a in d[k]]
+        log.sort(key=lambda a: -float(a.get("at") or 0))
+        return {"producer": producer, "consumers": consumers, "log": log}
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _checked(field: str, value: str, limit: int = MAX_ID_CHARS) -> str:
+    """An id as the stores keep them (1 to 128 characters, no control
+    characters; an effect key, which holds a consumer name, an event id and
+    an effect name, up to ``limit``), or a 400 naming the field."""
+    if not 1 <= len(value) <= limit:
+        raise BadRequest(f"{field} must be 1 to {limit} characters, got {len(value)}")
+    if _CONTROL.search(value) is not None:
+        raise BadRequest(f"{field} must not contain control characters")
+    return value
+
+
+def why_sentence(flow: dict[str, Any], deliveries: dict[int, dict[str, Any] | None]) -> str:
+    """One sentence of why the flow waits at this consumer: what the consumer
+    holds first (blocked, a gap, ready, an effect), else what the producer's
+    delivery of the next event waits for (a lease, a backoff)."""
+    wait, next_seq = flow["wait"], flow["next_seq"]
+    since = f" since {when(flow['since'])}" if flow["since"] else ""
+    if wait == "blocked":
+        return f"blocked: {flow['reason']}" + (f": {flow['detail']}" if flow["detail"] else "") + since
+    if wait == "gap":
+        return f"waiting for seq {next_seq}{since}"
+    if wait == "ready":
+        return f"seq {next_seq} is here and waits for an apply{since} (is a worker running?)"
+    if wait == "effect":
+        return f"waiting for an effect: {flow['detail']}{since}"
+    d = deliveries.get(next_seq)
+    if d is None:
+        return f"nothing waits: applied up to seq {flow['last_seq']}"
+    if d["state"] == "set_aside":
+        return f"seq {next_seq} was set aside: the consumer answered {d['last_status']}"
+    if d["state"] == "pending" and d["lease_owner"] and not d["lease_expired"]:
+        return f"lease held by {d['lease_owner']} until {when(d['due_at'])}"
+    if d["state"] == "pending" and d["due_at"] and d["attempts"]:
+        return f"backoff until {when(d['due_at'])}" + (f" after: {d['last_error']}" if d["last_error"] else "")
+    if d["state"] == "pending":
+        return f"seq {next_seq} is not delivered yet (is a relay running?)"
+    return f"seq {next_seq} is {d['state']} at the producer"

@@ -1,0 +1,202 @@
+"""The console in a real browser: Debian's chromium, headless, driven by
+selenium through Debian's chromedriver, against ``reliable-flow console``
+running as a child process, as an operator would start it.
+
+Each page is loaded and its content checked; the overview is seen to
+refresh by itself after an event is committed.  Without chromium (or
+selenium) the tests skip, except under ``RELIABLE_FLOW_REQUIRE_BROWSER=1``
+(``.ci/run`` sets it), where they fail.  The browser, its driver and the
+server are stopped also when the run is interrupted (tests/cleanup.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import cleanup
+from reliable_flow import Producer
+from reliable_flow.reservation import RESERVATION
+from support import child_env, dead_effects
+
+pytestmark = pytest.mark.browser
+
+#: Where chromium is looked for; RELIABLE_FLOW_CHROMIUM names another one (a test of the failure, say).
+CHROMIUM = (os.environ.get("RELIABLE_FLOW_CHROMIUM") or "/usr/bin/chromium", "chromium", "chromium-browser")
+CHROMEDRIVER = ("/usr/bin/chromedriver", "chromedriver")
+
+
+def _unavailable(why: str) -> None:
+    """Skip for want of the browser, or fail when it is required."""
+    if os.environ.get("RELIABLE_FLOW_REQUIRE_BROWSER"):
+        pytest.fail(f"the browser test cannot start, and RELIABLE_FLOW_REQUIRE_BROWSER is set: {why}")
+    pytest.skip(f"no browser (headless chromium): {why}")
+
+
+def _found(names: tuple[str, ...]) -> str | None:
+    if names is CHROMIUM and os.environ.get("RELIABLE_FLOW_CHROMIUM"):
+        names = names[:1]  # that one, or none
+    for name in names:
+        path = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Flows A and B, each with a dead effect ``notify`` (so: attention)."""
+    where = tmp_path_factory.mktemp("console")
+    consumer = dead_effects("sqlite", where)
+    return str(where / "producer.db"), str(consumer)
+
+
+def _stop_process(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def console(stores: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``reliable-flow console PRODUCER CONSUMER --port 0``: its URL."""
+    producer, consumer = stores
+    proc = subprocess.Popen([sys.executable, "-m", "reliable_flow", "console", producer, consumer, "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=tmp_path_factory.mktemp("cwd"))
+    cleanup.register(proc, lambda: _stop_process(proc))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert " on http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        yield line.split(" on ", 1)[1].split(" ", 1)[0]
+        proc.send_signal(signal.SIGTERM)  # as an operator's service manager stops it
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
+    finally:
+        _stop_process(proc)
+        cleanup.forget(proc)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        from selenium import webdriver
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as exc:
+        _unavailable(f"selenium is not installed ({exc})")
+    chromium, driver_path = _found(CHROMIUM), _found(CHROMEDRIVER)
+    if chromium is None or driver_path is None:
+        _unavailable(f"chromium: {chromium}, chromedriver: {driver_path} (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--no-first-run", "--disable-extensions", "--window-size=1280,900",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    # its own session, so that chromium (the driver's child) goes with it on a kill of the group
+    service = Service(driver_path, popen_kw={"start_new_session": True})
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+    except WebDriverException as exc:
+        _stop_service(service)
+        _unavailable(f"chromium did not start: {exc.msg}")
+
+    def stop() -> None:
+        try:
+            driver.quit()
+        finally:
+            _stop_service(service)
+
+    cleanup.register(driver, stop)
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        stop()
+        cleanup.forget(driver)
+
+
+def _stop_service(service: Any) -> None:
+    """The driver and everything it started, gone (its process group)."""
+    process = getattr(service, "process", None)
+    if process is not None and process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=10)
+
+
+def _text(driver: Any) -> str:
+    return str(driver.find_element("tag name", "body").text)
+
+
+def _produced(driver: Any) -> str:
+    """The overview's event count (its ``<main>`` may be swapped while read)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(driver.find_element("id", "produced").text)
+    except (StaleElementReferenceException, NoSuchElementException):
+        return ""
+
+
+def test_every_page_shows_its_content(browser: Any, console: str) -> None:
+    browser.get(console)
+    assert browser.title == "Overview - reliable_flow console"
+    text = _text(browser)
+    assert "Needs attention (2)" in text and "effect_dead" in text and "2 events in 2 flows" in text
+    assert browser.find_element("css selector", "svg.chart") is not None
+
+    search = browser.find_element("name", "q")
+    search.send_keys("default:A1:notify")
+    search.submit()
+    assert "effect_key" in _text(browser)
+    browser.find_element("link text", "A").click()
+    flow = _text(browser)
+    assert browser.title == "Flow A - reliable_flow console"
+    assert "Why it waits: nothing waits: applied up to seq 1" in flow and "PermanentFailure: declined" in flow
+
+    browser.find_element("link text", "default:A1:notify").click()
+    effect = _text(browser)
+    assert "notify of consumer default: dead" in effect and "scheduled" in effect and "claimed" in effect
+
+    browser.get(console + "effects?state=dead")
+    assert "default:A1:notify" in _text(browser) and "default:B1:notify" in _text(browser)
+    browser.get(console + "actions")
+    assert "register relay default" in _text(browser)  # the registry entry of the first relay
+    browser.get(console + "metrics")
+    assert "reliable_flow_" in _text(browser)
+    browser.get(console + "healthz")
+    assert "2 need attention" in _text(browser) and "effect_dead" in _text(browser)  # a browser asks for HTML
+    browser.get(console + "api/effects/default%3AA1%3Anotify")
+    assert '"transition": "claimed"' in _text(browser)  # the JSON twin
+    browser.get(console + "flows/nothing-here")
+    assert "404 Not Found" in _text(browser) and "no flow 'nothing-here'" in _text(browser)
+
+
+def test_the_overview_refreshes_by_itself(browser: Any, console: str, stores: tuple[str, str]) -> None:
+    browser.get(console)
+    assert "2 events in 2 flows" in _produced(browser)
+    browser.execute_script("window.notReloaded = true;")
+    with Producer(stores[0], RESERVATION) as producer:
+        producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if "3 events in 3 flows" in _produced(browser):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the overview did not show the new event within 15 s")
+    assert browser.execute_script("return window.notReloaded === true;")  # swapped in place, not reloaded
+    assert browser.find_element("id", "main").get_attribute("data-refreshed-at")
