@@ -17,14 +17,14 @@ real ``redis-server``.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_hosts import ASK, TOOLS, ToolsHost, until
 from redis_server import import_redis
 from reliable_flow import (
     ApplyContext,
@@ -40,90 +40,29 @@ from reliable_flow import (
 )
 from reliable_flow._core.owed import parse_summary
 from reliable_flow.errors import ConsumerMismatch
-from reliable_flow.protocol import Protocol, by_kind, exact, text
 from reliable_flow.reservation import RESERVATION
 from support import commit, run_cli
 
 redis = import_redis()
 
 from reliable_flow._tools.remote_inspect import format_remote_report, remote_report
-from reliable_flow.transport.redis import Bridge, RedisReceiver
+from reliable_flow.transport.redis import RedisReceiver
 from reliable_flow.transport.redis import _bridge as bridge_module
 
-ASK = Protocol(
-    name="ask", initial="new",
-    transitions={"new": ["asked"], "asked": ["answered"]},
-    schemas={1: by_kind({"asked": exact({"q": text()}), "answered": exact({"a": text()})})},
-)
-TOOLS = "tools"
 OWED_KEY = "rf:{tools}:owed"
 
 
-def _schedule(ctx: ApplyContext) -> None:
-    if ctx.event.kind == "asked":
-        ctx.schedule("look_up", {"q": ctx.event.payload["q"]})
+
+def _effects() -> EffectRegistry:
+    effects = EffectRegistry()
+    effects.register("look_up", _look_up, feedback=Feedback(kind="answered"))
+    return effects
 
 
 def _look_up(call: EffectCall) -> dict[str, str]:
     if call.payload["q"] == "fail":
         raise PermanentFailure("the tool always fails")  # dead, no on_failure: the flow waits for ever
     return {"a": call.payload["q"].upper()}
-
-
-class ToolsHost:
-    """Host B: the ``tools`` consumer behind a bridge whose executor feeds
-    results into the producer served as ``agent``; in a thread of its own."""
-
-    def __init__(self, location: str, url: str) -> None:
-        self.location, self.url = location, url
-        self.error: BaseException | None = None
-        self.bridge: Bridge | None = None
-        self._ready = threading.Event()
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        effects = EffectRegistry()
-        effects.register("look_up", _look_up, feedback=Feedback(kind="answered"))
-        try:
-            with Consumer(self.location, ASK, name=TOOLS, handlers=[_schedule], effects=effects) as consumer:
-                executor = EffectExecutor(consumer, producer=f"{self.url}#agent")
-                self.bridge = Bridge(consumer, self.url, executors=[executor], block=0.05)
-                self._ready.set()
-                try:
-                    self.bridge.run(handle_signals=False)
-                finally:
-                    self.bridge.close()
-                    executor.close()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            self.error = exc
-        finally:
-            self._ready.set()
-
-    def __enter__(self) -> ToolsHost:  # noqa: PYI034 - Self needs Python 3.11
-        self.thread.start()
-        assert self._ready.wait(20), "host B did not start"
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bridge is not None:
-            self.bridge.stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "host B did not stop"
-        if self.error is not None:
-            raise self.error
-
-
-def until(check: Callable[[], Any], worker: Worker, timeout: float = 20.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        worker.run_once()
-        got = check()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"not reached within {timeout} s; worker: {worker.stats.as_dict()}")
 
 
 def _inspect(*args: str) -> tuple[int, Any, str]:
@@ -156,7 +95,7 @@ def test_the_producer_sees_the_flow_waiting_on_another_host(new_store: Any, redi
         worker = Worker(producer, [tools], register=True, idle_sleep=0, serve_as="agent")
         producer.advance("A1", "A", expected_seq=0, kind="asked", payload={"q": "a"})
         producer.advance("B1", "B", expected_seq=0, kind="asked", payload={"q": "fail"})
-        with ToolsHost(tools_at, redis_url):
+        with ToolsHost(tools_at, redis_url, _effects()):
             until(lambda: (producer.flow("A") or {}).get("state") == "answered", worker)
             # B's tool ended dead: its key is listed once the bridge published after that
             summary = until(lambda: (s := _owed(client)) and [e["state"] for e in s["effects"]] == ["dead"] and s,

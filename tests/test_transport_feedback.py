@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from agent_hosts import ASK, TOOLS, ToolsHost, schedule, until
 from redis_server import import_redis
 from reliable_flow import (
-    ApplyContext,
     Consumer,
     EffectCall,
     EffectExecutor,
@@ -35,84 +35,15 @@ from reliable_flow import (
 )
 from reliable_flow.aio import AsyncConsumer, AsyncEffectExecutor, AsyncProducer, AsyncWorker
 from reliable_flow.errors import InvalidEnvelope, NotResolvable, TransportError, WrongFile
-from reliable_flow.protocol import Protocol, by_kind, exact, text
 
 redis = import_redis()
 
-from reliable_flow.transport.redis import Bridge, RedisReceiver, RemoteProducer
+from reliable_flow.transport.redis import RedisReceiver, RemoteProducer
 from reliable_flow.transport.redis._producer import producer_location
 
 pytestmark = pytest.mark.redis
 
-ASK = Protocol(
-    name="ask", initial="new",
-    transitions={"new": ["asked"], "asked": ["answered"]},
-    schemas={1: by_kind({"asked": exact({"q": text()}), "answered": exact({"a": text()})})},
-)
-TOOLS = "tools"
 
-
-def _schedule(ctx: ApplyContext) -> None:
-    if ctx.event.kind == "asked":
-        ctx.schedule("look_up", {"q": ctx.event.payload["q"]})
-
-
-class ToolsHost:
-    """Host B: a bridge serving the ``tools`` consumer, whose executor feeds
-    results into the remote producer ``agent``; in a thread of its own (a
-    Consumer belongs to the thread that opened it)."""
-
-    def __init__(self, location: str, url: str, effects: EffectRegistry) -> None:
-        self.location, self.url, self.effects = location, url, effects
-        self.error: BaseException | None = None
-        self.bridge: Bridge | None = None
-        self.executor: EffectExecutor | None = None
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        try:
-            with Consumer(self.location, ASK, name=TOOLS, handlers=[_schedule], effects=self.effects) as consumer:
-                self.executor = EffectExecutor(consumer, producer=f"{self.url}#agent")
-                self.bridge = Bridge(consumer, self.url, executors=[self.executor], block=0.05)
-                self._ready.set()
-                try:
-                    self.bridge.run(handle_signals=False)
-                finally:
-                    self.bridge.close()
-                    self.executor.close()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            self.error = exc
-        finally:
-            self._ready.set()
-
-    def __enter__(self) -> ToolsHost:  # noqa: PYI034 - Self needs Python 3.11
-        self.thread.start()
-        assert self._ready.wait(20), "host B did not start"
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bridge is not None:
-            self.bridge.stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "host B did not stop"
-        if self.error is not None:
-            raise self.error
-
-
-def until(check: Callable[[], Any], worker: Worker, timeout: float = 20.0) -> Any:
-    """Worker passes (host A) until ``check()`` is truthy."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        worker.run_once()
-        got = check()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"not reached within {timeout} s; worker: {worker.stats.as_dict()}")
 
 
 @pytest.fixture
@@ -173,7 +104,7 @@ def test_an_async_executor_feeds_many_results_home_at_once(agent: tuple[Producer
     stats: list[Any] = []
 
     async def tools_host() -> None:
-        async with await AsyncConsumer.open(c_at, ASK, name=TOOLS, handlers=[_schedule], effects=effects) as c:
+        async with await AsyncConsumer.open(c_at, ASK, name=TOOLS, handlers=[schedule], effects=effects) as c:
             await c.process_all()  # applied: 12 effects scheduled, none fed yet
             ex = AsyncEffectExecutor(c, effects, producer=f"{redis_url}#agent", concurrency=12)
             try:
