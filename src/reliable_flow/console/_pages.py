@@ -149,11 +149,12 @@ def effect_page(base: str, data: dict[str, Any]) -> Html:
                 api=path_to("/api/effects/", data["effect_key"]))
 
 
-def actions_page(base: str, data: dict[str, Any]) -> Html:
+def actions_page(base: str, data: dict[str, Any], read_only: bool = True) -> Html:
     rows = [[when(a.get("at")), a["store"], a.get("target"), a.get("action"), a.get("actor"),
              a.get("event_id") or a.get("key") or a.get("consumer"), a.get("reason")] for a in data["log"]]
-    body = Html(tag("p", "Every operator action the stores record, newest first (read only: "
-                         "this console changes nothing).")
+    mode = "read only: this console changes nothing" if read_only else "actions allowed: see "
+    body = Html(tag("p", "Every operator action the stores record, newest first (", mode,
+                    Html("") if read_only else link(base, "/act", "the action forms"), ").")
                 + table(["at", "store", "target", "action", "actor", "on", "reason"], rows,
                         empty="no operator action recorded"))
     return page(base, "Operator actions", body, api="/api/actions")
