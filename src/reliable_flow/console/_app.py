@@ -244,7 +244,7 @@ class ConsoleApp:
                     if where.startswith("/api"):
                         return HTTPStatus.OK, "application/json", _json(data)
                     page = pages.flow_page if prefix == "/flows/" else pages.effect_page
-                    return HTTPStatus.OK, "text/html", page(base, data)
+                    return HTTPStatus.OK, "text/html", page(base, data, not self.read_only)
         if path not in _PARAMS:
             raise _Answer(HTTPStatus.NOT_FOUND, f"no page {path!r} here")
         query = _params(environ, _PARAMS[path])
