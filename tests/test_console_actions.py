@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -25,7 +26,9 @@ from reliable_flow import (
 )
 from reliable_flow._tools.drilldown import effect_report
 from reliable_flow.console import make_app
+from reliable_flow.errors import NotResolvable
 from reliable_flow.reservation import RESERVATION
+from support import dead_effects
 from test_console import Client
 
 At = Callable[[str], str]
@@ -103,7 +106,7 @@ class Operator(Client):
         path, _, query = to.partition("?")
         status, _, text = self.call(path, query)
         assert status == 200, text[:500]
-        found = re.search(r'<p class="flash[^"]*" role="status">(.*?)</p>', text, re.S)
+        found = re.search(r'<p class="flash[^"]*" role="status">(.*?)</p>', text, re.DOTALL)
         assert found is not None, text[:2000]
         return path, found.group(1).replace("&#x27;", "'").replace("&quot;", '"')
 
@@ -247,3 +250,32 @@ def test_two_operators_retrying_one_effect_at_once_one_takes_effect_the_other_is
     assert said[1].startswith("refused: effect 'default:A1:notify' is pending; retry needs one of"), said
     log = [a for a in operators[0].json("/api/actions")["log"] if a["action"] == "retry"]
     assert len(log) == 1 and log[0]["actor"] in ("op0", "op1")
+
+
+def test_two_operators_retrying_the_same_effects_at_once_each_is_retried_once(engine: str, tmp_path: Path) -> None:
+    """The store's side of the race above, with the stores open already (a
+    narrow window, hit often): each effect's row is read and changed by one
+    action at a time, so one retry of each is recorded and the other refused."""
+    flows = [f"F{i}" for i in range(40)]
+    consumer_at = dead_effects(engine, tmp_path, flows)
+    keys = [f"default:{flow}1:notify" for flow in flows]
+    done: list[list[str]] = [[], []]
+    start = threading.Barrier(2)
+    def go(i: int) -> None:
+        with Consumer(consumer_at, RESERVATION) as consumer:  # a store is used on the thread that opened it
+            start.wait()
+            for key in keys:
+                try:
+                    consumer.admin.retry_effect(key, actor=f"op{i}", reason="at once")
+                    done[i].append(key)
+                except NotResolvable:
+                    pass
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(done[0] + done[1]) == sorted(keys)
+    with Consumer(consumer_at, RESERVATION) as consumer:
+        assert sorted(a.key for a in consumer.admin.effect_actions()) == sorted(keys)

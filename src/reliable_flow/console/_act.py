@@ -184,7 +184,7 @@ def _effect(console: Console, target: Target, name: str, form: dict[str, str], e
     result = _json(form, "result")
     with opened_owner("consumer", target.location, effects=effects) as consumer:
         if name not in ("resolve", "amend"):
-            return effect_action(consumer, name, key, **who)[1]
+            return effect_action(consumer, name, key, actor=who["actor"], reason=who["reason"])[1]
         # the step a result feeds is checked against the producer too, nothing committed (as --producer does)
         with opened_owner("producer", console.producer, consumer.protocol) as producer:
             return effect_action(consumer, name, key, result=result, failure="failure" in form,
@@ -225,7 +225,7 @@ def _bulk(console: Console, target: Target, name: str, form: dict[str, str], who
     with opened_owner(kind, location) as owner:
         if name == "retry-all":
             def act(o: Any, row: str) -> Any:
-                return effect_action(o, "retry", row, **who)
+                return effect_action(o, "retry", row, actor=who["actor"], reason=who["reason"])
         else:
             def act(o: Any, row: str) -> Any:
                 return delivery_action(o, "redeliver", target.name, row, **who)
