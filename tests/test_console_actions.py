@@ -279,3 +279,33 @@ def test_two_operators_retrying_the_same_effects_at_once_each_is_retried_once(en
     assert sorted(done[0] + done[1]) == sorted(keys)
     with Consumer(consumer_at, RESERVATION) as consumer:
         assert sorted(a.key for a in consumer.admin.effect_actions()) == sorted(keys)
+
+
+def test_hostile_ids_in_a_form_and_its_sentence_stay_text_and_a_forged_sentence_is_not_shown(at: At) -> None:
+    p_at, c_at = scene(at)
+    op = Operator(make_app(p_at, [c_at], read_only=False))
+    hostile = '<script>alert("k")</script>'
+    status, _, text = op.call("/act/retry", urlencode({"consumer": "default", "key": hostile}))
+    assert status == 200 and hostile not in text and "&lt;script&gt;" in text
+    path, said = op.act("retry", consumer="default", key=hostile)
+    assert path == "/act/retry" and said.startswith("not done: no effect with key '&lt;script&gt;")
+    op.cookies["rf_flash"] = "forged%20sentence.0000"
+    assert "forged sentence" not in op.ok("/actions")
+
+
+def test_with_a_token_an_action_needs_it_too(at: At) -> None:
+    p_at, c_at = scene(at)
+    app = make_app(p_at, [c_at], read_only=False, token="s3cret")
+    before = (contents(p_at), contents(c_at))
+    op = Operator(app)
+    assert op.call("/act/retry")[0] == 401
+    form = {"consumer": "default", "key": "default:A1:notify", "actor": "a", "reason": "r"}
+    assert op.call("/act/retry", method="POST", body=urlencode(form).encode())[0] == 401
+    assert (contents(p_at), contents(c_at)) == before
+    bearer = {"Authorization": "Bearer s3cret"}
+    status, _, text = op.call("/act/retry", headers=bearer)
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', text)
+    assert status == 200 and token is not None
+    status, headers, _ = op.call("/act/retry", method="POST", headers=bearer,
+                                 body=urlencode({**form, "csrf": token.group(1)}).encode())
+    assert status == 303 and headers["Location"] == "/actions"
