@@ -362,8 +362,10 @@ def test_make_app_refuses_bad_arguments(tmp_path: Path) -> None:
     for bad in (float("nan"), float("inf"), -1, True, "5"):
         with pytest.raises(ValueError, match="stuck_after"):
             make_app(p_at, [c_at], stuck_after=bad)  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match="actions"):
-        make_app(p_at, [c_at], read_only=False)
+    with pytest.raises(TypeError, match="read_only"):
+        make_app(p_at, [c_at], read_only="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="effects"):
+        make_app(p_at, [c_at], read_only=False, effects="mod:REGISTRY")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="token"):
         make_app(p_at, [c_at], token=" ")
     with pytest.raises(ValueError, match="names consumer 'billing', but that store is consumer 'default'"):
@@ -382,8 +384,8 @@ def test_the_command_refuses_what_it_must(tmp_path: Path) -> None:
     troubled_history(p_at, c_at)
     exposed = run_cli("console", p_at, c_at, "--host", "0.0.0.0", "--port", "0")
     assert exposed.returncode == 2 and "without --token-file" in exposed.stderr
-    acting = run_cli("console", p_at, c_at, "--port", "0", "--allow-actions")
-    assert acting.returncode == 2 and "not implemented yet" in acting.stderr
+    acting = run_cli("console", p_at, c_at, "--port", "0", "--allow-actions", "--effects", "no_such_module:X")
+    assert acting.returncode == 2 and "--effects" in acting.stderr
     missing = run_cli("console", p_at, str(tmp_path / "absent.db"), "--port", "0")
     assert missing.returncode == 2 and "absent.db" in missing.stderr
 

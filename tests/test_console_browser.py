@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import cleanup
-from reliable_flow import Producer
+from reliable_flow import Consumer, Producer
 from reliable_flow.reservation import RESERVATION
 from support import child_env, dead_effects
 
@@ -68,8 +68,23 @@ def _stop_process(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def console(stores: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``reliable-flow console PRODUCER CONSUMER --port 0``: its URL."""
+    yield from _served(stores, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def acting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """``reliable-flow console ... --allow-actions`` on stores of its own: its URL and the stores."""
+    where = tmp_path_factory.mktemp("acting")
+    consumer = dead_effects("sqlite", where)
+    stores = (str(where / "producer.db"), str(consumer))
+    for url in _served(stores, tmp_path_factory, "--allow-actions"):
+        yield url, *stores
+
+
+def _served(stores: tuple[str, str], tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Iterator[str]:
     producer, consumer = stores
-    proc = subprocess.Popen([sys.executable, "-m", "reliable_flow", "console", producer, consumer, "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "reliable_flow", "console", producer, consumer, "--port", "0",
+                             *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                             cwd=tmp_path_factory.mktemp("cwd"))
     cleanup.register(proc, lambda: _stop_process(proc))
@@ -200,3 +215,26 @@ def test_the_overview_refreshes_by_itself(browser: Any, console: str, stores: tu
         pytest.fail("the overview did not show the new event within 15 s")
     assert browser.execute_script("return window.notReloaded === true;")  # swapped in place, not reloaded
     assert browser.find_element("id", "main").get_attribute("data-refreshed-at")
+
+
+def test_an_action_performed_by_clicking_is_recorded(browser: Any, acting: tuple[str, str, str]) -> None:
+    url, producer, consumer = acting
+    browser.get(url + "effects/default%3AA1%3Anotify")
+    browser.find_element("link text", "retry").click()
+    assert browser.title == "Retry an effect - reliable_flow console"
+    assert browser.find_element("name", "key").get_attribute("value") == "default:A1:notify"
+    browser.find_element("name", "actor").send_keys("alice")
+    browser.find_element("name", "reason").send_keys("INC-9: the carrier is back")
+    browser.find_element("css selector", "form.act button[type=submit]").click()
+    assert browser.title == "Operator actions - reliable_flow console"  # redirected after the POST
+    text = _text(browser)
+    assert "effect 'default:A1:notify' is pending again, due now" in text  # the flash sentence
+    assert "INC-9: the carrier is back" in text and "alice" in text
+    browser.refresh()  # a GET: nothing is sent again, the sentence is gone
+    assert "is pending again" not in _text(browser)
+    shown = subprocess.run([sys.executable, "-m", "reliable_flow", "inspect", producer, consumer, "--effect",
+                            "default:A1:notify"], capture_output=True, text=True, env=child_env(), timeout=60,
+                           check=False)
+    assert "alice" in shown.stdout and "INC-9: the carrier is back" in shown.stdout, shown
+    with Consumer(consumer, RESERVATION) as opened:
+        assert [(a.action, a.actor) for a in opened.admin.effect_actions("default:A1:notify")] == [("retry", "alice")]

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import ReliableFlowError
 from ._cli_common import seconds_type
+from .loading import OptionError
 
 __all__ = ["add_console_command", "console_command"]
 
@@ -28,7 +29,7 @@ def _port(text: str) -> int:
 def add_console_command(sub: Any) -> None:
     """Add ``console`` to the subcommands ``sub``."""
     console = sub.add_parser(
-        "console", help="the operator console in the browser (read only), until SIGTERM / Ctrl-C",
+        "console", help="the operator console in the browser (read only unless --allow-actions), until SIGTERM / Ctrl-C",
         description="Serves the overview, the attention list, flows, effects and their histories, the "
                     "operator action log, /metrics and /healthz, as pages and JSON, from PRODUCER and "
                     "each CONSUMER (a file or postgresql://...#schema; a consumer also as NAME=LOCATION), "
@@ -41,7 +42,11 @@ def add_console_command(sub: Any) -> None:
                               "needs --token-file)")
     console.add_argument("--port", type=_port, default=8470, help="the port (default 8470; 0: a free one)")
     console.add_argument("--allow-actions", action="store_true",
-                         help="let operators act from the console (not available yet: refused)")
+                         help="let operators act from the console (redeliver, skip, replace, retry, resolve, "
+                              "cancel, amend, register, remove, bulk retry / redeliver), each recorded; "
+                              "default: read only")
+    console.add_argument("--effects", metavar="MODULE:ATTR",
+                         help="the consumers' EffectRegistry: resolve checks a result against it, amend needs it")
     console.add_argument("--token-file", metavar="FILE",
                          help="a file holding the token every request must carry (Bearer, or /login)")
     console.add_argument("--stuck-after", type=seconds_type(True), default=300.0, metavar="SECONDS",
@@ -68,15 +73,22 @@ def console_command(args: argparse.Namespace) -> int:
               "who reaches it would read every flow", file=sys.stderr)
         return 2
     try:
+        effects = None
+        if args.effects:
+            from .._effects import EffectRegistry
+            from .loading import load
+
+            effects = load("--effects", args.effects, lambda o: isinstance(o, EffectRegistry),
+                           "a reliable_flow EffectRegistry")
         app = make_app(args.producer, args.consumers, read_only=not args.allow_actions, token=token,
-                       stuck_after=args.stuck_after)
-    except (ReliableFlowError, FileNotFoundError, ImportError, ValueError, TypeError,
-            NotImplementedError) as exc:
+                       stuck_after=args.stuck_after, effects=effects)
+    except (ReliableFlowError, OptionError, FileNotFoundError, ImportError, ValueError, TypeError) as exc:
         print(f"console: {exc}", file=sys.stderr)
         return 2
 
     def ready(url: str) -> None:
-        print(f"console: serving {app.console.producer_shown} on {url} (read only; Ctrl-C stops)", flush=True)
+        mode = "read only" if app.read_only else "actions allowed"
+        print(f"console: serving {app.console.producer_shown} on {url} ({mode}; Ctrl-C stops)", flush=True)
 
     try:
         serve(app, args.host, args.port, ready)

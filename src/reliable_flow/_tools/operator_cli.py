@@ -40,6 +40,7 @@ from ..errors import NotResolvable, ReliableFlowError
 from ..records import OperatorAction
 from ._cli_common import is_remote
 from .loading import PROTOCOL_HELP, OptionError, load, protocol_for
+from .operator_actions import delivery_action, effect_action, inbox_action, registry_action
 
 __all__ = ["add_operator_commands", "run_operator_command"]
 
@@ -147,9 +148,7 @@ def _checks(parser: argparse.ArgumentParser, *, required: bool) -> None:
 @contextmanager
 def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
     """The store as a ``Producer`` / ``Consumer``, only if it exists already."""
-    from .._consumer import Consumer
-    from .._producer import Producer
-    from .stores import open_consumer, open_producer
+    from .operator_actions import opened_owner
 
     effects = None
     if getattr(args, "effects", None):
@@ -157,11 +156,8 @@ def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
 
         effects = load("--effects", args.effects, lambda o: isinstance(o, EffectRegistry),
                        "a reliable_flow EffectRegistry")
-    # Read only first: a missing file or schema is refused, nothing created.
-    (open_producer if kind == "producer" else open_consumer)(args.store).close()
     protocol = protocol_for(args.protocol, (kind, args.store))
-    owner = Producer(args.store, protocol) if kind == "producer" else Consumer(args.store, protocol, effects=effects)
-    with owner:
+    with opened_owner(kind, args.store, protocol, effects) as owner:
         yield owner
 
 
@@ -205,61 +201,32 @@ def _envelope(source: str) -> str:
 
 
 def _effect(args: argparse.Namespace) -> tuple[OperatorAction, str]:
-    from .._effects.feedstep import check_feedback
-
     with _opened(args, "consumer") as consumer:
         who = {"actor": args.actor, "reason": args.reason}
-        if args.action == "retry":
-            return consumer.admin.retry_effect(args.key, **who), f"effect {args.key!r} is pending again, due now"
-        if args.action == "resolve":
+        if args.action in ("resolve", "amend"):
             with _checking(args, consumer.protocol) as producer:
-                effect = consumer.scheduled_effect(args.key)
-                if effect is not None:  # an unknown key: resolve_effect says so
-                    check_feedback(effect, consumer.effect_registry, producer, result=args.result)
-                record = consumer.admin.resolve_effect(args.key, result=args.result, **who)
-            return record, f"effect {args.key!r} is succeeded, result {json.dumps(args.result)}"
-        if args.action == "amend":
-            with _checking(args, consumer.protocol) as producer:
-                record = consumer.admin.amend_effect(args.key, result=args.result, failure=args.failure,
-                                                     producer=producer, **who)
-            if args.failure:
-                return record, f"effect {args.key!r} is cancelled: its failure step is fed on the next executor pass"
-            return record, (f"effect {args.key!r} is succeeded, result {json.dumps(args.result)}: fed on the next "
-                            f"executor pass")
-        return consumer.admin.cancel_effect(args.key, **who), f"effect {args.key!r} is cancelled: it will never run"
+                return effect_action(consumer, args.action, args.key, result=args.result,
+                                     failure=getattr(args, "failure", False), producer=producer, **who)
+        return effect_action(consumer, args.action, args.key, **who)
 
 
 def _delivery(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "producer") as producer:
-        act = producer.admin.redeliver if args.action == "redeliver" else producer.admin.skip
-        record = act(args.event_id, consumer=args.consumer, actor=args.actor, reason=args.reason)
-    was = f"(was {record.previous_state})"
-    if args.action == "redeliver":
-        return record, f"event {args.event_id!r} is pending again for consumer {args.consumer!r}, due now {was}"
-    return record, f"consumer {args.consumer!r} will never get event {args.event_id!r} {was}"
+        return delivery_action(producer, args.action, args.consumer, args.event_id, actor=args.actor,
+                               reason=args.reason)
 
 
 def _inbox(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     corrected = _envelope(args.envelope) if args.action == "replace" else None
     with _opened(args, "consumer") as consumer:
-        if corrected is None:
-            record = consumer.admin.skip_event(args.event_id, actor=args.actor, reason=args.reason)
-        else:
-            record = consumer.admin.replace_event(args.event_id, corrected, actor=args.actor, reason=args.reason)
-    step = f"flow {record.flow_id!r} seq {record.seq}, was {record.previous_state}"
-    if corrected is None:
-        return record, f"event {args.event_id!r} skipped ({step}): the flow goes on past it"
-    return record, f"event {args.event_id!r} replaced by {record.replacement_event_id!r} ({step}), stored pending"
+        return inbox_action(consumer, args.action, args.event_id, actor=args.actor, reason=args.reason,
+                            envelope=corrected)
 
 
 def _registry(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "producer") as producer:
-        if args.action == "register":
-            record = producer.admin.register_consumer(args.name, args.from_now, actor=args.actor, reason=args.reason)
-            gets = "events committed from now on" if args.from_now else "every event from the first one"
-            return record, f"consumer {args.name!r} registered: it gets {gets}"
-        record = producer.admin.remove_consumer(args.name, actor=args.actor, reason=args.reason)
-    return record, f"consumer {args.name!r} removed, with its deliveries"
+        return registry_action(producer, args.action, args.name, actor=args.actor, reason=args.reason,
+                               from_now=getattr(args, "from_now", False))
 
 
 _GROUPS: dict[str, Callable[[argparse.Namespace], tuple[OperatorAction, str]]] = {

@@ -5,13 +5,15 @@ their JSON twins (standard library only; see docs/console.md).
 :func:`make_app` returns a WSGI application, to mount in any WSGI server (or,
 through a WSGI-to-ASGI adapter, in an ASGI one); ``reliable-flow console``
 serves it on its own.  It opens every store read only (SQLite ``mode=ro``, a
-read-only PostgreSQL session) on each request and writes nothing.
+read-only PostgreSQL session) on each request and, unless actions are
+allowed (``read_only=False``), writes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._effects import EffectRegistry
 from .._tools.stores import Location
 from ._app import ConsoleApp
 from ._data import Redact
@@ -20,7 +22,8 @@ __all__ = ["make_app"]
 
 
 def make_app(producer: Location, consumers: Sequence[Location], *, read_only: bool = True,
-             token: str | None = None, redact: Redact | None = None, stuck_after: float = 300) -> ConsoleApp:
+             token: str | None = None, redact: Redact | None = None, stuck_after: float = 300,
+             effects: EffectRegistry | None = None) -> ConsoleApp:
     """The console of ``producer`` and ``consumers`` as a WSGI application.
 
     Locations are what ``reliable-flow inspect`` takes: a SQLite file path or
@@ -30,9 +33,18 @@ def make_app(producer: Location, consumers: Sequence[Location], *, read_only: bo
     now (``FileNotFoundError``, :class:`~reliable_flow.errors.WrongFile`,
     ``ValueError`` for a name that does not match), not on the first page.
 
-    ``read_only``: True (the default) is the only mode there is yet: False
-    raises ``NotImplementedError`` (actions come later; nothing the console
-    does writes to a store).  ``token``: when given, every request needs it,
+    ``read_only``: True (the default): nothing the console does writes to a
+    store, and every action route (``/act``...) answers 403.  False: the
+    operator actions are offered under ``/act`` (redeliver and skip a
+    delivery, skip or replace an inbox event, retry / resolve / cancel /
+    amend an effect, register / remove a consumer, and the bulk retry and
+    redeliver with a dry run), each through the same calls as the command
+    line, recorded with the actor and reason the form asks for; every form
+    carries a CSRF token bound to a cookie (a POST without it, or with a
+    wrong one, is a 403 and writes nothing); the store an action writes to
+    is opened writable for that request only.  ``effects``: the consumers'
+    ``EffectRegistry``, which ``resolve`` checks a result against and
+    ``amend`` needs (as ``--effects`` on the command line).  ``token``: when given, every request needs it,
     as ``Authorization: Bearer <token>`` or the cookie ``/login`` sets.
     ``redact(kind, payload) -> payload`` is applied to every payload a page
     or a JSON answer shows (kind: the event's kind or the effect's name),
@@ -48,4 +60,4 @@ def make_app(producer: Location, consumers: Sequence[Location], *, read_only: bo
     404, each with a sentence.
     """
     return ConsoleApp(producer, consumers, read_only=read_only, token=token, redact=redact,
-                      stuck_after=stuck_after)
+                      stuck_after=stuck_after, effects=effects)

@@ -7,14 +7,17 @@ import hmac
 import json
 import math
 import re
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote, unquote
 
 from .._tools.stores import Location
 from ..statuses import EffectState
+from . import _forms as forms
 from . import _pages as pages
+from ._act import ACTIONS, BULK, Refused, perform, selected
 from ._data import BadRequest, Console, NotFound, Redact
 from ._html import Html, href
 from ._static import ASSETS
@@ -33,6 +36,9 @@ _HEADERS = [
     ("Cache-Control", "no-store"),
 ]
 _COOKIE = "rf_console"
+_CSRF = "rf_csrf"    # a random session id; a form's token is an HMAC of it
+_FLASH = "rf_flash"  # the sentence an action leaves for the page after its redirect, signed
+_FORM_BYTES = 1 << 20
 _LIMIT = re.compile(r"[0-9]{1,4}")
 
 # path -> the query parameters it takes
@@ -56,18 +62,22 @@ class ConsoleApp:
     """The console as a WSGI application (see :func:`reliable_flow.console.make_app`)."""
 
     def __init__(self, producer: Location, consumers: Sequence[Location], *, read_only: bool,
-                 token: str | None, redact: Redact | None, stuck_after: float) -> None:
+                 token: str | None, redact: Redact | None, stuck_after: float, effects: Any = None) -> None:
         if not isinstance(read_only, bool):
             raise TypeError(f"read_only must be True or False, got {read_only!r}")
-        if not read_only:
-            raise NotImplementedError("read_only=False: actions from the console are not implemented yet "
-                                      "(issue 31, item 3); the console is read only")
+        if effects is not None:
+            from .._effects import EffectRegistry
+
+            if not isinstance(effects, EffectRegistry):
+                raise TypeError(f"effects must be an EffectRegistry or None, got {effects!r}")
         if token is not None and (not isinstance(token, str) or not token.strip()):
             raise ValueError("token must be a non-empty string or None")
         if isinstance(stuck_after, bool) or not isinstance(stuck_after, (int, float)) \
                 or not math.isfinite(stuck_after) or stuck_after < 0:
             raise ValueError(f"stuck_after must be a finite number of seconds >= 0, got {stuck_after!r}")
         self.read_only = read_only
+        self.effects = effects
+        self._secret = secrets.token_bytes(32)  # per app: a restart makes every open form load again
         self._token = token
         self._cookie = None if token is None else hmac.new(
             token.encode("utf-8"), b"reliable_flow console login", hashlib.sha256).hexdigest()
@@ -89,12 +99,31 @@ class ConsoleApp:
                 return self._static(path, method, start_response)
             if path == "/login" and self._token is not None:
                 return self._login(environ, base, method, start_response)
-            if method not in ("GET", "HEAD"):
-                raise _Answer(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not answered here: the console is read only")
+            acting = path == "/act" or path.startswith("/act/")
+            if acting and self.read_only:
+                raise _Answer(HTTPStatus.FORBIDDEN, "the console is read only: actions need "
+                              "`reliable-flow console --allow-actions` (make_app(read_only=False))")
+            if method not in ("GET", "HEAD") and not (acting and method == "POST"):
+                raise _Answer(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not answered here"
+                              + (": the console is read only" if self.read_only else ""))
             if not self._authorised(environ):
                 raise _Answer(HTTPStatus.UNAUTHORIZED, "this console needs its token: "
                               "send 'Authorization: Bearer <token>', or log in at /login")
-            status, kind, body = self._route(path, environ, base, api)
+            session, fresh = self._session(environ)
+            if acting and method == "POST":
+                return self._post(path[len("/act/"):], environ, base, session, start_response)
+            if acting:
+                status, kind, body = self._act_form(path, environ, base, session)
+            else:
+                status, kind, body = self._route(path, environ, base, api)
+            extra = [] if fresh is None else [("Set-Cookie", self._set(_CSRF, fresh, base))]
+            said = _cookies(environ).get(_FLASH)
+            if said is not None and kind == "text/html":
+                extra.append(("Set-Cookie", self._set(_FLASH, "", base, clear=True)))
+                sentence = self._unsigned(said)
+                if sentence is not None:
+                    body = Html(body.replace("</h1>", "</h1>" + forms.flash(sentence), 1))
+            return _send(start_response, method, status, kind, body, extra)
         except (_Answer, BadRequest, NotFound) as exc:
             status, sentence = ((exc.status, exc.sentence) if isinstance(exc, _Answer) else
                                 (HTTPStatus.BAD_REQUEST, str(exc)) if isinstance(exc, BadRequest) else
@@ -112,11 +141,98 @@ class ConsoleApp:
         given = environ.get("HTTP_AUTHORIZATION", "")
         if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), self._token.encode()):
             return True
-        for part in environ.get("HTTP_COOKIE", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name == _COOKIE and hmac.compare_digest(value.encode(), self._cookie.encode()):
-                return True
-        return False
+        given_cookie = _cookies(environ).get(_COOKIE)
+        return given_cookie is not None and hmac.compare_digest(given_cookie.encode(), self._cookie.encode())
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def _sign(self, text: str) -> str:
+        return hmac.new(self._secret, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def _session(self, environ: dict[str, Any]) -> tuple[str, str | None]:
+        """The browser's CSRF session id and, when it had none (or not one of
+        ours), the new one to set; a read-only console keeps no session."""
+        if self.read_only:
+            return "", None
+        given = _cookies(environ).get(_CSRF, "")
+        if re.fullmatch(r"[0-9a-f]{32}", given):
+            return given, None
+        fresh = secrets.token_hex(16)
+        return fresh, fresh
+
+    def _set(self, name: str, value: str, base: str, *, clear: bool = False) -> str:
+        return f"{name}={value}; Path={base or '/'}; HttpOnly; SameSite=Strict" + ("; Max-Age=0" if clear else "")
+
+    def _signed(self, sentence: str) -> str:
+        """``sentence`` as a cookie value: cut to fit a cookie, percent-encoded, signed."""
+        sentence = sentence[:1000]
+        while len(quote(sentence, safe="")) > 3000:
+            sentence = sentence[: len(sentence) // 2] + "..."
+        text = quote(sentence, safe="")
+        return f"{text}.{self._sign(text)}"
+
+    def _unsigned(self, value: str) -> str | None:
+        text, _, sig = value.rpartition(".")
+        return unquote(text) if hmac.compare_digest(sig.encode(), self._sign(text).encode()) else None
+
+    def _act_form(self, path: str, environ: dict[str, Any], base: str, session: str) -> tuple[HTTPStatus, str, str]:
+        """``GET /act``: every action; ``GET /act/<name>``: its form, filled from the query."""
+        if path == "/act":
+            _params(environ, ())
+            return HTTPStatus.OK, "text/html", forms.act_index(base)
+        name = path[len("/act/"):]
+        action = ACTIONS.get(name) or BULK.get(name)
+        if action is None:
+            raise _Answer(HTTPStatus.NOT_FOUND, f"no action {name!r} here")
+        values = _params(environ, [f.name for f in action.fields] + ["actor", "reason"])
+        consumers = [t.name for t in self.console.targets]
+        selection = None
+        if name in BULK:
+            values = {"consumer": consumers[0], "state": "dead", **values}
+            try:
+                selection = selected(self.console, name, values)[1]
+            except Refused as exc:
+                raise BadRequest(str(exc)) from None
+        return HTTPStatus.OK, "text/html", forms.act_page(base, name, values, self._sign(session), consumers,
+                                                          selection)
+
+    def _post(self, name: str, environ: dict[str, Any], base: str, session: str,
+              start_response: StartResponse) -> Iterable[bytes]:
+        """``POST /act/<name>``: the CSRF token checked (a 403 otherwise, nothing
+        written), the action done or refused, then a redirect (303) with its
+        sentence: to ``/actions`` when something changed, else back to the form."""
+        action = ACTIONS.get(name) or BULK.get(name)
+        if action is None:
+            raise _Answer(HTTPStatus.NOT_FOUND, f"no action {name!r} here")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > _FORM_BYTES:
+            raise BadRequest(f"the form is larger than {_FORM_BYTES} bytes")
+        try:
+            parsed = parse_qs(environ["wsgi.input"].read(length).decode("utf-8"), keep_blank_values=True,
+                              errors="strict")
+        except UnicodeDecodeError:
+            raise BadRequest("the form is not valid UTF-8") from None
+        form = {k: v[0] for k, v in parsed.items()}
+        token = form.pop("csrf", "")
+        if not session or not _cookies(environ).get(_CSRF) or \
+                not hmac.compare_digest(token.encode(), self._sign(session).encode()):
+            raise _Answer(HTTPStatus.FORBIDDEN, "the form's CSRF token is missing or wrong (nothing was done): "
+                          "load the form again and resend it")
+        try:
+            outcome = perform(self.console, name, form, self.effects)
+            sentence, done = outcome.sentence, outcome.done
+        except Refused as exc:
+            sentence, done = str(exc), False
+        if done:
+            to = href(base, "/actions")
+        else:
+            keep = {f.name: form.get(f.name, "") for f in action.fields if f.kind != "area"}
+            to = href(base, "/act/" + name, {**keep, "actor": form.get("actor"), "reason": form.get("reason")})
+        return _send(start_response, "POST", HTTPStatus.SEE_OTHER, "text/plain", sentence,
+                     [("Location", to), ("Set-Cookie", self._set(_FLASH, self._signed(sentence), base))])
 
     def _route(self, path: str, environ: dict[str, Any], base: str, api: bool) -> tuple[HTTPStatus, str, str]:
         c = self.console
@@ -128,7 +244,7 @@ class ConsoleApp:
                     if where.startswith("/api"):
                         return HTTPStatus.OK, "application/json", _json(data)
                     page = pages.flow_page if prefix == "/flows/" else pages.effect_page
-                    return HTTPStatus.OK, "text/html", page(base, data)
+                    return HTTPStatus.OK, "text/html", page(base, data, not self.read_only)
         if path not in _PARAMS:
             raise _Answer(HTTPStatus.NOT_FOUND, f"no page {path!r} here")
         query = _params(environ, _PARAMS[path])
@@ -158,7 +274,7 @@ class ConsoleApp:
             return _page(path, listed, lambda: pages.effects_page(
                 base, listed, [t.name for t in c.targets], [s.value for s in EffectState]))
         log = c.actions()  # /actions, /api/actions
-        return _page(path, log, lambda: pages.actions_page(base, log))
+        return _page(path, log, lambda: pages.actions_page(base, log, self.read_only))
 
     def _static(self, path: str, method: str, start_response: StartResponse) -> Iterable[bytes]:
         asset = ASSETS.get(path[len("/static/"):])
@@ -188,6 +304,14 @@ class ConsoleApp:
         cookie = f"{_COOKIE}={self._cookie}; Path={base or '/'}; HttpOnly; SameSite=Strict"
         return _send(start_response, method, HTTPStatus.SEE_OTHER, "text/plain", "logged in",
                      [("Set-Cookie", cookie), ("Location", href(base, "/"))])
+
+
+def _cookies(environ: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in environ.get("HTTP_COOKIE", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        out.setdefault(name, value)
+    return out
 
 
 def _page(path: str, data: Any, html: Callable[[], Html]) -> tuple[HTTPStatus, str, str]:

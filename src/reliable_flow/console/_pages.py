@@ -83,12 +83,19 @@ def _effects_table(base: str, effects: list[dict[str, Any]]) -> Html:
     return table(["key", "name", "state", "attempts", "due", "lease", "last error", "reason", "payload"], rows)
 
 
-def flow_page(base: str, data: dict[str, Any]) -> Html:
+def flow_page(base: str, data: dict[str, Any], acts: bool = False) -> Html:
     names = [c["name"] for c in data["consumers"]]
     produced = data["producer"]["flow"]
+
+    def delivery(e: dict[str, Any], n: str) -> Html:
+        shown = _delivery(e["deliveries"].get(n))
+        if not acts or e["deliveries"].get(n) is None:
+            return shown
+        return Html(shown + act_links(base, ("redeliver", "skip-delivery"), {"consumer": n, "event_id": e["event_id"]}))
+
     events = [[e["seq"], e["event_id"], e.get("kind"), e.get("schema"), payload(e.get("payload")),
                payload(e["meta"]) if e.get("meta") else None,
-               *(_delivery(e["deliveries"].get(n)) for n in names)] for e in data["producer"]["events"]]
+               *(delivery(e, n) for n in names)] for e in data["producer"]["events"]]
     parts = [tag("p", "producer: ", "no such flow" if produced is None else
                  f"state {produced['state']}, seq {produced['seq']}"),
              tag("h2", "Producer's events"),
@@ -96,12 +103,14 @@ def flow_page(base: str, data: dict[str, Any]) -> Html:
     for c in data["consumers"]:
         flow = c["flow"]
         rows = [[r["seq"], r["event_id"], r["state"], r["reason"], r["detail"], when(r["received_at"]),
-                 when(r["blocked_at"])] for r in flow["rows"]]
+                 when(r["blocked_at"]),
+                 act_links(base, ("skip-event", "replace-event"), {"consumer": c["name"], "event_id": r["event_id"]})
+                 if acts and r["state"] in ("pending", "blocked") else None] for r in flow["rows"]]
         parts += [tag("h2", f"Consumer {c['name']}"),
                   tag("p", "Why it waits: ", tag("span", c["why"], class_="why")),
                   tag("p", f"state {flow['state']}, last seq {flow['last_seq']}, next seq {flow['next_seq']}"),
                   tag("h3", "Inbox rows from the next seq on"),
-                  table(["seq", "event", "state", "reason", "detail", "received", "blocked"], rows),
+                  table(["seq", "event", "state", "reason", "detail", "received", "blocked", "act"], rows),
                   tag("h3", "Projection"), payload(c["projection"]),
                   tag("h3", "Effects"), _effects_table(base, c["effects"])]
     parts += [tag("h2", f"Needs attention ({len(data['attention'])})"), attention_table(base, data["attention"])]
@@ -126,7 +135,12 @@ def effects_page(base: str, data: dict[str, Any], consumers: list[str], states: 
     return page(base, "Effects", body, api=href("", "/api/effects", {**query, "after": data["after"]}))
 
 
-def effect_page(base: str, data: dict[str, Any]) -> Html:
+def act_links(base: str, actions: tuple[str, ...], query: dict[str, Any]) -> Html:
+    """Links to the forms of ``actions``, filled with ``query`` (shown only with actions allowed)."""
+    return tag("span", *(link(base, "/act/" + a, a, query) for a in actions), class_="acts")
+
+
+def effect_page(base: str, data: dict[str, Any], acts: bool = False) -> Html:
     c = data["consumer"]
     e = c["effect"]
     if e is None:
@@ -134,6 +148,9 @@ def effect_page(base: str, data: dict[str, Any]) -> Html:
     else:
         head = Html(tag("p", f"{e['name']} of consumer {c['name']}: {e['state']}, attempts {e['attempts']}; flow ",
                         link(base, path_to("/flows/", e["flow_id"]), e["flow_id"]), f" seq {e['seq']} event {e['event_id']}")
+                    + (tag("p", "Act on it: ", act_links(base, ("retry", "resolve", "cancel", "amend"),
+                                                         {"consumer": c["name"], "key": data["effect_key"]}))
+                       if acts else Html(""))
                     + tag("h2", "Payload") + payload(e.get("payload"))
                     + (tag("h2", "Result") + payload(e.get("result")) if e.get("result") is not None else Html("")))
     steps = [tag("li", when(t["at"]), " ", tag("strong", t["transition"]), f" attempt {t['attempt']}",
@@ -149,11 +166,12 @@ def effect_page(base: str, data: dict[str, Any]) -> Html:
                 api=path_to("/api/effects/", data["effect_key"]))
 
 
-def actions_page(base: str, data: dict[str, Any]) -> Html:
+def actions_page(base: str, data: dict[str, Any], read_only: bool = True) -> Html:
     rows = [[when(a.get("at")), a["store"], a.get("target"), a.get("action"), a.get("actor"),
              a.get("event_id") or a.get("key") or a.get("consumer"), a.get("reason")] for a in data["log"]]
-    body = Html(tag("p", "Every operator action the stores record, newest first (read only: "
-                         "this console changes nothing).")
+    mode = "read only: this console changes nothing" if read_only else "actions allowed: see "
+    body = Html(tag("p", "Every operator action the stores record, newest first (", mode,
+                    Html("") if read_only else link(base, "/act", "the action forms"), ").")
                 + table(["at", "store", "target", "action", "actor", "on", "reason"], rows,
                         empty="no operator action recorded"))
     return page(base, "Operator actions", body, api="/api/actions")

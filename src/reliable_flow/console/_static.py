@@ -26,6 +26,9 @@ pre.payload { margin: 0; max-height: 20em; overflow: auto; white-space: pre-wrap
 .why { font-weight: 600; } .empty { opacity: .7; }
 .chart { vertical-align: middle; }
 form.filter { display: flex; gap: .6em; align-items: end; flex-wrap: wrap; }
+form.act { display: grid; gap: .6em; max-width: 40em; } form.act label { display: grid; gap: .2em; }
+.flash { padding: .5em .8em; border-left: 4px solid var(--ok); } .flash.refused { border-color: var(--bad); }
+.acts a { margin-left: .6em; } .selection { font-weight: 600; }
 """
 
 _JS = """

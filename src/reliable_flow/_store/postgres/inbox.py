@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 import psycopg
 
 from ..._envelope import Envelope
+from ...records import ScheduledEffect
 from .. import rows
 from ..records import FlowState, NextRow, PruneStep, StoredRow
 from ..repository.inbox import InboxRepository
@@ -53,6 +54,7 @@ from .inbox_sql import (
     DELETE_EFFECT_RECORDS,
     DELETE_EFFECTS,
     DELETE_ROWS,
+    EFFECT_FOR_UPDATE,
     EFFECTS_PRUNABLE,
     FLOW_AND_NEXT_ROW,
     FLOW_FOR_UPDATE,
@@ -130,6 +132,14 @@ class PgInbox(PgView, InboxRepository):
         self._lock("flow", flow_id)
         row = self._one(self._guarded(self._SQL.FLOW, FLOW_FOR_UPDATE), (flow_id,))
         return None if row is None else rows.flow_state(row)
+
+    def effect(self, key: str) -> ScheduledEffect | None:
+        """In a unit the effect's row is locked (``FOR UPDATE``) as it is read:
+        two operators acting on one effect at once (or an operator and an
+        executor) take turns, and the second sees what the first did (under
+        READ COMMITTED, without the lock, both would act on the state they read)."""
+        row = self._one(self._guarded(self._SQL.EFFECT, EFFECT_FOR_UPDATE), (key,))
+        return None if row is None else rows.effect(row)
 
     def next_row(self, flow_id: str, seq: int) -> NextRow | None:
         row = self._one(NEXT_ROW, (flow_id, seq))

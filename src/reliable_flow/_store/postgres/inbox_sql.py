@@ -10,7 +10,8 @@ from ..repository.statements import InboxSql, rendered
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "DELETE_EFFECTS", "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "EFFECTS_PRUNABLE", "FLOW_AND_NEXT_ROW",
+    "DELETE_EFFECTS", "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "EFFECTS_PRUNABLE", "EFFECT_FOR_UPDATE",
+    "FLOW_AND_NEXT_ROW",
     "FLOW_FOR_UPDATE", "FORGET_HISTORY", "INBOX_PRUNABLE", "INSERT_NEW", "INSERT_NEW_MANY", "MAX_POS", "NEXT_ROW",
     "ROW_OR_TOMBSTONE", "WAITING_BEHIND", "Candidate", "PgInboxSql",
 ]
@@ -92,6 +93,7 @@ Candidate = tuple[int, str, str, int, str]
 
 FORGET_HISTORY = "DELETE FROM effect_history WHERE key IN (SELECT key FROM effect_outbox WHERE id = ANY(%s))"
 FLOW_FOR_UPDATE = rendered(InboxSql.FLOW, "%s") + " FOR UPDATE"
+EFFECT_FOR_UPDATE = rendered(InboxSql.EFFECT, "%s") + " FOR UPDATE"
 DELETE_EFFECT_RECORDS = "DELETE FROM effect WHERE event_id = ANY(%s)"
 DELETE_ROWS = "DELETE FROM inbox WHERE event_id = ANY(%s)"
 DELETE_EFFECTS = "DELETE FROM effect_outbox WHERE id = ANY(%s)"

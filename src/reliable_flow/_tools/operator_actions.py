@@ -1,0 +1,114 @@
+"""The operator actions, once, for every face that offers them: the command
+line (:mod:`.operator_cli`) and the console (:mod:`reliable_flow.console`).
+
+Each function takes an opened ``Producer`` / ``Consumer`` (see
+:func:`opened_owner`), calls the public admin method (``producer.admin.*``,
+``consumer.admin.*``), which checks, decides and records, and answers
+``(record, sentence)``: the recorded :class:`~reliable_flow.records.OperatorAction`
+and one sentence of what happened.  A refusal by the rules raises
+:class:`~reliable_flow.errors.NotResolvable`, nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..records import OperatorAction
+from .stores import Location
+
+__all__ = ["delivery_action", "effect_action", "inbox_action", "opened_owner", "registry_action"]
+
+Done = tuple[OperatorAction, str]
+
+
+@contextmanager
+def opened_owner(kind: str, location: Location, protocol: Any = None, effects: Any = None) -> Iterator[Any]:
+    """The store at ``location`` as a ``Producer`` (``kind`` "producer") or a
+    ``Consumer`` (with ``effects``, an ``EffectRegistry`` or None), only if it
+    exists already: it is first opened read only (a missing file or schema is
+    refused, nothing created).  ``protocol``: the one to open it with; None:
+    the one the store records (:func:`~.loading.protocol_for`).  Closed on exit."""
+    from .._consumer import Consumer
+    from .._producer import Producer
+    from .loading import protocol_for
+    from .stores import open_consumer, open_producer
+
+    (open_producer if kind == "producer" else open_consumer)(location).close()
+    if protocol is None:
+        protocol = protocol_for(None, (kind, location))
+    owner = Producer(location, protocol) if kind == "producer" else Consumer(location, protocol, effects=effects)
+    with owner:
+        yield owner
+
+
+def effect_action(consumer: Any, action: str, key: str, *, actor: str, reason: str, result: Any = None,
+                  failure: bool = False, producer: Any = None) -> Done:
+    """``retry`` / ``resolve`` / ``amend`` / ``cancel`` the effect ``key``.
+    ``resolve`` first checks the result (``check_feedback``, against
+    ``producer`` when given), as ``amend`` does itself."""
+    from .._effects.feedstep import check_feedback
+
+    who = {"actor": actor, "reason": reason}
+    if action == "retry":
+        return consumer.admin.retry_effect(key, **who), f"effect {key!r} is pending again, due now"
+    if action == "resolve":
+        effect = consumer.scheduled_effect(key)
+        if effect is not None:  # an unknown key: resolve_effect says so
+            check_feedback(effect, consumer.effect_registry, producer, result=result)
+        record = consumer.admin.resolve_effect(key, result=result, **who)
+        return record, f"effect {key!r} is succeeded, result {json.dumps(result)}"
+    if action == "amend":
+        record = consumer.admin.amend_effect(key, result=result, failure=failure, producer=producer, **who)
+        if failure:
+            return record, f"effect {key!r} is cancelled: its failure step is fed on the next executor pass"
+        return record, f"effect {key!r} is succeeded, result {json.dumps(result)}: fed on the next executor pass"
+    if action == "cancel":
+        return consumer.admin.cancel_effect(key, **who), f"effect {key!r} is cancelled: it will never run"
+    raise ValueError(f"action must be retry, resolve, amend or cancel, got {action!r}")
+
+
+def delivery_action(producer: Any, action: str, consumer: str, event_id: str, *, actor: str, reason: str) -> Done:
+    """``redeliver`` / ``skip`` the event ``event_id`` for the consumer named ``consumer``."""
+    if action not in ("redeliver", "skip"):
+        raise ValueError(f"action must be redeliver or skip, got {action!r}")
+    act = producer.admin.redeliver if action == "redeliver" else producer.admin.skip
+    record = act(event_id, consumer=consumer, actor=actor, reason=reason)
+    was = f"(was {record.previous_state})"
+    if action == "redeliver":
+        return record, f"event {event_id!r} is pending again for consumer {consumer!r}, due now {was}"
+    return record, f"consumer {consumer!r} will never get event {event_id!r} {was}"
+
+
+def inbox_action(consumer: Any, action: str, event_id: str, *, actor: str, reason: str,
+                 envelope: str | None = None) -> Done:
+    """``skip`` the accepted event ``event_id``, or ``replace`` it by
+    ``envelope`` (the corrected envelope's JSON text)."""
+    if action == "skip":
+        record = consumer.admin.skip_event(event_id, actor=actor, reason=reason)
+    elif action == "replace":
+        if envelope is None:
+            raise ValueError("replace needs the corrected envelope")
+        record = consumer.admin.replace_event(event_id, envelope, actor=actor, reason=reason)
+    else:
+        raise ValueError(f"action must be skip or replace, got {action!r}")
+    step = f"flow {record.flow_id!r} seq {record.seq}, was {record.previous_state}"
+    if action == "skip":
+        return record, f"event {event_id!r} skipped ({step}): the flow goes on past it"
+    return record, f"event {event_id!r} replaced by {record.replacement_event_id!r} ({step}), stored pending"
+
+
+def registry_action(producer: Any, action: str, name: str, *, actor: str, reason: str,
+                    from_now: bool = False) -> Done:
+    """``register`` (every event, or with ``from_now`` only those committed
+    from now on) / ``remove`` the consumer name ``name``."""
+    if action == "register":
+        record = producer.admin.register_consumer(name, from_now, actor=actor, reason=reason)
+        gets = "events committed from now on" if from_now else "every event from the first one"
+        return record, f"consumer {name!r} registered: it gets {gets}"
+    if action == "remove":
+        return producer.admin.remove_consumer(name, actor=actor, reason=reason), \
+            f"consumer {name!r} removed, with its deliveries"
+    raise ValueError(f"action must be register or remove, got {action!r}")
