@@ -216,7 +216,7 @@ def test_a_cancelled_wait_leaves_no_thread_and_no_connection(new_store: Any) -> 
             assert wait_threads(settle=1) == []
             assert listening(location) == 0
             # A timeout from outside is a cancellation too.
-            with pytest.raises(TimeoutError):
+            with pytest.raises(asyncio.TimeoutError):  # not TimeoutError before Python 3.11
                 await asyncio.wait_for(producer.wait("G", after_seq=0, timeout=None), 0.2)
             assert listening(location) == 0 and wait_threads(settle=1) == []
             assert await producer.flows() == []  # the producer still works
