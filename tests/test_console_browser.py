@@ -2,8 +2,10 @@
 selenium through Debian's chromedriver, against ``reliable-flow console``
 running as a child process, as an operator would start it.
 
-Each page is loaded and its content checked; the overview is seen to
-refresh by itself after an event is committed.  Without chromium (or
+Each page of the showcase (tests/console_scene.py, the scenario
+docs/console/screenshots.py photographs) is loaded and its content
+checked, once more with JavaScript off; the overview is seen to refresh by
+itself after an event is committed.  Without chromium (or
 selenium) the tests skip, except under ``RELIABLE_FLOW_REQUIRE_BROWSER=1``
 (``.ci/run`` sets it), where they fail.  The browser, its driver and the
 server are stopped also when the run is interrupted (tests/cleanup.py).
@@ -23,9 +25,10 @@ from typing import Any
 import pytest
 
 import cleanup
+import console_scene as scene
 from reliable_flow import Consumer, Producer
 from reliable_flow.reservation import RESERVATION
-from support import child_env, dead_effects
+from support import child_env
 
 pytestmark = pytest.mark.browser
 
@@ -53,10 +56,11 @@ def _found(names: tuple[str, ...]) -> str | None:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """Flows A and B, each with a dead effect ``notify`` (so: attention)."""
+    """The showcase (tests/console_scene.py): a flow applied, one at a gap, one blocked, a dead effect."""
     where = tmp_path_factory.mktemp("console")
-    consumer = dead_effects("sqlite", where)
-    return str(where / "producer.db"), str(consumer)
+    stores = str(where / "producer.db"), str(where / "consumer.db")
+    scene.build(*stores)
+    return stores
 
 
 def _stop_process(proc: subprocess.Popen[str]) -> None:
@@ -75,8 +79,8 @@ def console(stores: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -
 def acting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     """``reliable-flow console ... --allow-actions`` on stores of its own: its URL and the stores."""
     where = tmp_path_factory.mktemp("acting")
-    consumer = dead_effects("sqlite", where)
-    stores = (str(where / "producer.db"), str(consumer))
+    stores = str(where / "producer.db"), str(where / "consumer.db")
+    scene.build(*stores)
     for url in _served(stores, tmp_path_factory, "--allow-actions"):
         yield url, *stores
 
@@ -103,6 +107,17 @@ def _served(stores: tuple[str, str], tmp_path_factory: pytest.TempPathFactory, *
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Headless chromium, JavaScript on."""
+    yield from _chromium(tmp_path_factory, javascript=True)
+
+
+@pytest.fixture(scope="module")
+def no_script(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Headless chromium with JavaScript off, as a locked-down operator's browser may be."""
+    yield from _chromium(tmp_path_factory, javascript=False)
+
+
+def _chromium(tmp_path_factory: pytest.TempPathFactory, *, javascript: bool) -> Iterator[Any]:
     try:
         from selenium import webdriver
         from selenium.common.exceptions import WebDriverException
@@ -118,6 +133,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                  "--no-first-run", "--disable-extensions", "--window-size=1280,900",
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
         options.add_argument(flag)
+    if not javascript:
+        # as an administrator's policy turns it off (2: blocked on every site)
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     # its own session, so that chromium (the driver's child) goes with it on a kill of the group
     service = Service(driver_path, popen_kw={"start_new_session": True})
     try:
@@ -167,48 +185,64 @@ def _produced(driver: Any) -> str:
 
 
 def test_every_page_shows_its_content(browser: Any, console: str) -> None:
+    for _, path, words in scene.PAGES:
+        browser.get(console + path)
+        text = _text(browser)
+        assert all(word in text for word in words), (path, [w for w in words if w not in text], text[:2000])
     browser.get(console)
     assert browser.title == "Overview - reliable_flow console"
-    text = _text(browser)
-    assert "Needs attention (2)" in text and "effect_dead" in text and "2 events in 2 flows" in text
+    assert f"{scene.EVENTS} events in {scene.FLOWS} flows" in _text(browser)
     assert browser.find_element("css selector", "svg.chart") is not None
 
     search = browser.find_element("name", "q")
-    search.send_keys("default:A1:notify")
+    search.send_keys(scene.DEAD)
     search.submit()
     assert "effect_key" in _text(browser)
-    browser.find_element("link text", "A").click()
+    browser.find_element("link text", scene.APPLIED).click()
     flow = _text(browser)
-    assert browser.title == "Flow A - reliable_flow console"
-    assert "Why it waits: nothing waits: applied up to seq 1" in flow and "PermanentFailure: declined" in flow
+    assert browser.title == f"Flow {scene.APPLIED} - reliable_flow console"
+    assert "Why it waits: nothing waits: applied up to seq 3" in flow and "mail relay refused" in flow
 
-    browser.find_element("link text", "default:A1:notify").click()
+    browser.find_element("link text", scene.DEAD).click()
     effect = _text(browser)
     assert "notify of consumer default: dead" in effect and "scheduled" in effect and "claimed" in effect
 
     browser.get(console + "effects?state=dead")
-    assert "default:A1:notify" in _text(browser) and "default:B1:notify" in _text(browser)
-    browser.get(console + "actions")
-    assert "register relay default" in _text(browser)  # the registry entry of the first relay
+    assert scene.DEAD in _text(browser) and f"default:{scene.GAP}-1:notify" not in _text(browser)
     browser.get(console + "metrics")
     assert "reliable_flow_" in _text(browser)
-    browser.get(console + "healthz")
-    assert "2 need attention" in _text(browser) and "effect_dead" in _text(browser)  # a browser asks for HTML
-    browser.get(console + "api/effects/default%3AA1%3Anotify")
+    browser.get(console + "api/effects/" + scene.DEAD.replace(":", "%3A"))
     assert '"transition": "claimed"' in _text(browser)  # the JSON twin
     browser.get(console + "flows/nothing-here")
     assert "404 Not Found" in _text(browser) and "no flow 'nothing-here'" in _text(browser)
 
 
+def test_without_javascript_every_page_shows_its_content(no_script: Any, console: str) -> None:
+    no_script.get("data:text/html,<title>off</title><script>document.title = 'on'</script>")
+    assert no_script.title == "off"  # it is really off
+    for _, path, words in scene.PAGES:
+        no_script.get(console + path)
+        text = _text(no_script)
+        assert all(word in text for word in words), (path, [w for w in words if w not in text], text[:2000])
+    no_script.get(console)
+    search = no_script.find_element("name", "q")  # a plain form: it works without a script
+    search.send_keys(scene.BLOCKED)
+    search.submit()
+    no_script.find_element("link text", scene.BLOCKED).click()
+    assert "Why it waits: blocked: unsupported_schema" in _text(no_script)
+    no_script.find_element("link text", "Effects").click()
+    assert scene.DEAD in _text(no_script)
+
+
 def test_the_overview_refreshes_by_itself(browser: Any, console: str, stores: tuple[str, str]) -> None:
     browser.get(console)
-    assert "2 events in 2 flows" in _produced(browser)
+    assert f"{scene.EVENTS} events in {scene.FLOWS} flows" in _produced(browser)
     browser.execute_script("window.notReloaded = true;")
     with Producer(stores[0], RESERVATION) as producer:
-        producer.advance("C1", "C", expected_seq=0, kind="reserved", payload={"amount": 1})
+        producer.advance("new-1", "new", expected_seq=0, kind="reserved", payload={"amount": 1})
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        if "3 events in 3 flows" in _produced(browser):
+        if f"{scene.EVENTS + 1} events in {scene.FLOWS + 1} flows" in _produced(browser):
             break
         time.sleep(0.2)
     else:
@@ -219,22 +253,27 @@ def test_the_overview_refreshes_by_itself(browser: Any, console: str, stores: tu
 
 def test_an_action_performed_by_clicking_is_recorded(browser: Any, acting: tuple[str, str, str]) -> None:
     url, producer, consumer = acting
-    browser.get(url + "effects/default%3AA1%3Anotify")
+    browser.get(url + "effects/" + scene.DEAD.replace(":", "%3A"))
     browser.find_element("link text", "retry").click()
     assert browser.title == "Retry an effect - reliable_flow console"
-    assert browser.find_element("name", "key").get_attribute("value") == "default:A1:notify"
-    browser.find_element("name", "actor").send_keys("alice")
+    assert browser.find_element("name", "key").get_attribute("value") == scene.DEAD
+    browser.find_element("name", "actor").send_keys("bob")
     browser.find_element("name", "reason").send_keys("INC-9: the carrier is back")
     browser.find_element("css selector", "form.act button[type=submit]").click()
+    # the click may return before the POST's answer is loaded (chromedriver does not always wait for it)
+    deadline = time.monotonic() + 15
+    while browser.title == "Retry an effect - reliable_flow console" and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert browser.title == "Operator actions - reliable_flow console"  # redirected after the POST
     text = _text(browser)
-    assert "effect 'default:A1:notify' is pending again, due now" in text  # the flash sentence
-    assert "INC-9: the carrier is back" in text and "alice" in text
+    assert f"effect '{scene.DEAD}' is pending again, due now" in text  # the flash sentence
+    assert "INC-9: the carrier is back" in text and "bob" in text
     browser.refresh()  # a GET: nothing is sent again, the sentence is gone
     assert "is pending again" not in _text(browser)
     shown = subprocess.run([sys.executable, "-m", "reliable_flow", "inspect", producer, consumer, "--effect",
-                            "default:A1:notify"], capture_output=True, text=True, env=child_env(), timeout=60,
+                            scene.DEAD], capture_output=True, text=True, env=child_env(), timeout=60,
                            check=False)
-    assert "alice" in shown.stdout and "INC-9: the carrier is back" in shown.stdout, shown
+    assert "bob" in shown.stdout and "INC-9: the carrier is back" in shown.stdout, shown
     with Consumer(consumer, RESERVATION) as opened:
-        assert [(a.action, a.actor) for a in opened.admin.effect_actions("default:A1:notify")] == [("retry", "alice")]
+        assert [(a.action, a.actor) for a in opened.admin.effect_actions(scene.DEAD)] == [
+            ("retry", scene.ACTOR), ("retry", "bob")]
