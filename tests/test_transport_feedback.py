@@ -400,6 +400,17 @@ def test_serve_as_needs_a_transport_and_a_name(new_store: Any, redis_url: str) -
                     Worker(producer, [tools], register=True, serve_as=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("option", "value"), [("batch", 0), ("batch", True), ("batch", 1.5),
+                                               ("claim_after", float("nan")), ("claim_after", float("inf")),
+                                               ("claim_after", 0), ("claim_after", True)])
+def test_a_bad_server_option_is_a_value_error_naming_it(new_store: Any, redis_url: str, option: str,
+                                                        value: Any) -> None:
+    from reliable_flow.transport.redis import ProducerServer
+
+    with Producer(new_store("p"), ASK) as producer, pytest.raises((ValueError, TypeError), match=option):
+        ProducerServer(producer, redis_url, "agent", **{option: value})
+
+
 def test_an_executor_refuses_a_producer_that_is_neither(new_store: Any) -> None:
     with Consumer(new_store("c"), ASK) as consumer:
         with pytest.raises(TypeError, match="producer"):

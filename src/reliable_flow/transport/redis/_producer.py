@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from ..._checks import check_count, check_seconds
 from ..._envelope import check_name
 from ..._observe import WARNING, WORKER, fields, log
 from ..._producer import Producer, advance_at_current, check_at_current
@@ -83,8 +84,6 @@ class RemoteProducer:
     at a time per object (a lock).  ``close()`` drops the connection."""
 
     def __init__(self, url: str, name: str, *, timeout: float = DEFAULT_TIMEOUT, prefix: str = "rf") -> None:
-        from ..._checks import check_seconds
-
         self.url = check_url(url)
         self.name = check_key_part("name", name)
         self.timeout = check_seconds("timeout", timeout, allow_zero=False)
@@ -271,7 +270,8 @@ class ProducerServer:
         self.name = check_name("serve_as", name)
         self.prefix = check_key_part("prefix", prefix)
         self.keys = ProducerKeys(self.prefix, self.name)
-        self.batch, self.claim_after = batch, claim_after
+        self.batch = check_count("batch", batch)
+        self.claim_after = check_seconds("claim_after", claim_after, allow_zero=False)
         self.member = f"{socket.gethostname()}-{os.getpid()}"
         self._client = connect(self.url, timeout=10.0)
         self._announced_at = -ANNOUNCE_EVERY
