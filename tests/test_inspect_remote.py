@@ -3,8 +3,9 @@ real ``redis-server``.
 
 * A bridge publishes, with its announcement, the effects of its consumer
   that owe a producer a step; ``reliable-flow inspect PRODUCER
-  redis://...#CONSUMER`` (or ``inspect PRODUCER`` alone, once the producer
-  was served with ``serve_as``) lists the flows waiting for a result for
+  redis://...`` (or ``inspect PRODUCER`` alone, once the producer
+  was served with ``serve_as``; with ``#CONSUMER``, the consumer's full
+  report, read through its bridge) lists the flows waiting for a result for
   ``--stuck-after`` or more, with the effect's key: exit 1; nothing waiting
   that long: exit 0.  A result that came home is not listed.
 * The summary is a view: stale when its bridge stopped publishing (said so),
@@ -103,13 +104,18 @@ def test_the_producer_sees_the_flow_waiting_on_another_host(new_store: Any, redi
             [owed] = summary["effects"]
             assert (owed["key"], owed["flow_id"], owed["producer"], summary["count"]) == (
                 "tools:B1:look_up", "B", "agent", 1)
-            served = f"{redis_url}#{TOOLS}"
-            code, report, err = _inspect(agent_at, served, "--stuck-after", "0", "--json")
+            # the server alone: what every registered consumer's bridge publishes
+            code, report, err = _inspect(agent_at, redis_url, "--stuck-after", "0", "--json")
             assert code == 1, err
             [item] = report["attention"]
             assert (item["kind"], item["flow_id"], item["effect_key"], item["consumer"], item["state"]) == (
                 "waiting_for_result", "B", "tools:B1:look_up", TOOLS, "dead")
             assert "an operator" in item["detail"]
+            # the consumer named: its full report, read through its bridge (tests/test_remote_console.py)
+            code, report, err = _inspect(agent_at, f"{redis_url}#{TOOLS}", "--stuck-after", "0", "--json")
+            assert code == 1, err
+            assert report["consumer"]["name"] == TOOLS
+            assert ("effect_dead", "tools:B1:look_up") in [(a["kind"], a["effect_key"]) for a in report["attention"]]
             # given only the producer: where it is served was recorded by the worker
             code, out, err = _inspect(agent_at, "--stuck-after", "0")
             assert code == 1, err

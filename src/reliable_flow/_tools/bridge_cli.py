@@ -58,6 +58,14 @@ def add_bridge_command(sub: Any) -> None:
                         help="effect calls in flight at once (default 1)")
     bridge.add_argument("--claim-after", type=seconds_type(False), default=10.0, metavar="SECONDS",
                         help="take over requests another bridge left unacknowledged this long (default 10)")
+    bridge.add_argument("--allow-actions", action="store_true",
+                        help="run operator actions sent from other hosts (skip / replace an inbox event, retry / "
+                             "resolve / amend / cancel an effect; `inspect`, the console and the operator commands "
+                             "given redis://...#NAME), recorded here; refused without it. Anyone who can write "
+                             "to the consumer's Redis keys can ask: see docs/transport.md, 'Security'")
+    bridge.add_argument("--no-questions", action="store_true",
+                        help="answer no operator's reads from other hosts (`inspect` and the console given "
+                             "redis://...#NAME then time out)")
     add_shared(bridge, "--report-every")
     bridge.add_argument("--once", action="store_true", help="one pass, then exit")
 
@@ -95,7 +103,8 @@ def _bridge(args: argparse.Namespace, signals: EarlySignals) -> int:
                 consumer, policy=DeliveryPolicy(lease_seconds=args.effect_lease), producer=producer,
                 concurrency=args.concurrency)))
         bridge = Bridge(consumer, args.redis, executors=executors, name=args.bridge_name,
-                        claim_after=args.claim_after, on_pass=report)
+                        claim_after=args.claim_after, on_pass=report, questions=not args.no_questions,
+                        allow_actions=args.allow_actions)
     signals.watch(bridge)
     from ..transport.redis._connect import shown
 

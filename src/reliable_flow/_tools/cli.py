@@ -51,16 +51,18 @@ def _parser() -> argparse.ArgumentParser:
                     "flow or event on both sides; with --effect, one effect and its durable history. Never writes. Exits 1 when something is blocked, set "
                     "aside, or stuck longer than --stuck-after (for alerts), 2 on an error. "
                     "Each store is a SQLite file or a postgresql://...#schema location. "
-                    "Given redis://host:6379/0#NAME instead of a consumer store (or nothing, once the producer "
-                    "was served with --serve-as), the flows waiting for a result from effects beside the "
-                    "consumers on other hosts, as their bridges last published. A producer and a consumer "
+                    "Given redis://host:6379/0#NAME instead of a consumer store: the same report of the "
+                    "consumer NAME on another host, read through the `reliable-flow bridge` serving it (no "
+                    "answer within 5 s: exit 2, said so). Given redis://host:6379/0 alone (or nothing, once "
+                    "the producer was served with --serve-as): the flows waiting for a result from effects "
+                    "beside the consumers on other hosts, as their bridges last published. A producer and a consumer "
                     "that share no registration are refused (exit 2). See docs/operations.md.",
     )
     inspect.add_argument("producer", metavar="PRODUCER_DB")
     inspect.add_argument("consumer", metavar="CONSUMER_DB", nargs="?",
-                         help="the consumer's store, or its location on Redis: redis://host:6379/0#NAME (without "
-                              "#NAME: every consumer in the producer's registry); default: where the producer "
-                              "is served")
+                         help="the consumer's store, or its location on Redis: redis://host:6379/0#NAME (read "
+                              "through its bridge; without #NAME: what every registered consumer's bridge "
+                              "publishes); default: where the producer is served")
     inspect.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     focus = inspect.add_mutually_exclusive_group()
     focus.add_argument("--flow", metavar="FLOW_ID", help="why this flow waits, on both sides")
@@ -125,13 +127,18 @@ def _inspect(args: argparse.Namespace) -> int:
         format_flow_report,
     )
     from .inspection import format_report, inspect_files
-    from .remote_inspect import format_remote_report, is_remote, remote_report
+    from .remote_inspect import check_registered, format_remote_report, is_remote, remote_report
 
-    remote = args.consumer is None or is_remote(args.consumer)
+    # A consumer on Redis named (URL#NAME) is read through its bridge, in full; a server alone
+    # (every registered consumer) or no location: what the bridges publish.
+    remote = args.consumer is None or is_remote(args.consumer) and "#" not in args.consumer
     if remote and any(x is not None for x in (args.flow, args.event, args.effect)):
-        print("inspect: --flow, --event and --effect need the consumer's store", file=sys.stderr)
+        print("inspect: --flow, --event and --effect need the consumer's store, or its location on Redis "
+              "(redis://host:6379/0#NAME)", file=sys.stderr)
         return 2
     try:
+        if not remote and is_remote(args.consumer):
+            check_registered(args.producer, args.consumer)
         if remote:
             report = remote_report(args.producer, args.consumer, stuck_after=args.stuck_after)
             text = format_remote_report

@@ -7,6 +7,13 @@ Each function takes an opened ``Producer`` / ``Consumer`` (see
 ``(record, sentence)``: the recorded :class:`~reliable_flow.records.OperatorAction`
 and one sentence of what happened.  A refusal by the rules raises
 :class:`~reliable_flow.errors.NotResolvable`, nothing changed.
+
+A consumer on another host (a location on Redis, ``redis://host:port/db#NAME``)
+is opened as its remote read view; an action on it is sent to the bridge
+serving it, which runs the same call there (when started allowing actions)
+and records it in that consumer's store; the record and sentence, or the
+refusal, come back.  Its result is checked there, against the bridge's own
+effect registry and producer.
 """
 
 from __future__ import annotations
@@ -34,8 +41,15 @@ def opened_owner(kind: str, location: Location, protocol: Any = None, effects: A
     from .._consumer import Consumer
     from .._producer import Producer
     from .loading import protocol_for
-    from .stores import open_consumer, open_producer
+    from .stores import is_remote, open_consumer, open_producer
 
+    if kind == "consumer" and is_remote(location):  # on another host: acted on through its bridge
+        remote = open_consumer(location)
+        try:
+            yield remote
+        finally:
+            remote.close()
+        return
     (open_producer if kind == "producer" else open_consumer)(location).close()
     if protocol is None:
         protocol = protocol_for(None, (kind, location))
@@ -52,6 +66,13 @@ def effect_action(consumer: Any, action: str, key: str, *, actor: str, reason: s
     from .._effects.feedstep import check_feedback
 
     who = {"actor": actor, "reason": reason}
+    remote = getattr(consumer, "act_remotely", None)
+    if remote is not None and action in ("retry", "resolve", "amend", "cancel"):
+        extra: dict[str, Any] = {"result": result} if action in ("resolve", "amend") else {}
+        if action == "amend":
+            extra["failure"] = failure
+        done: Done = remote(f"{action}_effect", key=key, **extra, **who)
+        return done
     if action == "retry":
         return consumer.admin.retry_effect(key, **who), f"effect {key!r} is pending again, due now"
     if action == "resolve":
@@ -86,6 +107,13 @@ def inbox_action(consumer: Any, action: str, event_id: str, *, actor: str, reaso
                  envelope: str | None = None) -> Done:
     """``skip`` the accepted event ``event_id``, or ``replace`` it by
     ``envelope`` (the corrected envelope's JSON text)."""
+    remote = getattr(consumer, "act_remotely", None)
+    if remote is not None and action in ("skip", "replace"):
+        if action == "replace" and envelope is None:
+            raise ValueError("replace needs the corrected envelope")
+        extra = {"envelope": envelope} if action == "replace" else {}
+        done: Done = remote(f"{action}_event", event_id=event_id, actor=actor, reason=reason, **extra)
+        return done
     if action == "skip":
         record = consumer.admin.skip_event(event_id, actor=actor, reason=reason)
     elif action == "replace":

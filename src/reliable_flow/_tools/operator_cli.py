@@ -72,7 +72,9 @@ def _action(group: Any, name: str, help_text: str, store: str, *targets: tuple[s
                                                         f"{_RECORDED}. Exit 0 done, 1 refused by the rules, 2 "
                                                         f"an error. See docs/operations.md.")
     parser.add_argument("store", metavar=store,
-                        help="an existing SQLite file or postgresql://...#schema location (never created)")
+                        help="an existing SQLite file or postgresql://...#schema location (never created)"
+                        + ("; or a consumer on another host, redis://host:6379/0#NAME, acted on through its "
+                           "bridge (started with --allow-actions)" if store == "CONSUMER_DB" else ""))
     for dest, metavar in targets:
         parser.add_argument(dest, metavar=metavar)
     parser.add_argument("--actor", required=True, type=_text("actor"), help="who decided (recorded)")
@@ -156,7 +158,9 @@ def _opened(args: argparse.Namespace, kind: str) -> Iterator[Any]:
 
         effects = load("--effects", args.effects, lambda o: isinstance(o, EffectRegistry),
                        "a reliable_flow EffectRegistry")
-    protocol = protocol_for(args.protocol, (kind, args.store))
+    # a consumer on another host (URL#NAME) is acted on over there, with its own protocol and effects
+    remote = kind == "consumer" and is_remote(args.store)
+    protocol = None if remote else protocol_for(args.protocol, (kind, args.store))
     with opened_owner(kind, args.store, protocol, effects) as owner:
         yield owner
 
@@ -203,10 +207,13 @@ def _envelope(source: str) -> str:
 def _effect(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "consumer") as consumer:
         who = {"actor": args.actor, "reason": args.reason}
-        if args.action in ("resolve", "amend"):
+        if args.action in ("resolve", "amend") and not is_remote(args.store):  # remote: checked over there
             with _checking(args, consumer.protocol) as producer:
                 return effect_action(consumer, args.action, args.key, result=args.result,
                                      failure=getattr(args, "failure", False), producer=producer, **who)
+        if args.action in ("resolve", "amend"):
+            return effect_action(consumer, args.action, args.key, result=args.result,
+                                 failure=getattr(args, "failure", False), **who)
         return effect_action(consumer, args.action, args.key, **who)
 
 

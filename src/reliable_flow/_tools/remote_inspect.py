@@ -25,16 +25,27 @@ from .._core.identity import SERVED_AS, STORE_UID, served_where
 from .._core.owed import STALE_AFTER, pair_refusal, waiting_for, waiting_items
 from ..errors import ConsumerMismatch
 from .drilldown import DEFAULT_STUCK_AFTER, when
-from .stores import Location, open_producer, shown
+from .stores import REMOTE_SCHEMES, Location, is_remote, open_producer, shown
 
-__all__ = ["REMOTE_SCHEMES", "format_remote_report", "is_remote", "remote_report"]
-
-REMOTE_SCHEMES = ("redis://", "rediss://", "unix://")
+__all__ = ["REMOTE_SCHEMES", "check_registered", "format_remote_report", "is_remote", "remote_report"]
 
 
-def is_remote(location: object) -> bool:
-    """Whether a consumer argument is a location on Redis rather than a store."""
-    return isinstance(location, str) and location.startswith(REMOTE_SCHEMES)
+def check_registered(producer_path: Location, location: str) -> None:
+    """Refuse (``ConsumerMismatch``) a consumer on Redis (``URL#NAME``) whose
+    name the producer's registry does not hold, before asking its bridge."""
+    url, _, name = location.rpartition("#")
+    store = open_producer(producer_path)
+    try:
+        with store.read() as p:
+            names = sorted(e.name for e in p.consumers())
+        where = shown(producer_path, store)
+    finally:
+        store.close()
+    if name and name not in names:
+        owed = importlib.import_module("reliable_flow.transport.redis._connect")
+        raise ConsumerMismatch(
+            f"producer {where} and consumer {name!r} at {owed.shown(url)} share no registration: the "
+            f"producer's consumer registry holds {names}, not {name!r}")
 
 
 def _where(location: str | None, served: dict[str, str] | None, producer: str) -> tuple[str, str | None, str]:

@@ -9,16 +9,35 @@ PostgreSQL ``default_transaction_read_only`` on the tool's own connection
 created).  Either way a store of an older schema version is refused until
 a ``Producer`` / ``Consumer`` has opened it once, and a store of the other
 kind ("swapped" arguments) is refused with ``WrongFile``.
+
+A consumer on another host, served by ``reliable-flow bridge``, is given
+as its location on Redis, ``redis://host:port/db#NAME``: its store is then
+read through the bridge (:mod:`reliable_flow.transport.redis._remote`, the
+Redis side imported only then), which answers each read from the store on
+its host; a bridge that does not answer in time is a ``TransportError``
+naming the location.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import cast
 
 from .._core.identity import PROTOCOL_PATH
 from .._store.inbox import InboxStore
 from .._store.open import Location, is_postgres, open_inbox, open_outbox
 from .._store.outbox import OutboxStore
 
-__all__ = ["Location", "open_consumer", "open_producer", "recorded_protocol", "shown"]
+__all__ = ["REMOTE_SCHEMES", "Location", "is_remote", "open_consumer", "open_producer", "recorded_protocol",
+           "shown"]
+
+#: How a location on Redis begins (a consumer there is ``URL#NAME``).
+REMOTE_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def is_remote(location: object) -> bool:
+    """Whether a location is on Redis (a consumer served by a bridge on another host) rather than a store."""
+    return isinstance(location, str) and location.startswith(REMOTE_SCHEMES)
 
 
 def open_producer(location: Location) -> OutboxStore:
@@ -27,7 +46,15 @@ def open_producer(location: Location) -> OutboxStore:
 
 
 def open_consumer(location: Location) -> InboxStore:
-    """The consumer's store at ``location``, read only."""
+    """The consumer's store at ``location``, read only; for a location on
+    Redis (``redis://host:port/db#NAME``), read through the bridge serving it."""
+    if is_remote(location):
+        try:
+            remote = importlib.import_module("reliable_flow.transport.redis._remote")
+        except ImportError as exc:
+            raise ImportError(f"a consumer on Redis needs the redis extra (pip install "
+                              f"'reliable_flow[redis]'): {exc}") from None
+        return cast(InboxStore, remote.RemoteInbox(location))
     return open_inbox(location, None, readonly=True)
 
 
@@ -35,7 +62,7 @@ def shown(location: Location, store: OutboxStore | InboxStore) -> str:
     """How a report names a store: a file path as given; a PostgreSQL
     location as the store shows it (the password left out, a factory's
     connection parameters spelled out)."""
-    if is_postgres(location):
+    if is_postgres(location) or is_remote(location):
         return store.location
     return str(location)
 

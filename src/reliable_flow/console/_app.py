@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 from .._tools.stores import Location
+from ..errors import TransportError
 from ..statuses import EffectState
 from . import _forms as forms
 from . import _pages as pages
@@ -124,8 +125,10 @@ class ConsoleApp:
                 if sentence is not None:
                     body = Html(body.replace("</h1>", "</h1>" + forms.flash(sentence), 1))
             return _send(start_response, method, status, kind, body, extra)
-        except (_Answer, BadRequest, NotFound) as exc:
+        except (_Answer, BadRequest, NotFound, TransportError) as exc:
+            # TransportError: a consumer on another host whose bridge did not answer (or answered amiss)
             status, sentence = ((exc.status, exc.sentence) if isinstance(exc, _Answer) else
+                                (HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) if isinstance(exc, TransportError) else
                                 (HTTPStatus.BAD_REQUEST, str(exc)) if isinstance(exc, BadRequest) else
                                 (HTTPStatus.NOT_FOUND, str(exc.args[0])))
             if api:

@@ -26,6 +26,7 @@ from .. import _wire as wire
 from ._connect import Keys, check_key_part, check_url, connect, denied, fields_of, shown, talking
 from ._group import GroupReader
 from ._owed import publish_owed
+from ._questions import Questions
 
 __all__ = ["Bridge", "BridgeStats"]
 
@@ -44,7 +45,8 @@ class BridgeStats(WorkerStats):
     inbox's answers by status), ``expired`` (past their deadline when read:
     the sender had given up and sends again), ``malformed`` (refused and
     recorded, never applied), ``reclaimed`` (taken over from a bridge that
-    died holding them)."""
+    died holding them); ``asked``: operators' questions answered (reads and
+    actions), ``acted``: operator actions done for another host."""
 
     requests: int = 0
     answered: int = 0
@@ -52,6 +54,8 @@ class BridgeStats(WorkerStats):
     expired: int = 0
     malformed: int = 0
     reclaimed: int = 0
+    asked: int = 0
+    acted: int = 0
     last_malformed: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -60,7 +64,7 @@ class BridgeStats(WorkerStats):
         out.pop("relayed")
         out.update(requests=self.requests, answered=self.answered, received=dict(sorted(self.received.items())),
                    expired=self.expired, malformed=self.malformed, reclaimed=self.reclaimed,
-                   last_malformed=self.last_malformed)
+                   asked=self.asked, acted=self.acted, last_malformed=self.last_malformed)
         return out
 
 
@@ -99,6 +103,12 @@ class Bridge:
       announcement (``<prefix>:{NAME}:owed``): the effects registered with
       ``feedback=`` whose step is not fed yet, a view for the producer's
       ``reliable-flow inspect`` (docs/operations.md).
+    * **Operators' questions are answered** (``questions``): the reads of
+      ``inspect`` and the console on another host
+      (``<prefix>:{NAME}:questions``, :mod:`._questions`), each in a read
+      transaction, between its requests; operator actions from another
+      host only with ``allow_actions`` (refused with a sentence otherwise),
+      run and recorded here as on the command line.
 
     Several bridges for one consumer are safe (the inbox decides); their
     ``name`` in the group must differ (default: host, process id).
@@ -121,6 +131,8 @@ class Bridge:
         claim_after: float = 10.0,
         apply_limit: int = 100,
         on_pass: Callable[[BridgeStats], None] | None = None,
+        questions: bool = True,
+        allow_actions: bool = False,
     ) -> None:
         if not isinstance(consumer, Consumer):
             raise TypeError(f"consumer must be a reliable_flow Consumer, got {type(consumer).__name__}")
@@ -146,6 +158,15 @@ class Bridge:
         self._reader = GroupReader(self._client, self.url, self.keys.requests, GROUP, self.name, batch=self.batch,
                                    claim_after=self.claim_after, setup=self._setup)
         self._busy = False
+        self._questions: Questions | None = None
+        if check_flag("questions", questions):
+            producer = next((e.producer for e in self.executors if e.producer is not None), None)
+            self._questions = Questions(consumer, self._client, self.url, self.keys, GROUP, self.name,
+                                        batch=self.batch, claim_after=self.claim_after,
+                                        allow_actions=check_flag("allow_actions", allow_actions),
+                                        producer=producer, setup=self._setup)
+        elif check_flag("allow_actions", allow_actions):
+            raise ValueError("allow_actions needs questions: actions come as questions")
         self._setup()
 
     # -- the group and the announcement ----------------------------------------------------
@@ -155,11 +176,12 @@ class Bridge:
         publish the steps its effects owe producers (a view for the
         producer's ``inspect``, :mod:`._owed`)."""
         def setup() -> None:
-            try:
-                self._client.xgroup_create(self.keys.requests, GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            for stream in [self.keys.requests] + ([self.keys.questions] if self._questions is not None else []):
+                try:
+                    self._client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
             self._client.hset(self.keys.consumer, mapping={
                 "uid": self.consumer.uid, "location": self.consumer.location, "name": self.consumer.name,
                 "bridge": self.name, "at": repr(time.time())})
@@ -215,17 +237,33 @@ class Bridge:
     def _serve(self) -> int:
         if time.monotonic() - self._announced_at >= ANNOUNCE_EVERY:
             self._setup()
-        entries = self._read()
+        asked = self._ask()
+        entries = self._read(waits=not asked)
         if not entries:
-            return 0
-        return self._answer(entries)
+            return asked
+        return asked + self._answer(entries)
 
-    def _read(self) -> list[Any]:
+    def _ask(self) -> int:
+        """Answer the operators' questions waiting (never blocks)."""
+        if self._questions is None:
+            return 0
+        asked = self._questions.serve()
+        self.stats.asked, self.stats.acted = self._questions.asked, self._questions.acted
+        return asked
+
+    def _read(self, *, waits: bool = True) -> list[Any]:
         """Requests to answer: first those this name held when it stopped,
         then any another bridge left unacknowledged for ``claim_after``
-        seconds, then new ones (waiting up to ``block``)."""
+        seconds, then new ones (waiting up to ``block`` for a request or a
+        question, when ``waits``)."""
         before = self._reader.reclaimed
-        entries = self._reader.read(self._wait_ms())
+        wait = self._wait_ms() if waits else None
+        if self._questions is None or wait is None:
+            entries = self._reader.read(wait)
+        else:  # one wait for both streams: a question is answered as soon as it comes
+            entries = self._reader.read(None)
+            if not entries and self._reader.wait_either(self._questions.reader, wait):
+                entries = self._reader.read(None)
         self.stats.reclaimed += self._reader.reclaimed - before
         return entries
 

@@ -104,7 +104,8 @@ class Keys:
     """The Redis keys of one consumer name: its request stream, the hash
     its bridges announce the consumer's storage in, the stream of refused
     messages, the summary of the effects that owe a producer a step
-    (:mod:`._owed`), and the prefix of reply streams."""
+    (:mod:`._owed`), the prefix of reply streams, and the stream of
+    operators' questions and its replies' prefix (:mod:`._questions`)."""
 
     def __init__(self, prefix: str, consumer: str) -> None:
         base = f"{prefix}:{{{consumer}}}"  # one hash slot per consumer (Redis Cluster)
@@ -113,6 +114,8 @@ class Keys:
         self.refused = f"{base}:refused"
         self.owed = f"{base}:owed"
         self.replies = f"{base}:answers"
+        self.questions = f"{base}:questions"
+        self.said = f"{base}:said"
 
     def reply(self, receiver_id: str) -> str:
         return f"{self.replies}:{receiver_id}"

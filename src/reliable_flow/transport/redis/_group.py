@@ -87,6 +87,29 @@ class GroupReader:
             return True
         return False
 
+    def wait_either(self, other: GroupReader, block_ms: int) -> bool:
+        """Wait up to ``block_ms`` for a new entry on this stream or on
+        ``other``'s (a reader of the same group and member, on the same
+        client): one wait for both; True when one came (it is this member's
+        now, read again by the next :meth:`read` of its reader)."""
+        try:
+            got = self.client.xreadgroup(self.group, self.member, {self.stream: ">", other.stream: ">"},
+                                         count=self.batch, block=block_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                self.setup()
+                return False
+            raise
+        came = False
+        for stream, entries in got or ():
+            if entries:
+                name = stream.decode() if isinstance(stream, bytes) else stream
+                reader = self if name == self.stream else other
+                reader.arrived += 1
+                reader.own_pending = True
+                came = True
+        return came
+
     def finish(self, what: str, answers: Sequence[tuple[str, dict[str, str]]], done: Sequence[Any]) -> None:
         """Write the answers, then acknowledge and drop the entries ``done``
         (one round trip): an answered request is of no use any more."""
