@@ -19,6 +19,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -373,3 +375,47 @@ def test_reads_are_served_from_the_allow_list_only(redis_url: str) -> None:
         remote.write()
     remote.close()
     assert set(rw.READS) <= {n for n in dir(rw.InboxReads) if not n.startswith("_")}
+
+
+@pytest.mark.redis
+@pytest.mark.netns
+def test_two_hosts_inspect_and_an_action_through_the_bridge(engine: str, tmp_path: Any) -> None:
+    """Host B: redis-server and ``reliable-flow bridge --allow-actions`` on the
+    consumer's SQLite file; host A: ``inspect`` and ``effect retry`` given
+    ``redis://B:PORT/0#default``; the producer on the test's engine."""
+    from netns import Hosts, require_netns
+    from redis_server import RedisServer
+    from support import child_env
+
+    require_netns()
+    p_at, c_at = new_location(engine, tmp_path, "producer"), str(tmp_path / "consumer.db")
+    scene.build(p_at, c_at)
+    cli = [sys.executable, "-m", "reliable_flow"]
+    with Hosts() as hosts:
+        server = RedisServer(bind=hosts.b.address, netns=hosts.b)
+        try:
+            server.start()
+            url = server.tcp_url()
+            there = f"{url}#default"
+            bridge = hosts.b.popen([*cli, "bridge", c_at, "--redis", url, "--allow-actions", "--report-every", "0"],
+                                   env=child_env(), stderr=subprocess.PIPE, text=True)
+            assert bridge.stderr is not None
+            assert bridge.stderr.readline().startswith("bridge: serving consumer 'default'")
+            seen = hosts.a.run([*cli, "inspect", p_at, there, "--json"], env=child_env())
+            assert seen.returncode == 1, seen.stderr
+            near = run_cli("inspect", p_at, c_at, "--json")  # the file itself, as host B reads it
+            assert near.returncode == 1, near.stderr
+            assert _without_times(json.loads(seen.stdout)) == _without_times(json.loads(near.stdout))
+            done = hosts.a.run([*cli, "effect", "retry", there, scene.DEAD, "--actor", "dave", "--reason",
+                                "INC-11: from host A", "--json"], env=child_env())
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["actor"] == "dave"
+            seen = hosts.a.run([*cli, "inspect", p_at, there, "--effect", scene.DEAD], env=child_env())
+            assert "INC-11: from host A" in seen.stdout and "pending" in seen.stdout, seen.stderr
+            bridge.terminate()
+            _out, err = bridge.communicate(timeout=30)
+            assert bridge.returncode == 0, err
+        finally:
+            server.destroy()
+    with Consumer(c_at, RESERVATION) as consumer:  # recorded in the consumer's own store, on host B
+        assert [a.actor for a in consumer.admin.effect_actions(scene.DEAD)] == [scene.ACTOR, "dave"]

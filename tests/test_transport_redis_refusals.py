@@ -172,9 +172,19 @@ def test_the_documented_acl_rules_carry_events_end_to_end(server: RedisServer, t
     assert proc.returncode == 0, err
     assert "Traceback" not in err and SECRET not in err + done.stderr
     # what the bridge published (HSET, EXPIRE) the producer's inspect reads as the relay's user (HGETALL)
-    seen = run_cli("inspect", p_at, f"{relay_url}#{NAME}", cwd=tmp_path)
+    seen = run_cli("inspect", p_at, relay_url, cwd=tmp_path)
     assert seen.returncode == 0, seen.stderr
     assert "0 effects owe a step" in seen.stdout and SECRET not in seen.stdout + seen.stderr, seen.stdout
+    # the consumer's full report, asked of its bridge as the relay's user (XADD, XREAD), answered by the
+    # bridge's (XREADGROUP, XADD, EXPIRE, XACK, XDEL)
+    with child_process(args, cwd=tmp_path, env=child_env()) as proc:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("bridge: serving consumer")
+        seen = run_cli("inspect", p_at, f"{relay_url}#{NAME}", cwd=tmp_path)
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert seen.returncode == 0, seen.stderr
+    assert "no blocked events, no gaps" in seen.stdout and SECRET not in seen.stdout + seen.stderr, seen.stdout
 
 
 def test_a_relay_only_run_reports_only_what_it_did(server: RedisServer, tmp_path: Path) -> None:
