@@ -32,7 +32,9 @@ def add_console_command(sub: Any) -> None:
         "console", help="the operator console in the browser (read only unless --allow-actions), until SIGTERM / Ctrl-C",
         description="Serves the overview, the attention list, flows, effects and their histories, the "
                     "operator action log, /metrics and /healthz, as pages and JSON, from PRODUCER and "
-                    "each CONSUMER (a file or postgresql://...#schema; a consumer also as NAME=LOCATION), "
+                    "each CONSUMER (a file or postgresql://...#schema, or redis://host:6379/0#NAME for a "
+                    "consumer on another host, read through its `reliable-flow bridge`; a consumer also as "
+                    "NAME=LOCATION), "
                     "opened read only. See docs/console.md.",
     )
     console.add_argument("producer", metavar="PRODUCER")
