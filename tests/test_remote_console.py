@@ -374,7 +374,16 @@ def test_reads_are_served_from_the_allow_list_only(redis_url: str) -> None:
     with pytest.raises(Exception, match="only its host writes"):
         remote.write()
     remote.close()
-    assert set(rw.READS) <= {n for n in dir(rw.InboxReads) if not n.startswith("_")}
+    # every read of the consumer's read view is served to other hosts: a new read method goes in READS,
+    # or the console and inspect would fail on a remote consumer where they call it
+    assert set(rw.READS) == {n for n in dir(rw.InboxReads) if not n.startswith("_")}
+    for method in rw.READS:  # and its arguments and answer are of types the wire knows how to read back
+        for name, hint in rw._signature(method)[1].items():
+            for probe in (12345, [{"x": 1}], {"x": [1]}):
+                try:
+                    rw.typed(hint, probe, f"{method}.{name}")
+                except BadMessage as exc:
+                    assert "cannot be read as" not in str(exc), exc
 
 
 @pytest.mark.redis

@@ -28,10 +28,17 @@ def make_app(producer: Location, consumers: Sequence[Location], *, read_only: bo
 
     Locations are what ``reliable-flow inspect`` takes: a SQLite file path or
     a ``postgresql://...#schema`` location; a consumer may be given as
-    ``NAME=LOCATION``, and its store must then be that consumer.  Every
+    ``NAME=LOCATION``, and its store must then be that consumer.  A
+    consumer on another host is its location on Redis,
+    ``redis://host:6379/0#NAME``: read (and, with ``read_only=False``, acted
+    on) through the ``reliable-flow bridge`` serving it (docs/console.md, "A
+    consumer on another host"); a page that gets no answer from it is a 503
+    with a sentence.  Every
     store is opened once here, read only, so a missing or wrong one raises
     now (``FileNotFoundError``, :class:`~reliable_flow.errors.WrongFile`,
-    ``ValueError`` for a name that does not match), not on the first page.
+    ``ValueError`` for a name that does not match,
+    :class:`~reliable_flow.errors.TransportError` for a bridge that does
+    not answer), not on the first page.
 
     ``read_only``: True (the default): nothing the console does writes to a
     store, and every action route (``/act``...) answers 403.  False: the

@@ -31,6 +31,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -160,11 +161,11 @@ def typed(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list) or len(value) != len(args):
             _no(where, f"a list of {len(args)}", value)
         return tuple(typed(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if origin in (list, tuple, Sequence, Collection):
+    if origin in (list, tuple, Sequence, Collection, set, frozenset, AbstractSet):
         if not isinstance(value, list):
             _no(where, "a list", value)
         items = [typed(args[0] if args else Any, v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return tuple(items) if origin is tuple else set(items) if origin in (set, frozenset, AbstractSet) else items
     raise BadMessage(where, f"cannot be read as {hint!r}")  # a hint this module does not know: refuse
 
 
