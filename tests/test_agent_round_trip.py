@@ -75,7 +75,7 @@ from engine_reads import new_location
 from redis_server import RedisServer
 from reliable_flow import Consumer, Producer
 from support import child_env, chosen_seed
-from test_transport_faults import WAIT, Campaign, Proc, Service, _need_redis, soak
+from test_transport_faults import WAIT, Campaign, Proc, Service, _need_redis, soak, wait_started
 
 APP = "children.agent_app"
 NAME = "agent"  # the producer's name on Redis
@@ -162,6 +162,7 @@ def inject_faults(run: RoundTrip, rng: random.Random) -> None:
         run.faults[fault] += 1
         role = fault.split()[1]
         if role == "redis":
+            wait_started(run)
             run.redis.kill()
             time.sleep(rng.uniform(0.2, 1.0))
             run.redis.start()

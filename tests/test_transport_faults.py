@@ -161,11 +161,13 @@ class Proc:
         self.incarnations = 0
         self.kills = 0
         self.started = 0.0
+        self.log_from = 0  # where this incarnation's lines begin in the log
 
     def start(self) -> None:
         assert not self.alive(), f"{self.role} is already running"
         self.incarnations += 1
         self.started = time.monotonic()
+        self.log_from = self.log.stat().st_size if self.log.exists() else 0
         argv = self.argv()
         with open(self.log, "ab") as out:
             out.write(f"=== {self.role} incarnation {self.incarnations}: {' '.join(argv)}\n".encode())
@@ -177,6 +179,13 @@ class Proc:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def announced(self, marker: str) -> bool:
+        """Whether this incarnation has written ``marker`` to its log (e.g. the
+        line a command prints once it has checked its servers and begins)."""
+        with open(self.log, "rb") as f:
+            f.seek(self.log_from)
+            return marker.encode() in f.read()
 
     def kill(self) -> None:
         """SIGKILL (as a crash would) and reap."""
@@ -363,6 +372,25 @@ def fault_plan(size: Size, rng: random.Random) -> list[str]:
     return plan_
 
 
+#: What `run --to` and `bridge` print once they have reached Redis and begin.
+STARTED = {"worker": "run: relaying to", "bridge": "bridge: serving consumer"}
+
+
+def wait_started(campaign: Any, roles: dict[str, str] = STARTED) -> None:
+    """Each of ``roles`` has announced its start (or exited, which
+    ``expect_alive`` then reports).  `run --to` and `bridge` check Redis once as
+    they start (a wrong URL is a clear exit 2: test_transport_redis_refusals.py),
+    so a fault that takes Redis away waits for a restarted one to be past it:
+    one fault at a time.  A role run by a test's own child script (which
+    prints no such line) is not waited for."""
+    roles = {name: marker for name, marker in roles.items()
+             if name in campaign.procs and marker.split(":")[0] in campaign.procs[name].argv()}
+    for name, marker in roles.items():
+        proc = campaign.procs[name]
+        campaign.wait_for(f"the {name} to start", lambda p=proc, m=marker: p.announced(m) or not p.alive(), WAIT)
+    campaign.expect_alive(*roles)
+
+
 def inject_faults(campaign: Campaign, rng: random.Random) -> None:
     """One fault at a time, with random gaps; each killed process restarted
     after a short random pause.  Goes on (without faults) until the producer
@@ -373,6 +401,8 @@ def inject_faults(campaign: Campaign, rng: random.Random) -> None:
         campaign.expect_alive("bridge", "worker")
         campaign.note(fault)
         campaign.faults[fault] += 1
+        if fault in ("kill redis", "partition"):
+            wait_started(campaign)
         if fault == "kill redis":
             campaign.redis.kill()
             time.sleep(rng.uniform(0.2, 1.5))
