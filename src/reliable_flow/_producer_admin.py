@@ -8,6 +8,7 @@ recorded with who, when and why.  See docs/operations.md.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from . import _envelope as envelope
@@ -176,7 +177,7 @@ class ProducerAdmin:
             actor=actor, reason=reason, at=at,
         )
         operator_action(PRODUCER, record, horizon=record.horizon, events=result.events)
-        return result
+        return replace(result, action=record)
 
     def retention_actions(self) -> list[OperatorAction]:
         """Every recorded prune of this store, oldest first: target

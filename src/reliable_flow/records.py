@@ -433,7 +433,9 @@ class PruneResult:
     pruned events and finished effect-outbox rows (consumer);
     ``transactions``: how many commits it took; ``complete``: False when
     ``limit`` was reached (there may be more to prune: call again);
-    ``tombstones_forgotten``: tombstones removed by ``forget_after``.
+    ``tombstones_forgotten``: tombstones removed by ``forget_after``;
+    ``action``: the call's recorded :class:`OperatorAction` (target
+    ``retention``: who, when, why, the horizon).
     """
 
     events: int
@@ -443,6 +445,7 @@ class PruneResult:
     transactions: int
     complete: bool
     tombstones_forgotten: int = 0
+    action: OperatorAction | None = None
 
 
 # -- a pass of a long-running object, and running totals ------------------------------

@@ -10,6 +10,7 @@ docs/effects.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .. import _envelope as envelope
@@ -241,7 +242,7 @@ class ConsumerAdmin:
             actor=actor, reason=reason, at=at,
         )
         operator_action(CONSUMER, record, self._consumer.name, horizon=record.horizon, events=result.events)
-        return result
+        return replace(result, action=record)
 
     def retention_actions(self) -> list[OperatorAction]:
         """Every recorded prune of this store, oldest first: target
