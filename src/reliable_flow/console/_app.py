@@ -17,7 +17,7 @@ from .._tools.stores import Location
 from ..statuses import EffectState
 from . import _forms as forms
 from . import _pages as pages
-from ._act import ACTIONS, BULK, Refused, perform, preview
+from ._act import ACTIONS, BULK, Preview, Refused, perform, preview
 from ._data import BadRequest, Console, NotFound, Redact
 from ._html import Html, href
 from ._static import ASSETS
@@ -193,8 +193,8 @@ class ConsoleApp:
             values = {**_bulk_defaults(self), **values}
             try:
                 selection = preview(self.console, name, values)
-            except Refused as exc:
-                raise BadRequest(str(exc)) from None
+            except Refused as exc:  # the form again, saying what is wrong with its values
+                selection = Preview(str(exc), [], {}, "Act")
         return HTTPStatus.OK, "text/html", forms.act_page(base, name, values, self._sign(session), consumers,
                                                           selection)
 
