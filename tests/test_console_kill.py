@@ -21,9 +21,11 @@ Afterwards the test process finishes what is left, and checks:
   are open), no backend of the console (``application_name``) holds a
   transaction id or any lock but ``AccessShareLock`` (and its own
   ``virtualxid``), during the campaign; on SQLite, once the children are
-  gone, a writer's ``BEGIN IMMEDIATE`` with no busy wait succeeds at once
+  gone, a writer's ``BEGIN IMMEDIATE`` succeeds at once (within 50 ms)
   from inside each request (during the campaign the children's own write
-  locks would make that probe say nothing about the console).
+  locks would make that probe say nothing about the console; and the first
+  read after the last kill may rebuild a WAL index a killed writer left
+  half written, SQLite's recovery, so one read comes first).
 
 Default: 24 kill rounds on each engine (each well under 30 s);
 ``RELIABLE_FLOW_KILLS=N`` sets the count.  The seed
@@ -99,14 +101,17 @@ class Probe:
             self.checked += 1
         elif self.strict:
             for path in self.locations:
-                conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+                # 50 ms, not 0: readers of a WAL file that set their read marks at the same moment
+                # make a writer retry for microseconds (SQLITE_BUSY with no wait at all), while a write
+                # lock the console held would last the rest of this request: this very call waits on it.
+                conn = sqlite3.connect(path, timeout=0.05, isolation_level=None)
                 try:
                     conn.execute("BEGIN IMMEDIATE")  # raises "database is locked" if anyone holds a write lock
                     conn.execute("ROLLBACK")
                 except sqlite3.OperationalError:
-                    ino = os.stat(path).st_ino
+                    inos = [os.stat(name).st_ino for name in (path, path + "-shm") if os.path.exists(name)]
                     locks = Path("/proc/locks").read_text(encoding="ascii").splitlines()
-                    held = [line for line in locks if f":{ino} " in line]  # who holds it: in the message
+                    held = [line for line in locks if any(f":{ino} " in line for ino in inos)]  # who: in the message
                     raise AssertionError(f"{path} locked: {held}, me {os.getpid()}") from None
                 finally:
                     conn.close()
@@ -190,7 +195,11 @@ def test_the_console_stays_read_only_and_answers_under_a_kill_campaign(
                 child.send_signal(signal.SIGKILL)
             child.wait(30)
         campaign = time.monotonic() - started
-        # SQLite: with no writer left, a writer must get the write lock at once from inside every request
+        # SQLite: with no writer left, a writer must get the write lock at once from inside every request.
+        # First one read of each file: a writer killed while writing the WAL index leaves it for the next
+        # reader to rebuild (SQLite's WAL recovery, which any reader runs once, holding the index's locks
+        # for a moment): not a lock the console keeps, so it is let happen before the probe is strict.
+        client.get("/")
         probe.strict = True
         for _ in range(3):
             for path, query in pages(flows[0], key):
@@ -205,7 +214,7 @@ def test_the_console_stays_read_only_and_answers_under_a_kill_campaign(
     wrong = [(p, q, s) for p, q, s in answers if s != 200 and not (p == "/healthz" and s == 503)]
     assert not wrong, wrong[:10]
     assert len(answers) >= 3 * len(pages(flows[0], key)) and not reader.is_alive()
-    assert probe.problems == []
+    assert probe.problems == [], "\n".join(probe.problems)
     assert probe.checked >= 3
     if is_pg(producer_at):
         assert probe.saw_console >= 1  # the probe did see the console's own connections
