@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.forget_after_events is not None:
                         old = [t for w, t in stamps if w <= written - args.forget_after_events]
                         forget = max(0.0, horizon[-1] - old[-1]) if old else None
-                    producer.admin.prune(0, now=horizon[-1], forget_after=forget)
-                    consumer.admin.prune(0, now=horizon[-1], forget_after=forget)
+                    producer.admin.prune(0, now=horizon[-1], forget_after=forget, actor="ops", reason="retention")
+                    consumer.admin.prune(0, now=horizon[-1], forget_after=forget, actor="ops", reason="retention")
                     prune_wall += time.perf_counter() - t0
             if written // args.report_every > before // args.report_every or written == args.events:
                 wall = (time.perf_counter() - block_wall) / block_events * 1e6

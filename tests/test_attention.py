@@ -281,7 +281,7 @@ def test_a_flow_pruned_on_the_consumer_is_still_listed(world: World) -> None:
     world.deliver(c, "A", upto=3)
     world.deliver(c, "B", upto=1)
     world.clock.t += 100
-    pruned = c.admin.prune(10)
+    pruned = c.admin.prune(10, actor="ops", reason="retention")
     assert pruned.events == 4 and c.flows() == []
     assert c.store.latest.projected_flows() == ["A", "B"]
 

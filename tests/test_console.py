@@ -64,6 +64,8 @@ class Client:
                        PATH_INFO=unquote_to_bytes(path).decode("latin-1"), CONTENT_LENGTH=str(len(body)))
         environ["wsgi.input"] = io.BytesIO(body)
         environ.update({f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()})
+        if "Content-Type" in (headers or {}):  # a server passes it as CONTENT_TYPE
+            environ["CONTENT_TYPE"] = (headers or {})["Content-Type"]
         answer: dict[str, Any] = {}
 
         def start_response(status: str, response_headers: list[tuple[str, str]]) -> None:

@@ -619,7 +619,7 @@ def test_pruning_removes_an_effects_history_with_it(make: Callable[..., World]) 
     world.executor().run_once()
     assert len(world.consumer.effect_history(key)) == 4
     world.clock.t += 10_000
-    world.consumer.admin.prune(older_than=60)
+    world.consumer.admin.prune(older_than=60, actor="ops", reason="retention")
     assert world.consumer.scheduled_effect(key) is None and world.consumer.effect_history(key) == []
 
 

@@ -254,7 +254,7 @@ def test_pruned_events_leave_tombstones_that_answer_duplicate_and_existing(p: Pr
         commit(p, "A")
         relay_log(p, c)
         c.process_all()
-        result = c.admin.prune(10, now=clock.t + 100)
+        result = c.admin.prune(10, now=clock.t + 100, actor="ops", reason="retention")
         assert (result.events, result.effect_records, result.complete) == (3, 3, True)
         assert c.inbox("A") == [] and c.applied("A") == []
         assert c.projection("A") == {"state": "released", "last_seq": 3, "held": 0}
@@ -263,7 +263,7 @@ def test_pruned_events_leave_tombstones_that_answer_duplicate_and_existing(p: Pr
         assert c.receive(envelope("X2", "A", 2)).status == "sequence_conflict"
         assert c.apply_next("A").status == "idle"
 
-        pruned = p.admin.prune(10, now=time.time() + 10_000)  # committed_at is the real time
+        pruned = p.admin.prune(10, now=time.time() + 10_000, actor="ops", reason="retention")  # committed_at is the real time
         assert (pruned.events, pruned.deliveries) == (3, 3)
         assert p.outbox() == [] and p.event("A2") is None
         again = advance(p, "A2", "A", 1)

@@ -38,6 +38,7 @@ SHAPES = {
                          "replacement_event_id"},
     ActionTarget.EFFECT: {"at", "key", "action", "actor", "reason"},
     ActionTarget.REGISTRY: {"at", "consumer", "action", "actor", "reason"},
+    ActionTarget.RETENTION: {"at", "action", "horizon", "forget_before", "actor", "reason"},
 }
 #: The optional fields each target fills (every other one is None).
 FILLED = {
@@ -45,8 +46,10 @@ FILLED = {
     ActionTarget.INBOX: {"event_id", "flow_id", "seq", "previous_state", "replacement_event_id"},
     ActionTarget.EFFECT: {"key"},
     ActionTarget.REGISTRY: {"consumer"},
+    ActionTarget.RETENTION: {"horizon", "forget_before"},
 }
-OPTIONAL = {"event_id", "consumer", "flow_id", "seq", "key", "previous_state", "replacement_event_id"}
+OPTIONAL = {"event_id", "consumer", "flow_id", "seq", "key", "previous_state", "replacement_event_id", "horizon",
+            "forget_before"}
 
 
 def unfilled(record: OperatorAction) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def troubled(engine: str, tmp_path: Path) -> tuple[str, str]:
 
 
 def test_one_frozen_keyword_only_record_with_a_target() -> None:
-    assert [t.value for t in ActionTarget] == ["delivery", "inbox", "effect", "registry"]
+    assert [t.value for t in ActionTarget] == ["delivery", "inbox", "effect", "registry", "retention"]
     assert "ActionTarget" in reliable_flow.statuses.__all__ and "ActionTarget" not in reliable_flow.__all__
     names = [f.name for f in dataclasses.fields(OperatorAction)]
     assert names[:5] == ["at", "target", "action", "actor", "reason"]

@@ -15,11 +15,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from engine_reads import is_pg, new_location, rows
+from engine_reads import contents, is_pg, new_location, rows
 from reliable_flow import (
     Consumer,
     DeliveryPolicy,
@@ -266,6 +267,38 @@ def test_registry_register_and_remove_are_recorded_with_actor_and_reason(
         assert [(a.consumer, a.action, a.actor, a.reason) for a in producer.admin.registry_actions("audit")] == [
             ("audit", "register", "alice", "INC-7: checked by hand"), ("audit", "remove", "bob", "retired")]
         assert [c.name for c in producer.admin.consumers()] == ["default"]
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+def test_retention_prune_counts_with_a_dry_run_then_prunes_recorded_on_either_kind(
+    capsys: pytest.CaptureFixture[str], troubled: tuple[str, str]
+) -> None:
+    producer_at, consumer_at = troubled
+    before = (contents(producer_at), contents(consumer_at))
+    code, out, err = cli(capsys, "retention", "prune", producer_at, "--older-than", "0", "--dry-run")
+    found = re.fullmatch(r"retention prune: dry run: the prune would remove (\d+) events; nothing changed\n", out)
+    assert (code, err) == (0, "") and found is not None and int(found.group(1)) >= 1
+    code, out, _ = cli(capsys, "retention", "prune", consumer_at, "--older-than", "0", "--dry-run", "--json")
+    counted = json.loads(out)
+    assert code == 0 and counted["kind"] == "consumer" and counted["events"] >= 1
+    code, out, err = cli(capsys, "retention", "prune", producer_at, "--older-than", "0")  # who and why: required
+    assert (code, out) == (2, "") and "--actor and --reason are required" in err
+    for bad in (["--older-than", "nan"], ["--older-than", "0", "--limit", "0"],
+                ["--older-than", "10", "--forget-after", "1"]):
+        code, out, err = cli(capsys, "retention", "prune", producer_at, *bad, *WHO)
+        assert (code, out) == (2, "") and err.startswith("retention prune: "), bad
+    assert (contents(producer_at), contents(consumer_at)) == before  # nothing written, nothing recorded
+    code, out, err = cli(capsys, "retention", "prune", producer_at, "--older-than", "0", *WHO)
+    assert (code, err) == (0, "") and out.startswith(f"retention prune: pruned {found.group(1)} events, ")
+    code, out, err = cli(capsys, "retention", "prune", consumer_at, "--older-than", "0", "--json", *WHO)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {**json.loads(out), "action": "prune", "actor": "alice",
+                               "reason": "INC-7: checked by hand", "forget_before": None}
+    with Producer(producer_at, RESERVATION) as producer, Consumer(consumer_at, RESERVATION) as consumer:
+        assert [(a.action, a.actor) for a in producer.admin.retention_actions()] == [("prune", "alice")]
+        assert [(a.action, a.actor) for a in consumer.admin.retention_actions()] == [("prune", "alice")]
 
 
 # -- arguments and missing stores --------------------------------------------------------------

@@ -77,7 +77,7 @@ def test_relay_batch_skips_events_delivered_and_pruned_before_it_picks(
 
     def meanwhile() -> None:
         assert relay_batch(other, other_consumer, 2).counts == {"accepted": 2}  # A1, A2
-        assert other.admin.prune(0).events == 2
+        assert other.admin.prune(0, actor="ops", reason="retention").events == 2
 
     asked = before_the_pick(monkeypatch, producer, meanwhile)
     result = relay_batch(producer, consumer, 10, policy=policy)
@@ -98,7 +98,7 @@ def test_relay_batch_picks_a_new_event_when_every_older_one_was_pruned(
 
     def meanwhile() -> None:
         assert relay_batch(other, other_consumer).counts == {"accepted": 2}
-        assert other.admin.prune(0).events == 2
+        assert other.admin.prune(0, actor="ops", reason="retention").events == 2
         commit(other, "B", 1)
 
     before_the_pick(monkeypatch, producer, meanwhile)
@@ -116,7 +116,7 @@ def test_relay_batch_is_idle_when_every_event_was_pruned(
 
     def meanwhile() -> None:
         relay_batch(other, other_consumer)
-        other.admin.prune(0)
+        other.admin.prune(0, actor="ops", reason="retention")
 
     asked = before_the_pick(monkeypatch, producer, meanwhile)
     assert relay_batch(producer, consumer).idle
@@ -132,7 +132,7 @@ def test_a_leased_relay_takes_the_next_event_when_its_claimed_one_was_pruned(
     def meanwhile() -> None:
         # A plain relay does not wait for leases: it delivers the claimed A1.
         assert relay(other, other_consumer).event_id == "A1"
-        assert other.admin.prune(0).events == 1
+        assert other.admin.prune(0, actor="ops", reason="retention").events == 1
 
     asked = before_the_pick(monkeypatch, producer, meanwhile)
     r = relay(producer, consumer, policy=LEASED)
@@ -196,7 +196,7 @@ def test_relays_and_a_pruner_in_threads_never_raise_nor_record_a_false_failure(
             with Producer(p_at, RESERVATION) as p:
                 start.wait(30)
                 while not done.is_set():
-                    p.admin.prune(0, batch_size=5)
+                    p.admin.prune(0, batch_size=5, actor="ops", reason="retention")
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 

@@ -8,6 +8,7 @@ recorded with who, when and why.  See docs/operations.md.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from . import _envelope as envelope
@@ -142,8 +143,8 @@ class ProducerAdmin:
     # -- retention ------------------------------------------------------------------
 
     def prune(
-        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
-        limit: int | None = None, forget_after: float | None = None,
+        self, older_than: float, *, actor: str, reason: str, now: float | None = None,
+        batch_size: int = DEFAULT_PRUNE_BATCH, limit: int | None = None, forget_after: float | None = None,
     ) -> PruneResult:
         """Remove outbox events committed more than ``older_than`` seconds
         before ``now`` (default: the time) that every registered consumer
@@ -163,10 +164,25 @@ class ProducerAdmin:
         the upgrade that added commit times count as old.  A consumer
         registered later "from the first event" gets only the events still
         stored.
+
+        Recorded with ``actor`` and ``reason`` (non-blank) as an operator
+        action of target ``retention`` (:meth:`retention_actions`), in the
+        same transaction as the first step: nothing is removed unrecorded.
+        Bad arguments raise ``ValueError`` / ``TypeError`` before anything
+        is opened.
         """
-        return prune_older_than(
-            self._store.write, older_than, time.time() if now is None else now, batch_size, limit, forget_after
+        at = time.time()
+        result, record = prune_older_than(
+            self._store.write, older_than, at if now is None else now, batch_size, limit, forget_after,
+            actor=actor, reason=reason, at=at,
         )
+        operator_action(PRODUCER, record, horizon=record.horizon, events=result.events)
+        return replace(result, action=record)
+
+    def retention_actions(self) -> list[OperatorAction]:
+        """Every recorded prune of this store, oldest first: target
+        ``retention``, with its ``horizon`` and ``forget_before``."""
+        return self._store.latest.retention_actions()
 
     def __repr__(self) -> str:
         return f"{self._producer!r}.admin"

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 
-from ._checks import check_count, check_finite, check_optional_count
+from ._checks import check_count, check_finite, check_optional_count, check_text
 from ._core.retention import NOTHING_YET, Pruning, next_take, tally
-from .records import PruneResult
+from .records import OperatorAction, PruneResult
+from .statuses import ActionTarget
 
 __all__ = ["DEFAULT_PRUNE_BATCH", "prune_older_than"]
 
@@ -22,14 +23,20 @@ DEFAULT_PRUNE_BATCH = 500
 
 def prune_older_than(
     write: Callable[[], AbstractContextManager[Pruning]], older_than: object, now: object,
-    batch_size: object, limit: object, forget_after: object = None,
-) -> PruneResult:
+    batch_size: object, limit: object, forget_after: object = None, *, actor: object, reason: object,
+    at: float,
+) -> tuple[PruneResult, OperatorAction]:
     """Check the arguments of a ``prune`` call (bad ones raise ``ValueError``
-    before anything is opened) and prune up to ``now - older_than``."""
+    before anything is opened) and prune up to ``now - older_than``.
+
+    The prune is recorded (target ``retention``, stamped ``at``, with the
+    actor and reason) in its first transaction, with its first step: no row
+    is removed unless the record commits with it."""
+    who, why = check_text("actor", actor), check_text("reason", reason)
     age = check_finite("older_than", older_than)
     if age < 0:
         raise ValueError(f"older_than must be >= 0 seconds, got {older_than!r}")
-    at = check_finite("now", now)
+    when = check_finite("now", now)
     size = check_count("batch_size", batch_size)
     most = check_optional_count("limit", limit)
     forget_before = None
@@ -37,17 +44,25 @@ def prune_older_than(
         keep = check_finite("forget_after", forget_after)
         if keep < age:
             raise ValueError(f"forget_after must be >= older_than ({age:g} s), got {forget_after!r}")
-        forget_before = at - keep
+        forget_before = when - keep
+    record = OperatorAction(at=at, target=ActionTarget.RETENTION, action="prune", horizon=when - age,
+                            forget_before=forget_before, actor=who, reason=why)
+    unrecorded = True
     result = NOTHING_YET
     while not result.complete and (take := next_take(result, size, most)) > 0:
         with write() as unit:
-            step = unit.prune_step(at - age, at, take)
-        result = tally(result, step, take)
+            if unrecorded:
+                unit.record_action(record)
+            step = unit.prune_step(when - age, when, take)
+        result, unrecorded = tally(result, step, take), False
     while forget_before is not None:
         with write() as unit:
-            gone = unit.forget_tombstones(forget_before, at, size)
+            if unrecorded:
+                unit.record_action(record)
+            gone = unit.forget_tombstones(forget_before, when, size)
+        unrecorded = False
         result = replace(result, tombstones_forgotten=result.tombstones_forgotten + gone,
                          transactions=result.transactions + 1)
         if gone < size:
             break
-    return result
+    return result, record  # the first loop ran at least once (limit >= 1): recorded

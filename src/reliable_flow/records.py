@@ -216,7 +216,13 @@ class OperatorAction:
       took its place;
     - ``effect`` (``retry`` / ``resolve`` / ``cancel``): ``key``;
     - ``registry`` (``register`` / ``remove``): ``consumer``, the name (a
-      name a relay registered has actor ``relay``).
+      name a relay registered has actor ``relay``);
+    - ``retention`` (``prune``): ``horizon``, the time before which finished
+      rows were removed (``now - older_than``), and ``forget_before``, the
+      time before which tombstones were forgotten (None without
+      ``forget_after``).  Recorded in the prune's first transaction, so no
+      row is removed without it; what each transaction removed is in the
+      store's ``prune_action`` table.
 
     ``previous_state`` of a delivery is given in the value ``redeliver`` /
     ``skip`` return and is None in ``operator_actions()`` listings (it is
@@ -237,6 +243,8 @@ class OperatorAction:
     key: str | None = None
     previous_state: DeliveryState | InboxState | None = None
     replacement_event_id: str | None = None
+    horizon: float | None = None
+    forget_before: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields its ``target`` fills, by name, as every JSON output
@@ -256,6 +264,7 @@ _ACTION_FIELDS: dict[ActionTarget, tuple[str, ...]] = {
                          "replacement_event_id"),
     ActionTarget.EFFECT: ("at", "key", "action", "actor", "reason"),
     ActionTarget.REGISTRY: ("at", "consumer", "action", "actor", "reason"),
+    ActionTarget.RETENTION: ("at", "action", "horizon", "forget_before", "actor", "reason"),
 }
 
 
@@ -424,7 +433,9 @@ class PruneResult:
     pruned events and finished effect-outbox rows (consumer);
     ``transactions``: how many commits it took; ``complete``: False when
     ``limit`` was reached (there may be more to prune: call again);
-    ``tombstones_forgotten``: tombstones removed by ``forget_after``.
+    ``tombstones_forgotten``: tombstones removed by ``forget_after``;
+    ``action``: the call's recorded :class:`OperatorAction` (target
+    ``retention``: who, when, why, the horizon).
     """
 
     events: int
@@ -434,6 +445,7 @@ class PruneResult:
     transactions: int
     complete: bool
     tombstones_forgotten: int = 0
+    action: OperatorAction | None = None
 
 
 # -- a pass of a long-running object, and running totals ------------------------------

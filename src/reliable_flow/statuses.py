@@ -137,13 +137,16 @@ class ActionTarget(_StrEnum):
     ``effect``: a scheduled effect (``consumer.admin`` ``retry_effect`` /
     ``resolve_effect`` / ``cancel_effect``).  ``registry``: a consumer name
     in the producer's registry (``producer.admin`` ``register_consumer`` /
-    ``remove_consumer``, or a relay registering one).
+    ``remove_consumer``, or a relay registering one).  ``retention``: a
+    ``prune`` of either side (``producer.admin.prune`` /
+    ``consumer.admin.prune``).
     """
 
     DELIVERY = "delivery"
     INBOX = "inbox"
     EFFECT = "effect"
     REGISTRY = "registry"
+    RETENTION = "retention"
 
 
 class EffectState(_StrEnum):

@@ -41,16 +41,16 @@ def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: P
     db.close()
     assert sql_pragma(p_path, "user_version") == 3
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 4
+        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 5
         assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
             ("A1", None), ("A2", None)]
-        assert p.admin.prune(3600).events == 1  # A1: no commit time counts as old; A2 is still pending
+        assert p.admin.prune(3600, actor="ops", reason="retention").events == 1  # A1: no commit time counts as old; A2 is still pending
         assert p.advance("A1", "A", expected_seq=0, kind="reserved", payload={"amount": 3}).status == "existing"
         relay_log(p, c)
-        assert p.admin.prune(3600).events == 1
+        assert p.admin.prune(3600, actor="ops", reason="retention").events == 1
         r = p.advance("A3", "A", expected_seq=2, kind="released", payload={"amount": 3})
         assert r.status == "committed"
-        assert p.admin.prune(3600).events == 0  # A3 has a commit time: young
+        assert p.admin.prune(3600, actor="ops", reason="retention").events == 0  # A3 has a commit time: young
 
 
 def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Path) -> None:
@@ -67,8 +67,8 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
                          [("A1", 1, "reserved"), ("A2", 2, "confirmed")])
     db.close()
     with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
-        assert sql_pragma(path, "user_version") == CONSUMER.version == 6
-        assert c.admin.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
+        assert sql_pragma(path, "user_version") == CONSUMER.version == 7
+        assert c.admin.prune(100, actor="ops", reason="retention").events == 2  # NULL received_at counts as old; A3 is pending
         assert c.receive(body("A1", "A", 1)).status == "duplicate"
         assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"
         assert c.apply_next("A").status == "applied"

@@ -10,6 +10,7 @@ docs/effects.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .. import _envelope as envelope
@@ -207,8 +208,8 @@ class ConsumerAdmin:
     # -- retention ------------------------------------------------------------------
 
     def prune(
-        self, older_than: float, *, now: float | None = None, batch_size: int = DEFAULT_PRUNE_BATCH,
-        limit: int | None = None, forget_after: float | None = None,
+        self, older_than: float, *, actor: str, reason: str, now: float | None = None,
+        batch_size: int = DEFAULT_PRUNE_BATCH, limit: int | None = None, forget_after: float | None = None,
     ) -> PruneResult:
         """Remove inbox rows received more than ``older_than`` seconds before
         ``now`` (default: ``clock()``) that are applied, skipped or replaced,
@@ -228,11 +229,25 @@ class ConsumerAdmin:
         effect not yet finished.  Works in transactions of at most
         ``batch_size`` rows, up to ``limit`` rows in all (None: until
         done); each transaction is recorded.
+
+        Recorded with ``actor`` and ``reason`` (non-blank) as an operator
+        action of target ``retention`` (:meth:`retention_actions`), stamped
+        with ``clock()``, in the same transaction as the first step: nothing
+        is removed unrecorded.  Bad arguments raise ``ValueError`` /
+        ``TypeError`` before anything is opened.
         """
-        return prune_older_than(
-            self._store.write, older_than, self._consumer.clock() if now is None else now, batch_size, limit,
-            forget_after,
+        at = self._consumer.clock()
+        result, record = prune_older_than(
+            self._store.write, older_than, at if now is None else now, batch_size, limit, forget_after,
+            actor=actor, reason=reason, at=at,
         )
+        operator_action(CONSUMER, record, self._consumer.name, horizon=record.horizon, events=result.events)
+        return replace(result, action=record)
+
+    def retention_actions(self) -> list[OperatorAction]:
+        """Every recorded prune of this store, oldest first: target
+        ``retention``, with its ``horizon`` and ``forget_before``."""
+        return self._store.latest.retention_actions()
 
     def __repr__(self) -> str:
         return f"{self._consumer!r}.admin"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .._store.records import PruneStep
-from ..records import PruneResult
+from ..records import OperatorAction, PruneResult
 
 __all__ = ["NOTHING_YET", "Pruning", "next_take", "tally"]
 
@@ -43,6 +43,8 @@ class Pruning(Protocol):
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep: ...
 
     def forget_tombstones(self, before: float, now: float, limit: int) -> int: ...
+
+    def record_action(self, action: OperatorAction) -> None: ...
 
 
 def next_take(so_far: PruneResult, batch_size: int, limit: int | None) -> int:

@@ -121,8 +121,8 @@ class EffectUnit(EffectReads, Protocol):
 
     def record_action(self, action: OperatorAction) -> None:
         """Append an operator action to its record, by its target: a skip or
-        a replacement (``inbox``), a retry, resolve or cancel (``effect``);
-        any other target raises ``ValueError``."""
+        a replacement (``inbox``), a retry, resolve or cancel (``effect``),
+        a prune (``retention``); any other target raises ``ValueError``."""
 
     def last_seq(self, flow_id: str) -> int:
         """The flow's last applied seq (0 before any)."""

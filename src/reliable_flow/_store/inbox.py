@@ -62,6 +62,18 @@ class InboxReads(EffectReads, Protocol):
         """Recorded skips and replacements (target ``inbox``), oldest first; with ``event_id``,
         those of that event or naming it as the replacement."""
 
+    def retention_actions(self) -> list[OperatorAction]:
+        """Recorded prunes (target ``retention``), oldest first."""
+
+    def prunable(self, horizon: float, limit: int) -> PruneStep:
+        """What a prune to ``horizon`` would remove now, read only: events
+        (producer) or inbox rows and finished effect rows (consumer), each
+        counted up to ``limit``; the rows that go with them are not counted."""
+
+    def tombstones_before(self, before: float, limit: int) -> int:
+        """Tombstones stamped before ``before`` (what ``forget_after`` would
+        remove now), counted up to ``limit``."""
+
     def inbox_counts(self) -> InboxCounts:
         """Rows per state, blocked rows per reason, flows stopped at a gap;
         for metrics, one pass over the inbox."""

@@ -61,6 +61,18 @@ class OutboxReads(Protocol):
         """Recorded registrations and removals (target ``registry``; of one name
         if given), oldest first."""
 
+    def retention_actions(self) -> list[OperatorAction]:
+        """Recorded prunes (target ``retention``), oldest first."""
+
+    def prunable(self, horizon: float, limit: int) -> PruneStep:
+        """What a prune to ``horizon`` would remove now, read only: events
+        (producer) or inbox rows and finished effect rows (consumer), each
+        counted up to ``limit``; the rows that go with them are not counted."""
+
+    def tombstones_before(self, before: float, limit: int) -> int:
+        """Tombstones stamped before ``before`` (what ``forget_after`` would
+        remove now), counted up to ``limit``."""
+
     def next_due(self, consumer: str, horizon: float, limit: int) -> list[tuple[int, str]]:
         """Up to ``limit`` of the oldest pending deliveries to ``consumer``
         due at ``horizon``, oldest first: each the event's position and its
@@ -171,7 +183,8 @@ class OutboxUnit(OutboxReads, Protocol):
     def record_action(self, action: OperatorAction) -> None:
         """Append an operator action to its record, by its target: a
         redeliver or skip (``delivery``), a registration or removal
-        (``registry``); any other target raises ``ValueError``."""
+        (``registry``), a prune (``retention``); any other target raises
+        ``ValueError``."""
 
 
 class OutboxStore(Store[OutboxReads, OutboxUnit], Protocol):

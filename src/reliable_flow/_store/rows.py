@@ -121,6 +121,12 @@ def registry_action(row: Row) -> OperatorAction:
                           actor=row[3], reason=row[4])
 
 
+def retention_action(row: Row) -> OperatorAction:
+    """``(at, action, horizon, forget_before, actor, reason)``."""
+    return OperatorAction(at=float(row[0]), target=ActionTarget.RETENTION, action=row[1], horizon=float(row[2]),
+                          forget_before=None if row[3] is None else float(row[3]), actor=row[4], reason=row[5])
+
+
 def inbox_counts(rows: Iterable[Row], gaps: int) -> InboxCounts:
     """``rows``: ``(state, reason, count)`` groups; ``gaps``: flows stopped at a gap."""
     by_state: dict[str, int] = {}

@@ -23,10 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..records import OperatorAction
+from ..records import OperatorAction, PruneResult
 from .stores import Location
 
-__all__ = ["delivery_action", "effect_action", "inbox_action", "opened_owner", "registry_action"]
+__all__ = ["DRY_RUN_CAP", "delivery_action", "effect_action", "inbox_action", "opened_owner", "prune_action",
+           "registry_action", "store_kind", "would_prune"]
+
+#: A dry run counts what a prune would remove up to this many rows of each kind.
+DRY_RUN_CAP = 100_000
 
 Done = tuple[OperatorAction, str]
 
@@ -140,3 +144,68 @@ def registry_action(producer: Any, action: str, name: str, *, actor: str, reason
         return producer.admin.remove_consumer(name, actor=actor, reason=reason), \
             f"consumer {name!r} removed, with its deliveries"
     raise ValueError(f"action must be register or remove, got {action!r}")
+
+
+def store_kind(location: Location) -> str:
+    """``producer`` or ``consumer``: the kind of the existing store at
+    ``location`` (opened read only; a missing one raises, nothing created)."""
+    from ..errors import WrongFile
+    from .stores import open_consumer, open_producer
+
+    try:
+        open_producer(location).close()
+        return "producer"
+    except WrongFile:
+        open_consumer(location).close()
+        return "consumer"
+
+
+def _pruned(kind: str, result: PruneResult) -> str:
+    what = (f"{result.events} events, {result.deliveries} deliveries" if kind == "producer" else
+            f"{result.events} inbox rows, {result.effect_records} effect records, {result.effect_rows} effect rows")
+    more = "" if result.complete else "; the limit stopped it with more left"
+    forgot = f", {result.tombstones_forgotten} tombstones forgotten" if result.tombstones_forgotten else ""
+    return f"pruned {what}{forgot} in {result.transactions} transactions{more}"
+
+
+def prune_action(owner: Any, kind: str, older_than: float, *, actor: str, reason: str, now: float | None = None,
+                 batch_size: int = 500, limit: int | None = None, forget_after: float | None = None) -> Done:
+    """``prune`` the opened ``Producer`` / ``Consumer`` (``kind``), recorded."""
+    result = owner.admin.prune(older_than, actor=actor, reason=reason, now=now, batch_size=batch_size, limit=limit,
+                               forget_after=forget_after)
+    assert result.action is not None  # every prune is recorded
+    return result.action, _pruned(kind, result)
+
+
+def would_prune(location: Location, older_than: float, now: float, *, limit: int | None = None,
+                forget_after: float | None = None, cap: int = DRY_RUN_CAP) -> tuple[dict[str, Any], str]:
+    """What ``prune`` would remove from the store at ``location`` now, read
+    only (nothing is written, nothing recorded): ``{"kind", "horizon",
+    "events", "effect_rows", "tombstones", "capped"}`` and one sentence.
+    Each count stops at ``limit`` (as the prune would) or ``cap``; the rows
+    that go with them (deliveries, effect records) are not counted."""
+    from .._checks import check_finite, check_optional_count
+    from .stores import open_consumer, open_producer
+
+    age, at = check_finite("older_than", older_than), check_finite("now", now)
+    if age < 0:
+        raise ValueError(f"older_than must be >= 0 seconds, got {older_than!r}")
+    most = min(cap, check_optional_count("limit", limit) or cap)
+    keep = None if forget_after is None else check_finite("forget_after", forget_after)
+    if keep is not None and keep < age:
+        raise ValueError(f"forget_after must be >= older_than ({age:g} s), got {forget_after!r}")
+    kind = store_kind(location)
+    store = (open_producer if kind == "producer" else open_consumer)(location)
+    try:
+        with store.read() as reads:
+            step = reads.prunable(at - age, most)
+            tombstones = 0 if keep is None else reads.tombstones_before(at - keep, cap)
+    finally:
+        store.close()
+    counts = {"kind": kind, "horizon": at - age, "events": step.events, "effect_rows": step.effect_rows,
+              "tombstones": tombstones, "capped": most}
+    rows = f"{step.events} events" if kind == "producer" else \
+        f"{step.events} inbox rows and {step.effect_rows} finished effect rows"
+    rows += f", {tombstones} tombstones to forget" if keep is not None else ""
+    at_most = f" (counted up to {most})" if max(step.events, step.effect_rows, tombstones) >= most else ""
+    return counts, f"dry run: the prune would remove {rows}{at_most}; nothing changed"

@@ -12,7 +12,11 @@ of the Python API, each recorded with ``--actor`` and ``--reason``.
 * ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``consumer.admin.skip_event`` /
   ``replace_event`` (``--envelope FILE``);
 * ``registry register|remove PRODUCER_DB NAME``:
-  ``producer.admin.register_consumer`` (``--from-now``) / ``remove_consumer``.
+  ``producer.admin.register_consumer`` (``--from-now``) / ``remove_consumer``;
+* ``retention prune STORE --older-than SECONDS``: ``producer.admin.prune`` or
+  ``consumer.admin.prune`` (the store's kind decides), ``--batch-size``,
+  ``--limit``, ``--forget-after``; ``--dry-run`` counts what it would
+  remove, read only (no actor or reason needed, nothing recorded).
 
 The command only parses its arguments, opens the store and calls the
 method, which decides and records.  A store must already exist: it is first
@@ -40,7 +44,15 @@ from ..errors import NotResolvable, ReliableFlowError
 from ..records import OperatorAction
 from ._cli_common import is_remote
 from .loading import PROTOCOL_HELP, OptionError, load, protocol_for
-from .operator_actions import delivery_action, effect_action, inbox_action, registry_action
+from .operator_actions import (
+    delivery_action,
+    effect_action,
+    inbox_action,
+    prune_action,
+    registry_action,
+    store_kind,
+    would_prune,
+)
 
 __all__ = ["add_operator_commands", "run_operator_command"]
 
@@ -85,7 +97,7 @@ def _action(group: Any, name: str, help_text: str, store: str, *targets: tuple[s
 
 
 def add_operator_commands(sub: Any) -> None:
-    """Register the ``effect``, ``delivery``, ``inbox`` and ``registry`` commands on ``sub``."""
+    """Register the ``effect``, ``delivery``, ``inbox``, ``registry`` and ``retention`` commands on ``sub``."""
     effect = sub.add_parser("effect", help="retry / resolve / cancel an effect (recorded operator actions)",
                             description="Operator actions on a consumer's effect outbox.")
     actions = effect.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -131,6 +143,28 @@ def add_operator_commands(sub: Any) -> None:
     register.add_argument("--from-now", action="store_true",
                           help="only events committed from now on (default: every event from the first one)")
     _action(actions, "remove", "remove a consumer name and every delivery to it", "PRODUCER_DB", ("name", "NAME"))
+
+    retention = sub.add_parser("retention", help="prune old finished rows of a producer or consumer (recorded)",
+                               description="Retention: see docs/operations.md.")
+    actions = retention.add_subparsers(dest="action", metavar="ACTION", required=True)
+    prune = actions.add_parser("prune", help="remove old finished rows, leaving tombstones",
+                               description=f"producer.admin.prune / consumer.admin.prune (the store's kind decides); "
+                                           f"{_RECORDED}. Exit 0 done, 2 an error. See docs/operations.md.")
+    prune.add_argument("store", metavar="STORE",
+                       help="an existing producer or consumer store: SQLite file or postgresql://...#schema")
+    prune.add_argument("--older-than", required=True, type=float, metavar="SECONDS",
+                       help="remove finished rows older than this many seconds")
+    prune.add_argument("--batch-size", type=int, default=500, help="rows per transaction (default 500)")
+    prune.add_argument("--limit", type=int, default=None, help="at most this many rows in all (default: all)")
+    prune.add_argument("--forget-after", type=float, default=None, metavar="SECONDS",
+                       help="also forget tombstones pruned longer ago than this (>= --older-than; default never)")
+    prune.add_argument("--dry-run", action="store_true",
+                       help="only count what it would remove now, read only; nothing recorded")
+    prune.add_argument("--actor", type=_text("actor"), help="who decided (recorded; required unless --dry-run)")
+    prune.add_argument("--reason", type=_text("reason"), help="why (recorded; required unless --dry-run)")
+    prune.add_argument("--protocol", metavar="MODULE:ATTR", help=PROTOCOL_HELP)
+    prune.add_argument("--json", action="store_true", help="print the recorded action (or the dry run's counts) "
+                                                            "as JSON")
 
 
 def _checks(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -236,8 +270,33 @@ def _registry(args: argparse.Namespace) -> tuple[OperatorAction, str]:
                                from_now=getattr(args, "from_now", False))
 
 
+def _retention(args: argparse.Namespace) -> tuple[OperatorAction, str]:
+    if args.actor is None or args.reason is None:
+        raise OptionError("--actor and --reason are required (they are recorded); --dry-run needs neither")
+    args.kind = store_kind(args.store)
+    with _opened(args, args.kind) as owner:
+        return prune_action(owner, args.kind, args.older_than, actor=args.actor, reason=args.reason,
+                            batch_size=args.batch_size, limit=args.limit, forget_after=args.forget_after)
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    import time
+
+    try:
+        counts, said = would_prune(args.store, args.older_than, time.time(), limit=args.limit,
+                                   forget_after=args.forget_after)
+    except _ERRORS as exc:
+        print(f"retention prune: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(counts, indent=2, sort_keys=True) + "\n")
+    else:
+        print(f"retention prune: {said}")
+    return 0
+
+
 _GROUPS: dict[str, Callable[[argparse.Namespace], tuple[OperatorAction, str]]] = {
-    "effect": _effect, "delivery": _delivery, "inbox": _inbox, "registry": _registry,
+    "effect": _effect, "delivery": _delivery, "inbox": _inbox, "registry": _registry, "retention": _retention,
 }
 
 #: Exit 2: a store that cannot be opened (missing, wrong kind, another
@@ -252,6 +311,8 @@ def run_operator_command(args: argparse.Namespace) -> int | None:
     if run is None:
         return None
     name = f"{args.command} {args.action}"
+    if getattr(args, "dry_run", False):
+        return _dry_run(args)
     try:
         record, done = run(args)
     except NotResolvable as exc:

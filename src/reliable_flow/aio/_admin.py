@@ -44,6 +44,7 @@ class AsyncProducerAdmin(_Admin):
     remove_consumer = awaited(ProducerAdmin.remove_consumer)
     registry_actions = awaited(ProducerAdmin.registry_actions)
     prune = awaited(ProducerAdmin.prune, _PRUNE)
+    retention_actions = awaited(ProducerAdmin.retention_actions)
 
 
 class AsyncConsumerAdmin(_Admin):
@@ -59,3 +60,4 @@ class AsyncConsumerAdmin(_Admin):
                            "``Producer``: it is used on the consumer's thread.")
     effect_actions = awaited(ConsumerAdmin.effect_actions)
     prune = awaited(ConsumerAdmin.prune, _PRUNE)
+    retention_actions = awaited(ConsumerAdmin.retention_actions)

@@ -44,9 +44,12 @@ def make_app(producer: Location, consumers: Sequence[Location], *, read_only: bo
     store, and every action route (``/act``...) answers 403.  False: the
     operator actions are offered under ``/act`` (redeliver and skip a
     delivery, skip or replace an inbox event, retry / resolve / cancel /
-    amend an effect, register / remove a consumer, and the bulk retry and
-    redeliver with a dry run), each through the same calls as the command
-    line, recorded with the actor and reason the form asks for; every form
+    amend an effect, register / remove a consumer, the bulk retry and
+    redeliver, and prune, each bulk one with a dry run), each through the
+    same calls as the command line, recorded with the actor and reason the
+    form asks for, and their JSON twins under ``/api/act`` (``GET`` for the
+    fields and the CSRF token, ``POST`` answering the recorded actions, or
+    the refusal with 409 / 400); every form
     carries a CSRF token bound to a cookie (a POST without it, or with a
     wrong one, is a 403 and writes nothing); the store an action writes to
     is opened writable for that request only.  ``effects``: the consumers'

@@ -18,7 +18,7 @@ from ..errors import TransportError
 from ..statuses import EffectState
 from . import _forms as forms
 from . import _pages as pages
-from ._act import ACTIONS, BULK, Refused, perform, selected
+from ._act import ACTIONS, BULK, Preview, Refused, perform, preview
 from ._data import BadRequest, Console, NotFound, Redact
 from ._html import Html, href
 from ._static import ASSETS
@@ -100,7 +100,7 @@ class ConsoleApp:
                 return self._static(path, method, start_response)
             if path == "/login" and self._token is not None:
                 return self._login(environ, base, method, start_response)
-            acting = path == "/act" or path.startswith("/act/")
+            acting = path in ("/act", "/api/act") or path.startswith(("/act/", "/api/act/"))
             if acting and self.read_only:
                 raise _Answer(HTTPStatus.FORBIDDEN, "the console is read only: actions need "
                               "`reliable-flow console --allow-actions` (make_app(read_only=False))")
@@ -112,8 +112,10 @@ class ConsoleApp:
                               "send 'Authorization: Bearer <token>', or log in at /login")
             session, fresh = self._session(environ)
             if acting and method == "POST":
-                return self._post(path[len("/act/"):], environ, base, session, start_response)
-            if acting:
+                return self._post(path.partition("/act/")[2], environ, base, session, start_response, api)
+            if acting and api:
+                status, kind, body = self._act_json(path.partition("/act/")[2], environ, session)
+            elif acting:
                 status, kind, body = self._act_form(path, environ, base, session)
             else:
                 status, kind, body = self._route(path, environ, base, api)
@@ -191,35 +193,51 @@ class ConsoleApp:
         consumers = [t.name for t in self.console.targets]
         selection = None
         if name in BULK:
-            values = {"consumer": consumers[0], "state": "dead", **values}
+            values = {**_bulk_defaults(self), **values}
             try:
-                selection = selected(self.console, name, values)[1]
-            except Refused as exc:
-                raise BadRequest(str(exc)) from None
+                selection = preview(self.console, name, values)
+            except Refused as exc:  # the form again, saying what is wrong with its values
+                selection = Preview(str(exc), [], {}, "Act")
         return HTTPStatus.OK, "text/html", forms.act_page(base, name, values, self._sign(session), consumers,
                                                           selection)
 
-    def _post(self, name: str, environ: dict[str, Any], base: str, session: str,
-              start_response: StartResponse) -> Iterable[bytes]:
-        """``POST /act/<name>``: the CSRF token checked (a 403 otherwise, nothing
-        written), the action done or refused, then a redirect (303) with its
-        sentence: to ``/actions`` when something changed, else back to the form."""
+    def _act_json(self, name: str, environ: dict[str, Any], session: str) -> tuple[HTTPStatus, str, str]:
+        """``GET /api/act``: every action, its fields and the CSRF token to
+        send back; ``GET /api/act/<name>``: one, and for a bulk action what
+        its filter selects now (the preview its form shows)."""
+        token = self._sign(session)
+        if not name:
+            _params(environ, ())
+            listed = {n: {"title": a.title, "does": a.does, "bulk": n in BULK,
+                          "fields": [{"name": f.name, "label": f.label, "required": f.required} for f in a.fields]}
+                      for n, a in {**ACTIONS, **BULK}.items()}
+            return HTTPStatus.OK, "application/json", _json({"csrf": token, "actions": listed})
         action = ACTIONS.get(name) or BULK.get(name)
         if action is None:
             raise _Answer(HTTPStatus.NOT_FOUND, f"no action {name!r} here")
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        if length > _FORM_BYTES:
-            raise BadRequest(f"the form is larger than {_FORM_BYTES} bytes")
-        try:
-            parsed = parse_qs(environ["wsgi.input"].read(length).decode("utf-8"), keep_blank_values=True,
-                              errors="strict")
-        except UnicodeDecodeError:
-            raise BadRequest("the form is not valid UTF-8") from None
-        form = {k: v[0] for k, v in parsed.items()}
-        token = form.pop("csrf", "")
+        values = _params(environ, [f.name for f in action.fields])
+        answer: dict[str, Any] = {"csrf": token, "action": name, "fields": [f.name for f in action.fields]}
+        if name in BULK:
+            try:
+                shown = preview(self.console, name, {**_bulk_defaults(self), **values})
+            except Refused as exc:
+                raise BadRequest(str(exc)) from None
+            answer["preview"] = {"sentence": shown.sentence, "rows": shown.rows, "hidden": shown.hidden}
+        return HTTPStatus.OK, "application/json", _json(answer)
+
+    def _post(self, name: str, environ: dict[str, Any], base: str, session: str,
+              start_response: StartResponse, api: bool = False) -> Iterable[bytes]:
+        """``POST /act/<name>``: the CSRF token checked (a 403 otherwise, nothing
+        written), the action done or refused, then a redirect (303) with its
+        sentence: to ``/actions`` when something changed, else back to the form.
+        ``POST /api/act/<name>`` (``api``), its JSON twin: the same checks and
+        action, answered 200 with what was done and recorded, or the refusal
+        sentence with a 409 (the rules, or the state moved on) or a 400."""
+        action = ACTIONS.get(name) or BULK.get(name)
+        if action is None:
+            raise _Answer(HTTPStatus.NOT_FOUND, f"no action {name!r} here")
+        form = _body(environ)
+        token = form.pop("csrf", "") or environ.get("HTTP_X_CSRF_TOKEN", "")
         if not session or not _cookies(environ).get(_CSRF) or \
                 not hmac.compare_digest(token.encode(), self._sign(session).encode()):
             raise _Answer(HTTPStatus.FORBIDDEN, "the form's CSRF token is missing or wrong (nothing was done): "
@@ -228,7 +246,12 @@ class ConsoleApp:
             outcome = perform(self.console, name, form, self.effects)
             sentence, done = outcome.sentence, outcome.done
         except Refused as exc:
+            if api:
+                raise _Answer(HTTPStatus.CONFLICT if exc.conflict else HTTPStatus.BAD_REQUEST, str(exc)) from None
             sentence, done = str(exc), False
+        if api:
+            return _send(start_response, "POST", HTTPStatus.OK, "application/json",
+                         _json({"done": done, "sentence": sentence, "actions": list(outcome.records)}), [])
         if done:
             to = href(base, "/actions")
         else:
@@ -307,6 +330,53 @@ class ConsoleApp:
         cookie = f"{_COOKIE}={self._cookie}; Path={base or '/'}; HttpOnly; SameSite=Strict"
         return _send(start_response, method, HTTPStatus.SEE_OTHER, "text/plain", "logged in",
                      [("Set-Cookie", cookie), ("Location", href(base, "/"))])
+
+
+def _bulk_defaults(app: ConsoleApp) -> dict[str, str]:
+    """What a bulk form starts with: the first consumer, dead effects, a week's retention."""
+    return {"consumer": app.console.targets[0].name, "state": "dead", "store": "producer", "older_than": "604800"}
+
+
+def _body(environ: dict[str, Any]) -> dict[str, str]:
+    """A POST's fields: a form (``application/x-www-form-urlencoded``) or a
+    JSON object, whose values become the form's texts (a string as it is, a
+    number as written, true as a ticked checkbox, false and null as absent;
+    ``result``, any JSON value, as its JSON text)."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > _FORM_BYTES:
+        raise BadRequest(f"the form is larger than {_FORM_BYTES} bytes")
+    try:
+        text = environ["wsgi.input"].read(length).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the form is not valid UTF-8") from None
+    if not environ.get("CONTENT_TYPE", "").startswith("application/json"):
+        try:
+            parsed = parse_qs(text, keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            raise BadRequest("the form is not valid UTF-8") from None
+        return {k: v[0] for k, v in parsed.items()}
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise BadRequest("the body must be a JSON object of the action's fields")
+    form: dict[str, str] = {}
+    for key, value in given.items():
+        if key == "result":
+            form[key] = json.dumps(value)
+        elif isinstance(value, str):
+            form[key] = value
+        elif value is True:
+            form[key] = "1"
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            form[key] = json.dumps(value)
+        elif value is not False and value is not None:
+            raise BadRequest(f"{key}: must be a string, a number or true/false, got {type(value).__name__}")
+    return form
 
 
 def _cookies(environ: dict[str, Any]) -> dict[str, str]:

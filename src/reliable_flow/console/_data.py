@@ -337,18 +337,20 @@ class Console:
 
     def actions(self) -> dict[str, Any]:
         """Every recorded operator action, as the stores keep them:
-        ``producer`` (deliveries and registry), per consumer (inbox and
-        effects); ``log``: all of them, newest first, each with its store."""
+        ``producer`` (deliveries, registry, prunes), per consumer (inbox,
+        effects, prunes); ``log``: all of them, newest first, each with its store."""
         with opened(self.producer, self.targets[0].location) as (p, _):
             producer = {"operator_actions": [a.as_dict() for a in p.operator_actions()],
-                        "registry_actions": [a.as_dict() for a in p.registry_actions()]}
+                        "registry_actions": [a.as_dict() for a in p.registry_actions()],
+                        "retention_actions": [a.as_dict() for a in p.retention_actions()]}
         consumers = {}
         for t in self.targets:
             with opened(self.producer, t.location) as (_, c):
                 consumers[t.name] = {"actions": [a.as_dict() for a in c.inbox_actions()],
-                                     "effect_actions": [a.as_dict() for a in c.effect_actions()]}
+                                     "effect_actions": [a.as_dict() for a in c.effect_actions()],
+                                     "retention_actions": [a.as_dict() for a in c.retention_actions()]}
         targets = {"operator_actions": "delivery", "registry_actions": "registry", "actions": "inbox",
-                   "effect_actions": "effect"}
+                   "effect_actions": "effect", "retention_actions": "retention"}
         log = [{**a, "store": "producer", "target": targets[k]} for k in producer for a in producer[k]]
         log += [{**a, "store": f"consumer {n}", "target": targets[k]} for n, d in consumers.items() for k in d
                 for a in d[k]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ._act import ACTIONS, BULK, RETRYABLE, Action, Field
+from ._act import ACTIONS, BULK, RETRYABLE, Action, Field, Preview
 from ._html import Html, href, link, page, tag
 
 __all__ = ["act_index", "act_page", "flash"]
@@ -27,8 +27,8 @@ def act_index(base: str) -> Html:
 
 
 def _field(f: Field, value: str, consumers: list[str]) -> Html:
-    if f.kind in ("consumer", "state"):
-        values = consumers if f.kind == "consumer" else list(RETRYABLE)
+    if f.kind in ("consumer", "state", "store"):
+        values = {"consumer": consumers, "state": list(RETRYABLE), "store": ["producer", *consumers]}[f.kind]
         options = [tag("option", v, value=v, selected=v == value) for v in values]
         return tag("label", f.label + " ", tag("select", *options, name=f.name, required=True))
     if f.kind == "check":
@@ -40,9 +40,9 @@ def _field(f: Field, value: str, consumers: list[str]) -> Html:
 
 
 def act_page(base: str, name: str, values: Mapping[str, str], csrf: str, consumers: list[str],
-             selection: list[str] | None = None) -> Html:
+             selection: Preview | None = None) -> Html:
     """The form of action ``name``, its fields filled from ``values``; for a
-    bulk action, ``selection``: the rows its filter selects now."""
+    bulk action, ``selection``: what its filter selects now."""
     bulk = name in BULK
     action: Action = BULK[name] if bulk else ACTIONS[name]
     fields = [_field(f, values.get(f.name, ""), consumers) for f in action.fields]
@@ -52,17 +52,16 @@ def act_page(base: str, name: str, values: Mapping[str, str], csrf: str, consume
                                        maxlength=1000))]
     parts = [tag("p", action.does, "; recorded with who, when and why.")]
     if bulk and selection is not None:
-        query = {f.name: values.get(f.name, "") for f in action.fields}
-        shown = ", ".join(selection[:20]) + (f" and {len(selection) - 20} more" if len(selection) > 20 else "")
+        query = {**{f.name: values.get(f.name, "") for f in action.fields}, **selection.hidden}
+        rows = selection.rows
+        shown = ", ".join(rows[:20]) + (f" and {len(rows) - 20} more" if len(rows) > 20 else "")
         parts += [tag("form", *fields, tag("button", "Select", type="submit"), action=href(base, "/act/" + name),
                       method="get", class_="filter"),
-                  tag("p", f"The filter selects {len(selection)} now", ": " + shown if selection else "",
-                      class_="selection"),
+                  tag("p", selection.sentence, ": " + shown if rows else "", class_="selection"),
                   tag("form", *(tag("input", type="hidden", name=k, value=v) for k, v in query.items()),
-                      tag("input", type="hidden", name="expected", value=str(len(selection))),
                       tag("input", type="hidden", name="csrf", value=csrf), *who,
                       tag("button", "Dry run", type="submit", name="mode", value="dry"),
-                      tag("button", f"Act on {len(selection)}", type="submit", name="mode", value="act"),
+                      tag("button", selection.button, type="submit", name="mode", value="act"),
                       action=href(base, "/act/" + name), method="post", class_="act")]
     else:
         parts.append(tag("form", tag("input", type="hidden", name="csrf", value=csrf), *fields, *who,

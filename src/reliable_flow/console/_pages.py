@@ -166,9 +166,15 @@ def effect_page(base: str, data: dict[str, Any], acts: bool = False) -> Html:
                 api=path_to("/api/effects/", data["effect_key"]))
 
 
+def _horizon(action: dict[str, Any]) -> str | None:
+    """What a prune acted on: the rows finished before its horizon."""
+    return None if action.get("horizon") is None else f"rows before {when(action['horizon'])}"
+
+
 def actions_page(base: str, data: dict[str, Any], read_only: bool = True) -> Html:
     rows = [[when(a.get("at")), a["store"], a.get("target"), a.get("action"), a.get("actor"),
-             a.get("event_id") or a.get("key") or a.get("consumer"), a.get("reason")] for a in data["log"]]
+             a.get("event_id") or a.get("key") or a.get("consumer") or _horizon(a), a.get("reason")]
+            for a in data["log"]]
     mode = "read only: this console changes nothing" if read_only else "actions allowed: see "
     body = Html(tag("p", "Every operator action the stores record, newest first (", mode,
                     Html("") if read_only else link(base, "/act", "the action forms"), ").")

@@ -56,10 +56,12 @@ from .inbox_sql import (
     DELETE_ROWS,
     EFFECT_FOR_UPDATE,
     EFFECTS_PRUNABLE,
+    EFFECTS_PRUNABLE_READ,
     FLOW_AND_NEXT_ROW,
     FLOW_FOR_UPDATE,
     FORGET_HISTORY,
     INBOX_PRUNABLE,
+    INBOX_PRUNABLE_READ,
     INSERT_NEW,
     INSERT_NEW_MANY,
     MAX_POS,
@@ -203,6 +205,13 @@ class PgInbox(PgView, InboxRepository):
                 raise failed from None
             self._answered = True
         return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
+
+    def prunable(self, horizon: float, limit: int) -> PruneStep:
+        """What a prune to ``horizon`` would remove now (inbox rows and
+        finished effects, each counted up to ``limit``), read only."""
+        rows = self._one(f"SELECT count(*) FROM ({INBOX_PRUNABLE_READ}) t", (horizon, MAX_POS, limit))
+        effects = self._one(f"SELECT count(*) FROM ({EFFECTS_PRUNABLE_READ}) t", (horizon, limit))
+        return PruneStep(0 if rows is None else int(rows[0]), effect_rows=0 if effects is None else int(effects[0]))
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         found: list[Candidate] = [

@@ -10,9 +10,9 @@ from ..repository.statements import InboxSql, rendered
 from ..rows import EFFECT_SELECT as _COLUMNS
 
 __all__ = [
-    "DELETE_EFFECTS", "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "EFFECTS_PRUNABLE", "EFFECT_FOR_UPDATE",
+    "DELETE_EFFECTS", "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "EFFECTS_PRUNABLE", "EFFECTS_PRUNABLE_READ", "EFFECT_FOR_UPDATE",
     "FLOW_AND_NEXT_ROW",
-    "FLOW_FOR_UPDATE", "FORGET_HISTORY", "INBOX_PRUNABLE", "INSERT_NEW", "INSERT_NEW_MANY", "MAX_POS", "NEXT_ROW",
+    "FLOW_FOR_UPDATE", "FORGET_HISTORY", "INBOX_PRUNABLE", "INBOX_PRUNABLE_READ", "INSERT_NEW", "INSERT_NEW_MANY", "MAX_POS", "NEXT_ROW",
     "ROW_OR_TOMBSTONE", "WAITING_BEHIND", "Candidate", "PgInboxSql",
 ]
 
@@ -75,19 +75,21 @@ WAITING_BEHIND = (
 
 MAX_POS = 9223372036854775807
 
-INBOX_PRUNABLE = (
+# What a prune would take, read only (the dry run counts it), and locked.
+INBOX_PRUNABLE_READ = (
     "SELECT i.arrival, i.event_id, i.flow_id, i.seq, i.body FROM inbox i "
     "JOIN projection p ON p.flow_id = i.flow_id "
     "WHERE i.arrival < coalesce((SELECT arrival FROM inbox WHERE received_at > %s ORDER BY arrival LIMIT 1), %s) "
-    "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.arrival LIMIT %s "
-    "FOR UPDATE OF i SKIP LOCKED"
+    "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.arrival LIMIT %s"
 )
+INBOX_PRUNABLE = INBOX_PRUNABLE_READ + " FOR UPDATE OF i SKIP LOCKED"
 
-EFFECTS_PRUNABLE = (
+EFFECTS_PRUNABLE_READ = (
     "SELECT id FROM effect_outbox "
     "WHERE state IN ('succeeded','expired','superseded','cancelled') AND updated_at <= %s "
-    "AND (fed IS NULL OR fed = 1) ORDER BY state, id LIMIT %s FOR UPDATE SKIP LOCKED"
+    "AND (fed IS NULL OR fed = 1) ORDER BY state, id LIMIT %s"
 )
+EFFECTS_PRUNABLE = EFFECTS_PRUNABLE_READ + " FOR UPDATE SKIP LOCKED"
 
 Candidate = tuple[int, str, str, int, str]
 

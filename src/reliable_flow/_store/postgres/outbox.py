@@ -69,6 +69,7 @@ from .outbox_sql import (
     LOCK_DELIVERIES,
     MAX_POS,
     OUTBOX_PRUNABLE,
+    OUTBOX_PRUNABLE_READ,
     STILL_WAITING,
     UPSERT_FLOW,
     WAITING,
@@ -153,6 +154,13 @@ class PgOutbox(PgView, OutboxRepository):
             cur.executemany(self._SQL.MARK_DELIVERED, [(status, now, consumer, pos) for pos, status in delivered])
         if conflicts:
             cur.executemany(self._SQL.MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
+
+    def prunable(self, horizon: float, limit: int) -> PruneStep:
+        """What a prune to ``horizon`` would remove now (events, counted up to ``limit``), read only."""
+        if self._one(self._SQL.ANY_CONSUMER) is None:
+            return PruneStep(0)
+        row = self._one(f"SELECT count(*) FROM ({OUTBOX_PRUNABLE_READ}) t", (horizon, MAX_POS, WAITING, limit))
+        return PruneStep(0 if row is None else int(row[0]))
 
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         step = self._prune_outbox(horizon, now, limit)

@@ -9,7 +9,7 @@ from ...statuses import DeliveryState
 from ..repository.statements import OutboxSql, rendered
 
 __all__ = [
-    "APPEND", "BACKLOG", "CLAIM", "FIND_EVENT", "FLOW_FOR_UPDATE", "LOCK_DELIVERIES", "MAX_POS", "OUTBOX_PRUNABLE",
+    "APPEND", "BACKLOG", "CLAIM", "FIND_EVENT", "FLOW_FOR_UPDATE", "LOCK_DELIVERIES", "MAX_POS", "OUTBOX_PRUNABLE", "OUTBOX_PRUNABLE_READ",
     "STILL_WAITING", "UPSERT_FLOW", "WAITING", "Candidate", "PgOutboxSql",
 ]
 
@@ -51,12 +51,14 @@ WAITING = [DeliveryState.PENDING.value, DeliveryState.SET_ASIDE.value]
 
 MAX_POS = 9223372036854775807
 
-OUTBOX_PRUNABLE = (
+# What a prune would take, read only (the dry run counts it).
+OUTBOX_PRUNABLE_READ = (
     "SELECT o.pos, o.event_id, o.flow_id, o.seq, o.body FROM outbox o "
     "WHERE o.pos < coalesce((SELECT pos FROM outbox WHERE committed_at > %s ORDER BY pos LIMIT 1), %s) "
     "AND NOT EXISTS (SELECT 1 FROM delivery d JOIN consumer c ON c.name = d.consumer "
-    "WHERE d.pos = o.pos AND d.state = ANY(%s)) ORDER BY o.pos LIMIT %s FOR UPDATE OF o SKIP LOCKED"
+    "WHERE d.pos = o.pos AND d.state = ANY(%s)) ORDER BY o.pos LIMIT %s"
 )
+OUTBOX_PRUNABLE = OUTBOX_PRUNABLE_READ + " FOR UPDATE OF o SKIP LOCKED"
 
 # The deliveries of the candidates, locked and read again after the lock.
 STILL_WAITING = (

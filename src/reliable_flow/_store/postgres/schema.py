@@ -51,6 +51,19 @@ _TOMBSTONE_TABLE = """CREATE TABLE {name}(
                 pruned_at DOUBLE PRECISION NOT NULL
             )"""
 
+# Operators' prunes, one row per call, written in its first transaction
+# (producer v2, consumer v4); what each transaction removed stays in
+# prune_action.  forget_before is NULL without forget_after.
+_RETENTION_ACTION = """CREATE TABLE retention_action(
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                at DOUBLE PRECISION NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('prune')),
+                horizon DOUBLE PRECISION NOT NULL,
+                forget_before DOUBLE PRECISION,
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )"""
+
 # v2 (issue 20): the CHECK lists every statuses.Transition value.
 _EFFECT_HISTORY = """CREATE TABLE effect_history(
                 id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -132,6 +145,8 @@ PRODUCER = StoreKind(
                 deliveries INTEGER NOT NULL
             )""",
         ),
+        # v2: who pruned, when and why (one row per prune call), as SQLite's v5.
+        (_RETENTION_ACTION,),
     ),
 )
 
@@ -249,5 +264,7 @@ CONSUMER = StoreKind(
         # v3: a transition's due time as a column (EffectTransition.due_at),
         # as SQLite's v6; NULL for rows written before it.
         ("ALTER TABLE effect_history ADD COLUMN due_at DOUBLE PRECISION",),
+        # v4: who pruned, when and why (one row per prune call), as SQLite's v7.
+        (_RETENTION_ACTION,),
     ),
 )

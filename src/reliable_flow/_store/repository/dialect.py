@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 from ..._envelope import body_hash
+from ...records import OperatorAction
 from .. import rows as _rows
 from ..records import PruneStep, Tombstone
 from .statements import SideSql
@@ -84,6 +85,19 @@ class Dialect:
             return looked_up[1]  # read with the id's row (after its lock)
         row = self._one(self._SQL.TOMBSTONE, (event_id,))
         return None if row is None else _rows.tombstone(row)
+
+    def tombstones_before(self, before: float, limit: int) -> int:
+        """How many tombstones were stamped before ``before``, counted up to ``limit``."""
+        row = self._one(self._SQL.TOMBSTONES_BEFORE, (before, limit))
+        return 0 if row is None else int(row[0])
+
+    def retention_actions(self) -> list[OperatorAction]:
+        """Every recorded prune (target ``retention``), oldest first."""
+        return [_rows.retention_action(r) for r in self._rows(self._SQL.RETENTION_ACTIONS)]
+
+    def _record_retention(self, action: OperatorAction) -> None:
+        self._run(self._SQL.RECORD_RETENTION_ACTION,
+                  (action.at, action.action, action.horizon, action.forget_before, action.actor, action.reason))
 
     def forget_tombstones(self, before: float, now: float, limit: int) -> int:
         gone = self._run(self._SQL.TOMBSTONE_FORGET, (before, limit))

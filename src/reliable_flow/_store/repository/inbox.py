@@ -112,8 +112,11 @@ class InboxRepository(Dialect):
         elif action.target is ActionTarget.EFFECT:
             self._run(self._SQL.RECORD_EFFECT_ACTION,
                       (action.at, action.key, action.action, action.actor, action.reason))
+        elif action.target is ActionTarget.RETENTION:
+            self._record_retention(action)
         else:
-            raise ValueError(f"a consumer records inbox and effect actions, not {action.target.value!r} ones")
+            raise ValueError(f"a consumer records inbox, effect and retention actions, "
+                             f"not {action.target.value!r} ones")
 
     def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:
         found = (self._rows(self._SQL.INBOX_ACTIONS) if event_id is None

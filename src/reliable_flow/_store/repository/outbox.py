@@ -67,8 +67,11 @@ class OutboxRepository(Dialect):
         elif action.target is ActionTarget.DELIVERY:
             self._run(self._SQL.RECORD_ACTION,
                       (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason))
+        elif action.target is ActionTarget.RETENTION:
+            self._record_retention(action)
         else:
-            raise ValueError(f"a producer records delivery and registry actions, not {action.target.value!r} ones")
+            raise ValueError(f"a producer records delivery, registry and retention actions, "
+                             f"not {action.target.value!r} ones")
 
     def registry_actions(self, consumer: str | None = None) -> list[OperatorAction]:
         found = (self._rows(self._SQL.REGISTRY_ACTIONS) if consumer is None

@@ -64,6 +64,14 @@ class SideSql(StatementTable):
     TOMBSTONE_FORGET: str
     #: Bury a pruned row (event id, flow, seq, body hash, stamp).
     TOMBSTONE_BURY: str
+    #: Tombstones stamped before ``?``, counted up to ``?``.
+    TOMBSTONES_BEFORE: str
+    #: Every recorded prune, oldest first.
+    RETENTION_ACTIONS = "SELECT at, action, horizon, forget_before, actor, reason FROM retention_action ORDER BY id"
+    #: Record a prune (at, action, horizon, forget_before, actor, reason).
+    RECORD_RETENTION_ACTION = (
+        "INSERT INTO retention_action(at, action, horizon, forget_before, actor, reason) VALUES (?, ?, ?, ?, ?, ?)"
+    )
 
 
 _ACCEPTED, _SET_ASIDE = DeliveryState.ACCEPTED.value, DeliveryState.SET_ASIDE.value
@@ -74,6 +82,7 @@ class OutboxSql(SideSql):
 
     TOMBSTONE = "SELECT flow_id, seq, body_hash FROM outbox_tombstone WHERE event_id = ?"
     TOMBSTONE_BURY = "INSERT INTO outbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
+    TOMBSTONES_BEFORE = "SELECT count(*) FROM (SELECT 1 FROM outbox_tombstone WHERE pruned_at < ? LIMIT ?) t"
     FLOW = "SELECT state, seq, data FROM flow WHERE flow_id = ?"
     MARK_DELIVERED = (
         f"UPDATE delivery SET state = '{_ACCEPTED}', last_status = ?, attempts = attempts + 1, "
@@ -152,6 +161,7 @@ class InboxSql(SideSql):
 
     TOMBSTONE = "SELECT flow_id, seq, body_hash FROM inbox_tombstone WHERE event_id = ?"
     TOMBSTONE_BURY = "INSERT INTO inbox_tombstone(event_id, flow_id, seq, body_hash, pruned_at) VALUES (?, ?, ?, ?, ?)"
+    TOMBSTONES_BEFORE = "SELECT count(*) FROM (SELECT 1 FROM inbox_tombstone WHERE pruned_at < ? LIMIT ?) t"
     #: The start of a read of inbox rows in full (an engine's ROWS_OF_FLOW too).
     ROW = "SELECT event_id, flow_id, seq, state, reason, detail, received_at, blocked_at, body FROM inbox "
     META = "SELECT key, value FROM meta"

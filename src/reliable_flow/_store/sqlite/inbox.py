@@ -210,6 +210,13 @@ class SqliteInbox(SqliteDialect, InboxRepository):
             raise
         conn.execute("RELEASE step")
 
+    def prunable(self, horizon: float, limit: int) -> PruneStep:
+        """What a prune to ``horizon`` would remove now (inbox rows and
+        finished effects, each counted up to ``limit``), read only."""
+        rows = self._one(f"SELECT count(*) FROM ({INBOX_PRUNABLE})", (horizon, limit))
+        effects = self._one(f"SELECT count(*) FROM ({EFFECTS_PRUNABLE})", (horizon, limit))
+        return PruneStep(0 if rows is None else int(rows[0]), effect_rows=0 if effects is None else int(effects[0]))
+
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         found = self._rows(INBOX_PRUNABLE, (horizon, limit))
         records = 0

@@ -192,6 +192,13 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
                     for chunk, sql_in in in_chunks(sql, positions):
                         self._conn.execute(sql_in, (status, now, consumer, *chunk))
 
+    def prunable(self, horizon: float, limit: int) -> PruneStep:
+        """What a prune to ``horizon`` would remove now (events, counted up to ``limit``), read only."""
+        if self._one(self._SQL.ANY_CONSUMER) is None:
+            return PruneStep(0)
+        row = self._one(f"SELECT count(*) FROM ({OUTBOX_PRUNABLE})", (horizon, *WAITING, limit))
+        return PruneStep(0 if row is None else int(row[0]))
+
     def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
         names = [r[0] for r in self._rows("SELECT name FROM consumer")]
         # No consumer yet: every event is still owed to the first one.

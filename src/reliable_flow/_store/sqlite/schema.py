@@ -38,6 +38,19 @@ _TOMBSTONE_TABLE = """CREATE TABLE {name}(
                 pruned_at REAL NOT NULL
             ) WITHOUT ROWID"""
 
+# Operators' prunes (producer v5, consumer v7), one row per call, written in
+# its first transaction; what each transaction removed stays in
+# prune_action.  forget_before is NULL without forget_after.  Frozen.
+_RETENTION_ACTION = """CREATE TABLE retention_action(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('prune')),
+                horizon REAL NOT NULL,
+                forget_before REAL,
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )"""
+
 PRODUCER = FileKind(
     name="producer",
     application_id=0x52460001,  # "RF" 1
@@ -155,6 +168,8 @@ PRODUCER = FileKind(
                 deliveries INTEGER NOT NULL
             )""",
         ),
+        # v5: who pruned, when and why: one row per prune call.
+        (_RETENTION_ACTION,),
     ),
 )
 
@@ -331,5 +346,7 @@ CONSUMER = FileKind(
         # (EffectTransition.due_at), not only in the detail's words.
         # NULL for rows written before v6.
         ("ALTER TABLE effect_history ADD COLUMN due_at REAL",),
+        # v7: who pruned, when and why: one row per prune call.
+        (_RETENTION_ACTION,),
     ),
 )
