@@ -230,6 +230,28 @@ def test_an_action_on_a_remote_consumer_is_recorded_on_its_host(scene_stores: tu
         assert [a.actor for a in consumer.admin.operator_actions()] == ["carol"]
 
 
+def test_a_prune_of_a_remote_consumer_counts_there_and_is_recorded_there(scene_stores: tuple[str, str],
+                                                                         redis_url: str) -> None:
+    p_at, c_at = scene_stores
+    there = f"{redis_url}#default"
+    with Consumer(c_at, RESERVATION) as consumer:
+        before = sum(len(consumer.inbox(f)) for f in consumer.flows())
+    with BridgeHost(c_at, redis_url, allow_actions=True) as host:
+        console = Client(make_app(p_at, [there], read_only=False))
+        _, said = console.act("prune", store="default", older_than="0", mode="dry", actor="dan", reason="look")
+        counted = re.search(r"the prune would remove (\d+) inbox rows", said)
+        assert counted is not None and int(counted.group(1)) > 0, said
+        _, said = console.act("prune", store="default", older_than="0", limit="1", mode="act", actor="dan",
+                              reason="INC-11: disk")
+        assert said.startswith("default: pruned 1 inbox rows"), said
+        assert host.bridge.stats.acted == 1
+        log = console.json("/api/actions")["log"]
+        assert (log[0]["actor"], log[0]["target"]) == ("dan", "retention")
+    with Consumer(c_at, RESERVATION) as consumer:
+        assert [(a.actor, a.reason) for a in consumer.admin.retention_actions()] == [("dan", "INC-11: disk")]
+        assert sum(len(consumer.inbox(f)) for f in consumer.flows()) == before - 1
+
+
 def test_a_bridge_not_allowing_actions_refuses_them_and_nothing_changes(scene_stores: tuple[str, str],
                                                                          redis_url: str) -> None:
     p_at, c_at = scene_stores

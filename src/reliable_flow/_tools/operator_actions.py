@@ -150,8 +150,11 @@ def store_kind(location: Location) -> str:
     """``producer`` or ``consumer``: the kind of the existing store at
     ``location`` (opened read only; a missing one raises, nothing created)."""
     from ..errors import WrongFile
-    from .stores import open_consumer, open_producer
+    from .stores import is_remote, open_consumer, open_producer
 
+    if is_remote(location):  # a consumer on another host, served by its bridge
+        open_consumer(location).close()
+        return "consumer"
     try:
         open_producer(location).close()
         return "producer"
@@ -170,7 +173,13 @@ def _pruned(kind: str, result: PruneResult) -> str:
 
 def prune_action(owner: Any, kind: str, older_than: float, *, actor: str, reason: str, now: float | None = None,
                  batch_size: int = 500, limit: int | None = None, forget_after: float | None = None) -> Done:
-    """``prune`` the opened ``Producer`` / ``Consumer`` (``kind``), recorded."""
+    """``prune`` the opened ``Producer`` / ``Consumer`` (``kind``), recorded;
+    a consumer on another host prunes on its host, through its bridge."""
+    remote = getattr(owner, "act_remotely", None)
+    if remote is not None:
+        done: Done = remote("prune", older_than=older_than, now=now, limit=limit, forget_after=forget_after,
+                            actor=actor, reason=reason)
+        return done
     result = owner.admin.prune(older_than, actor=actor, reason=reason, now=now, batch_size=batch_size, limit=limit,
                                forget_after=forget_after)
     assert result.action is not None  # every prune is recorded

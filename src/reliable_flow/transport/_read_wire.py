@@ -49,7 +49,7 @@ __all__ = ["ACTIONS", "KINDS", "READS", "Question", "answer_fields", "call_args"
 #: only).  Add a new read method's name here to serve it to other hosts.
 READS: tuple[str, ...] = (
     "meta", "meta_value", "projection", "effects", "flows", "projected_flows", "open_flows", "tombstone",
-    "inbox_rows", "inbox_row", "inbox_actions", "inbox_counts",
+    "inbox_rows", "inbox_row", "inbox_actions", "inbox_counts", "retention_actions", "prunable", "tombstones_before",
     "effect", "effect_list", "effect_counts", "effect_actions", "effect_history", "effect_starts",
     "held_effect_counts", "unfed_effects", "next_effect_due_at",
 )
@@ -62,6 +62,7 @@ ACTIONS: dict[str, dict[str, Any]] = {
     "resolve_effect": {"key": str, "result": Any},
     "amend_effect": {"key": str, "result": Any, "failure": bool},
     "cancel_effect": {"key": str},
+    "prune": {"older_than": float, "now": float | None, "limit": int | None, "forget_after": float | None},
 }
 KINDS = ("read", "act")
 #: An action's answer: the recorded action and one sentence.

@@ -115,9 +115,12 @@ class Questions:
 
 def _act(consumer: Consumer, method: str, args: dict[str, Any], producer: Any) -> Any:
     """The action, through the same calls as the command line and the console."""
-    from ..._tools.operator_actions import effect_action, inbox_action
+    from ..._tools.operator_actions import effect_action, inbox_action, prune_action
 
     who = {"actor": args["actor"], "reason": args["reason"]}
+    if method == "prune":
+        return prune_action(consumer, "consumer", args["older_than"], now=args["now"], limit=args["limit"],
+                            forget_after=args["forget_after"], **who)
     if method in ("skip_event", "replace_event"):
         return inbox_action(consumer, method.split("_")[0], args["event_id"], envelope=args.get("envelope"), **who)
     return effect_action(consumer, method.split("_")[0], args["key"], result=args.get("result"),
