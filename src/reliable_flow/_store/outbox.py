@@ -137,11 +137,42 @@ class OutboxUnit(OutboxReads, Protocol):
     def is_registered(self, name: str) -> bool:
         """True if ``name`` is registered (bound or not)."""
 
-    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+    def register_consumer(self, name: str, now: float, from_now: bool, every_event: bool = True) -> None:
         """Register ``name``, bound to no file yet, at ``now``.  Every event
         committed before becomes pending for it, or, with ``from_now``, none
         of them (it gets the events appended afterwards, like every
-        registered name).  A taken name raises the engine's integrity error."""
+        registered name).  ``every_event=False`` (a subscriber to topics,
+        subscribed next in the same unit): no delivery is written here.
+        A taken name raises the engine's integrity error."""
+
+    # -- topics and subscriptions (issue 32) -----------------------------------------
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Create or replace ``meta`` row ``key`` (a setting that may change: the declared topics)."""
+
+    def subscriptions(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Every consumer subscribed to topics, by name, with its topic names
+        (a consumer of every event is not listed)."""
+
+    def flow_heads(self, flow_id: str) -> dict[str, int]:
+        """The seq of the flow's last event routed to each subscriber to topics."""
+
+    def deliver(self, event_id: str, routes: Sequence[tuple[str, int | None]], flow_id: str, seq: int) -> None:
+        """The stored event's deliveries to these subscribers, each
+        ``(name, prev_seq)`` (None: seq - 1), pending; their heads of the
+        flow move to ``seq``."""
+
+    def deliver_all(self, name: str, routes: Sequence[tuple[int, int | None]], heads: dict[str, int]) -> None:
+        """Deliveries to ``name`` of stored events, each ``(pos, prev_seq)``,
+        pending; its head of each flow in ``heads`` set."""
+
+    def subscribe(self, name: str, topics: tuple[str, ...], after: int | None) -> int:
+        """Record ``name``'s subscription to ``topics``, holding for the events
+        after outbox position ``after`` (None: the last one committed now,
+        read under the registry lock); that position."""
+
+    def event_bodies(self) -> list[tuple[int, str, int, str]]:
+        """Every stored event as (pos, flow, seq, canonical body), in commit order."""
 
     def bind_consumer(self, name: str, uid: str) -> None:
         """Bind a registered name that has no file yet to ``uid``."""

@@ -42,6 +42,7 @@ from .outbox_sql import (
     BACKLOG,
     BACKLOG_BEFORE_CONSUMERS,
     CLAIM,
+    DELIVER,
     DELIVER_FROM,
     FIND_EVENT,
     FIND_EVENT_AND_FLOW,
@@ -141,7 +142,7 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
             if self._owed_from is None:
                 self._owed_from = cur.lastrowid
             return
-        self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT name, ? FROM consumer", (cur.lastrowid,))
+        self._conn.execute(DELIVER, (cur.lastrowid,))
 
     @contextmanager
     def step(self) -> Iterator[None]:

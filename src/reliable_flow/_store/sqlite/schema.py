@@ -38,6 +38,43 @@ _TOMBSTONE_TABLE = """CREATE TABLE {name}(
                 pruned_at REAL NOT NULL
             ) WITHOUT ROWID"""
 
+# The producer's v5 (issue 32): topics and subscriptions.  Frozen like every migration.
+_PRODUCER_V5 = (
+    # A consumer's subscription: NULL topics (every name registered before,
+    # or without topics) gets every event; a JSON list of topic names gets
+    # the events of those topics, routed by advance, with each delivery's
+    # prev_seq (NULL: seq - 1).  topics_from: the outbox position after
+    # which its subscription holds (the last event committed before it).
+    "ALTER TABLE consumer ADD COLUMN topics TEXT",
+    "ALTER TABLE consumer ADD COLUMN topics_from INTEGER",
+    "ALTER TABLE delivery ADD COLUMN prev_seq INTEGER",
+    # The seq of each flow's last event routed to each consumer: the
+    # prev_seq of the next one, fixed when that one commits.
+    """CREATE TABLE flow_head(
+                flow_id TEXT NOT NULL,
+                consumer TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                PRIMARY KEY (flow_id, consumer)
+            ) WITHOUT ROWID""",
+    # A subscription change is a registry action, with its topics; SQLite
+    # cannot alter a CHECK constraint, so the table is rebuilt.
+    """CREATE TABLE registry_action_v5(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                consumer TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('register','remove','subscribe')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                topics TEXT
+            )""",
+    (
+        "INSERT INTO registry_action_v5(id, at, consumer, action, actor, reason) "
+        "SELECT id, at, consumer, action, actor, reason FROM registry_action"
+    ),
+    "DROP TABLE registry_action",
+    "ALTER TABLE registry_action_v5 RENAME TO registry_action",
+)
+
 PRODUCER = FileKind(
     name="producer",
     application_id=0x52460001,  # "RF" 1
@@ -155,6 +192,7 @@ PRODUCER = FileKind(
                 deliveries INTEGER NOT NULL
             )""",
         ),
+        _PRODUCER_V5,
     ),
 )
 
