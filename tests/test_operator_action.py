@@ -46,7 +46,8 @@ FILLED = {
     ActionTarget.EFFECT: {"key"},
     ActionTarget.REGISTRY: {"consumer"},
 }
-OPTIONAL = {"event_id", "consumer", "flow_id", "seq", "key", "previous_state", "replacement_event_id"}
+OPTIONAL = {"event_id", "consumer", "flow_id", "seq", "key", "previous_state", "replacement_event_id",
+            "topics"}  # topics: a registry action that named topics (issue 32)
 
 
 def unfilled(record: OperatorAction) -> dict[str, Any]:
