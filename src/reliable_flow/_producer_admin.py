@@ -15,7 +15,7 @@ from . import _envelope as envelope
 from ._checks import check_flag, check_text
 from ._core.admin import delivery_action_in
 from ._core.operate import register_in, remove_in
-from ._core.topics import Routing, register_routed_in, subscribe_in
+from ._core.topics import Routing, check_topics, register_routed_in, subscribe_in
 from ._observe import PRODUCER, operator_action
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import OutboxStore
@@ -131,6 +131,8 @@ class ProducerAdmin:
         record = _registry_action(name, "register", actor, reason, wanted)
         from_now = check_flag("from_now", from_now)
         location = self._store.location
+        if wanted is not None:
+            check_topics(self._routing(), wanted, location)  # before anything is opened
         with self._store.write() as unit:
             register_in(unit, name, from_now, record, location, every_event=wanted is None)
             if wanted is not None:
@@ -151,6 +153,7 @@ class ProducerAdmin:
         name = _name(name)
         wanted = check_topic_names("topics", topics)
         record = _registry_action(name, "subscribe", actor, reason, wanted)
+        check_topics(self._routing(), wanted, self._store.location)  # before anything is opened
         with self._store.write() as unit:
             subscribe_in(unit, self._routing(), name, wanted, record, self._store.location)
         return record
