@@ -218,9 +218,10 @@ def make(
 
     An empty ``meta`` is the same as no ``meta``: both leave the key out of
     the body, so they never make two otherwise equal events differ.
-    ``prev_seq`` (a delivery's, see ``ALLOWED``): an int ``0 <= prev_seq <
-    seq``; None (or ``seq - 1``, the same) leaves the key out.  The size
-    limit is the event's body's, without it.
+    ``prev_seq`` (a delivery's, see ``ALLOWED``): None leaves the key out,
+    else an int ``0 <= prev_seq < seq`` (kept in the body even when it is
+    ``seq - 1``: a subscriber to topics always gets one, so its gap names
+    the event it misses).  The size limit is the event's body's, without it.
     """
     fields: dict[str, Any] = {
         "event_id": check_name("event_id", event_id),
@@ -240,11 +241,8 @@ def make(
     prev: int | None = None
     if prev_seq is not None:
         prev = _check_int("prev_seq", prev_seq, 0, fields["seq"] - 1, "seq - 1")
-        if prev == fields["seq"] - 1:
-            prev = None  # the default is never written: one body per delivery
-        else:
-            fields["prev_seq"] = prev
-            body = canonical(fields)
+        fields["prev_seq"] = prev
+        body = canonical(fields)
     env = Envelope(body=body, meta=checked_meta, prev_seq=prev,
                    **{k: v for k, v in fields.items() if k not in ("meta", "prev_seq")})
     _remember(env)
@@ -393,10 +391,11 @@ def delivered(body: str, prev_seq: int | None) -> str:
     return canonical(obj)
 
 
-def previous(body: str, seq: int) -> int:
-    """The seq of the flow's previous event for the consumer that stored
-    ``body`` (its event at ``seq``): its ``prev_seq``, else ``seq - 1``."""
+def previous(body: str) -> int | None:
+    """The ``prev_seq`` a stored (delivered) ``body`` carries: the seq of the
+    flow's previous event for the consumer that stored it; None when it
+    carries none (every event is for it: the previous one is ``seq - 1``)."""
     if '"prev_seq":' not in body:  # the usual body: nothing to parse
-        return seq - 1
+        return None
     prev = json.loads(body).get("prev_seq")
-    return seq - 1 if prev is None else int(prev)
+    return None if prev is None else int(prev)

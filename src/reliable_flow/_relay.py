@@ -143,10 +143,13 @@ def relay_to(
             return RelayResult(RelayStatus.IDLE)
         [(pos, body)] = found
     else:
-        stored = store.latest.find_event(event_id)
+        stored = store.latest.event_for(event_id, name)
         if stored is None:
             raise UnknownEvent(f"event_id {event_id!r} is not in the outbox of {store.location}")
-        pos, body = stored.pos, stored.body
+        pos, body, for_it = stored
+        if not for_it:
+            raise UnknownEvent(f"event_id {event_id!r} is not for consumer {name!r} of {store.location}: "
+                               f"none of the topics it subscribes to carries it")
     try:
         sent = receiver.accept(body)
     except Exception as exc:

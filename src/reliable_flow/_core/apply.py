@@ -72,9 +72,9 @@ def apply_in(
         # The flow's next row for this consumer applies when the delivery
         # says its previous event for this consumer is the last applied one
         # (a subscriber to some topics only: issue 32); else a gap.
-        prev = envelope.previous(body, found_seq)
-        if prev > known.seq:
-            missing, detail = (seq, f"seq {seq} has not arrived") if prev == found_seq - 1 else (
+        prev = envelope.previous(body)
+        if prev is None or prev > known.seq:
+            missing, detail = (seq, f"seq {seq} has not arrived") if prev is None else (
                 prev, f"seq {prev}, the flow's event for this consumer before seq {found_seq}, has not arrived")
             return ApplyResult(ApplyStatus.GAP, flow_id, missing, detail=detail), known, body
         seq = found_seq

@@ -80,7 +80,7 @@ def _check_subscriptions(routing: Routing, subscriptions: Sequence[tuple[str, tu
         if topic.role == "command" and len(names) > 1:
             raise TopicError(
                 f"command topic {topic.name!r} has one subscribing consumer, and {location} has "
-                f"{' and '.join(repr(n) for n in names)}: a command asks exactly one component")
+                f"{' and '.join(repr(n) for n in sorted(names))}: a command asks exactly one component")
 
 
 def declare_in(unit: OutboxUnit, routing: Routing | None, location: str) -> Routing | None:
@@ -99,32 +99,29 @@ def declare_in(unit: OutboxUnit, routing: Routing | None, location: str) -> Rout
 
 def route_in(unit: OutboxUnit, routing: Routing, env: Envelope) -> None:
     """After ``env`` was appended: a delivery to every subscribed consumer
-    one of whose topics carries its kind, each with its ``prev_seq`` (None
-    when it is ``seq - 1``), and the flow's heads moved to it."""
+    one of whose topics carries its kind, each with its ``prev_seq`` (the
+    seq of the flow's last event routed to it, 0 for none: always written,
+    so its gap names the event it misses), and the flow's heads moved to it."""
     carried = routing.of_kind(env.kind)
     names = [name for name, topics in unit.subscriptions() if carried.intersection(topics)]
     if not names:
         return
     heads = unit.flow_heads(env.flow_id)
-    routes = [(name, _prev(heads.get(name, 0), env.seq)) for name in names]
+    routes = [(name, heads.get(name, 0)) for name in names]
     unit.deliver(env.event_id, routes, env.flow_id, env.seq)
 
 
-def _prev(head: int, seq: int) -> int | None:
-    return None if head == seq - 1 else head
-
-
 def routes_of(routing: Routing, topics: Sequence[str],
-              events: Sequence[tuple[int, str, int, str]]) -> tuple[list[tuple[int, int | None]], dict[str, int]]:
+              events: Sequence[tuple[int, str, int, str]]) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """For a consumer registered from the first event with ``topics``: the
     stored ``events`` (pos, flow, seq, canonical body, in commit order) it
     gets, each as (pos, prev_seq), its prev_seq the seq of the flow's
-    previous one it gets (None: seq - 1); and the heads they leave."""
+    previous one it gets (0: none); and the heads they leave."""
     heads: dict[str, int] = {}
     out = []
     for pos, flow_id, seq, body in events:
         if routing.of_kind(str(json.loads(body)["kind"])).intersection(topics):
-            out.append((pos, _prev(heads.get(flow_id, 0), seq)))
+            out.append((pos, heads.get(flow_id, 0)))
             heads[flow_id] = seq
     return out, heads
 

@@ -68,6 +68,12 @@ class OutboxReads(Protocol):
         meanwhile is simply not picked).  In a unit the engine may lock
         them, skipping those another unit holds (a relay's claim)."""
 
+    def event_for(self, event_id: str, consumer: str) -> tuple[int, str, bool] | None:
+        """``event_id``'s position, the body a relay sends ``consumer`` (with
+        its delivery's prev_seq, if it has one) and whether the event is for
+        it (False: it subscribes to topics and has no delivery of it); None
+        when the outbox has no such event."""
+
     def next_due_at(self, consumer: str) -> float | None:
         """The earliest due time of a pending delivery to ``consumer`` (new:
         at once; leased: when the lease ends; failed: after its backoff), or

@@ -136,6 +136,13 @@ class OutboxRepository(Dialect):
         self._run(self._SQL.SUBSCRIBE, (json.dumps(list(topics)), after, name))
         return after
 
+    def event_for(self, event_id: str, consumer: str) -> tuple[int, str, bool] | None:
+        row = self._one(self._SQL.EVENT_FOR, (consumer, consumer, event_id))
+        if row is None:
+            return None
+        body = str(row[1]) if row[2] is None else envelope.delivered(str(row[1]), int(row[2]))
+        return int(row[0]), body, row[3] is not None or row[4] is None
+
     def event_bodies(self) -> list[tuple[int, str, int, str]]:
         return [(int(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in self._rows(self._SQL.EVENT_BODIES)]
 

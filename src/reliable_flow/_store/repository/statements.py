@@ -120,6 +120,13 @@ class OutboxSql(SideSql):
     LAST_POS = "SELECT coalesce(max(pos), 0) FROM outbox"
     SUBSCRIBE = "UPDATE consumer SET topics = ?, topics_from = ? WHERE name = ?"
     EVENT_BODIES = "SELECT pos, flow_id, seq, body FROM outbox ORDER BY pos"
+    # An event as one consumer gets it: its delivery's prev_seq, whether it
+    # has a delivery, and whether the consumer subscribes to topics.
+    EVENT_FOR = (
+        "SELECT o.pos, o.body, d.prev_seq, d.pos, c.topics FROM outbox o "
+        "LEFT JOIN delivery d ON d.pos = o.pos AND d.consumer = ? LEFT JOIN consumer c ON c.name = ? "
+        "WHERE o.event_id = ?"
+    )
     ANY_CONSUMER = "SELECT 1 FROM consumer LIMIT 1"
     IS_REGISTERED = "SELECT 1 FROM consumer WHERE name = ?"
     REGISTER = (
