@@ -238,3 +238,45 @@ def test_per_topic_delivery_policy_is_recorded(at: Any) -> None:
                                                                                                            60.0)
     held = rows(location, "SELECT value FROM meta WHERE key = 'topics'")
     assert json.loads(held[0][0])[0]["name"] == "agent.audit"
+
+
+@pytest.mark.redis
+def test_a_partial_subscriber_through_the_redis_transport(at: Any, redis_url: str) -> None:
+    """The same through Redis: the bridge's consumer stores each delivery with
+    its prev_seq and applies on arrival without waiting for others' events."""
+    import threading
+
+    from reliable_flow import Worker
+    from reliable_flow.transport.redis import Bridge, RedisReceiver
+
+    c_at, opened, done = at("c"), threading.Event(), []
+
+    def serve() -> None:
+        with Consumer(c_at, AGENT, name="notify") as consumer:
+            bridge = Bridge(consumer, redis_url, block=0.05)
+            done.append(bridge)
+            opened.set()
+            try:
+                bridge.run(handle_signals=False)
+            finally:
+                bridge.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert opened.wait(20)
+    try:
+        with Producer(at("p"), AGENT, topics=topics()) as p, \
+                RedisReceiver(redis_url, "notify", timeout=10) as receiver:
+            p.admin.register_consumer("notify", topics=["agent.notifications"], **WHO)
+            advance_all(p)
+            advance_all(p, flow="G", steps=STEPS[:2])
+            stats = Worker(p, [receiver], relay_batch=2, idle_sleep=0.05).run(until_idle=True,
+                                                                               handle_signals=False)
+            assert (dict(stats.relayed), stats.errors) == ({"accepted": 3}, 0)
+    finally:
+        done[0].stop()
+        thread.join(20)
+    with Consumer(c_at, AGENT, name="notify") as c:
+        c.process_all()
+        assert [a.seq for a in c.applied("F")] == [2, 5] and [a.seq for a in c.applied("G")] == [2]
+        assert [c.event(e)["prev_seq"] for e in ("F2", "F5", "G2")] == [0, 2, 0]
