@@ -280,3 +280,83 @@ def test_a_partial_subscriber_through_the_redis_transport(at: Any, redis_url: st
         c.process_all()
         assert [a.seq for a in c.applied("F")] == [2, 5] and [a.seq for a in c.applied("G")] == [2]
         assert [c.event(e)["prev_seq"] for e in ("F2", "F5", "G2")] == [0, 2, 0]
+
+
+# -- 6. retention and delivery per topic ------------------------------------------------------------
+
+
+class Failing:
+    """A receiver whose sends fail (a network down): what a backoff is recorded for."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.name, self.uid, self.location = consumer.name, consumer.uid, consumer.location
+
+    def accept(self, body: str) -> Any:
+        raise ConnectionError("down")
+
+    def accept_many(self, bodies: Any) -> Any:
+        raise ConnectionError("down")
+
+
+def test_an_events_lease_and_backoff_follow_its_topic(at: Any) -> None:
+    slow = DeliveryPolicy(lease_seconds=5.0, backoff_base=100.0, backoff_cap=100.0)
+    declared = [Topic("agent.notifications", kinds={"notification.sent"}, delivery=slow),
+                Topic("agent.audit", kinds=set(KINDS))]
+    relay_policy = DeliveryPolicy(lease_seconds=30.0, wait_for_due=False, clock=lambda: 1000.0,
+                                  random=lambda: 1.0, owner="relay-1")
+    with Producer(at("p"), AGENT, topics=declared) as p, Consumer(at("c"), AGENT) as c:
+        advance_all(p, steps=STEPS[:3])  # seq 2 is a notification
+        with pytest.raises(ConnectionError):
+            relay_batch_(p, Failing(c), relay_policy)
+        due = {e.event_id: e.deliveries["default"].due_at for e in p.outbox()}
+        # Its topic's backoff (100 s) for the notification; the relay's own (0.5 s cap 300: 0.5) for the rest.
+        assert due == {"F1": 1000.5, "F2": 1100.0, "F3": 1000.5}
+    with Producer(at("p2"), AGENT, topics=declared) as p, Consumer(at("c2"), AGENT) as c:
+        advance_all(p, steps=STEPS[:3])
+        leased: dict[str, float] = {}
+
+        class Watching(Failing):
+            def accept_many(self, bodies: Any) -> Any:
+                leased.update({e.event_id: e.deliveries["default"].due_at for e in p.outbox()})
+                return c.accept_many(bodies)
+
+        relay_batch_(p, Watching(c), relay_policy)
+        assert leased == {"F1": 1030.0, "F2": 1005.0, "F3": 1030.0}  # each claimed for its topic's lease
+
+
+def relay_batch_(p: Producer, receiver: Any, policy: DeliveryPolicy) -> Any:
+    from reliable_flow import relay_batch
+
+    return relay_batch(p, receiver, 10, policy=policy, register=True)
+
+
+def test_pruning_keeps_an_event_while_its_topic_keeps_it(at: Any) -> None:
+    import time
+
+    declared = [Topic("agent.audit", kinds={"audit.noted"}, retention=1000.0),
+                Topic("agent.rest", kinds=set(KINDS) - {"audit.noted"})]
+    with Producer(at("p"), AGENT, topics=declared) as p, Consumer(at("c"), AGENT) as c:
+        steps = ("audit.noted", "audit.noted", "review.requested", "notification.sent", "audit.noted",
+                 "review.completed")
+        advance_all(p, steps=steps)
+        relay_until_idle(p, c)
+        now = time.time()
+        # One event per transaction: the kept audit events at the head do not stop the walk.
+        pruned = p.admin.prune(10, now=now + 100, batch_size=1)
+        assert pruned.events == 3 and pruned.complete
+        assert [e.event_id for e in p.outbox()] == ["F1", "F2", "F5"]
+        assert p.advance("F3", "F", expected_seq=2, kind="review.requested", payload={"n": 3}).status == "existing"
+        assert p.admin.prune(10, now=now + 2000).events == 3
+        assert p.outbox() == []
+        assert p.advance("F1", "F", expected_seq=0, kind="audit.noted", payload={"n": 1}).status == "existing"
+
+
+def test_a_consumer_tombstone_answers_a_late_delivered_duplicate(at: Any) -> None:
+    with Producer(at("p"), AGENT, topics=topics()) as p, Consumer(at("c"), AGENT, name="notify") as c:
+        p.admin.register_consumer("notify", topics=["agent.notifications"], **WHO)
+        advance_all(p)
+        bodies = [b for _, b in p.store.latest.next_due("notify", float("inf"), 10)]
+        relay_until_idle(p, c)
+        c.process_all()
+        assert c.admin.prune(0).events == 2
+        assert [c.accept(b).status for b in bodies] == ["duplicate", "duplicate"]

@@ -17,7 +17,7 @@ from ._core.admin import delivery_action_in
 from ._core.operate import register_in, remove_in
 from ._core.topics import Routing, check_topics, register_routed_in, subscribe_in
 from ._observe import PRODUCER, operator_action
-from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
+from ._retention import DEFAULT_PRUNE_BATCH, prune_by_topic
 from ._store import OutboxStore
 from ._topics import Topic, check_topic_names
 from .errors import InvalidEnvelope
@@ -203,13 +203,16 @@ class ProducerAdmin:
         pending or set aside for any consumer, nor a flow row; removes
         nothing while no consumer is registered.  Works in transactions of
         at most ``batch_size`` events, up to ``limit`` events in all (None:
-        until done); each transaction is recorded.  Events committed before
+        until done); each transaction is recorded.  With topics, an event
+        is also kept while a topic carrying its kind keeps it (``Topic(...,
+        retention=)`` seconds, when longer than ``older_than``).  Events committed before
         the upgrade that added commit times count as old.  A consumer
         registered later "from the first event" gets only the events still
         stored.
         """
-        return prune_older_than(
-            self._store.write, older_than, time.time() if now is None else now, batch_size, limit, forget_after
+        return prune_by_topic(
+            self._store.write, self._routing(), older_than, time.time() if now is None else now, batch_size, limit,
+            forget_after,
         )
 
     def __repr__(self) -> str:

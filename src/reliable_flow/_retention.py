@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 from dataclasses import replace
 
 from ._checks import check_count, check_finite, check_optional_count
-from ._core.retention import NOTHING_YET, Pruning, next_take, tally
+from ._core.retention import NOTHING_YET, Pruning, TopicPruning, keep_by_topic, next_take, tally
+from ._core.topics import Routing
 from .records import PruneResult
 
 __all__ = ["DEFAULT_PRUNE_BATCH", "prune_older_than"]
@@ -26,6 +28,23 @@ def prune_older_than(
 ) -> PruneResult:
     """Check the arguments of a ``prune`` call (bad ones raise ``ValueError``
     before anything is opened) and prune up to ``now - older_than``."""
+    return _prune(write, older_than, now, batch_size, limit, forget_after, None)
+
+
+def prune_by_topic(
+    write: Callable[[], AbstractContextManager[TopicPruning]], routing: Routing | None, older_than: object,
+    now: object, batch_size: object, limit: object, forget_after: object = None,
+) -> PruneResult:
+    """A producer's ``prune``: as :func:`prune_older_than`, each event kept
+    too while a topic carrying its kind keeps it (its ``retention``)."""
+    return _prune(write, older_than, now, batch_size, limit, forget_after, routing)
+
+
+def _prune(
+    write: Callable[[], AbstractContextManager[Any]], older_than: object, now: object, batch_size: object,
+    limit: object, forget_after: object, routing: Routing | None,
+) -> PruneResult:
+    """Both sides' pruning; with ``routing`` (a producer's), by topic."""
     age = check_finite("older_than", older_than)
     if age < 0:
         raise ValueError(f"older_than must be >= 0 seconds, got {older_than!r}")
@@ -38,10 +57,16 @@ def prune_older_than(
         if keep < age:
             raise ValueError(f"forget_after must be >= older_than ({age:g} s), got {forget_after!r}")
         forget_before = at - keep
-    result = NOTHING_YET
+    result, after = NOTHING_YET, 0
     while not result.complete and (take := next_take(result, size, most)) > 0:
         with write() as unit:
-            step = unit.prune_step(at - age, at, take)
+            if routing is None:
+                step = unit.prune_step(at - age, at, take)
+            else:
+                keep = keep_by_topic(routing, age, at, unit.first_after)
+                # Kept candidates stay behind: the next step looks after them.
+                step = unit.prune_step(at - age, at, take, keep, after)
+                after = after if step.last_pos is None else step.last_pos
         result = tally(result, step, take)
     while forget_before is not None:
         with write() as unit:

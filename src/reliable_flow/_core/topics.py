@@ -18,18 +18,19 @@ recorded (``topics_from``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from .._envelope import Envelope
 from .._store import OutboxUnit
 from .._topics import Topic, declaration, from_declaration
+from ..delivery import DeliveryPolicy
 from ..errors import TopicError
 from ..records import OperatorAction
 from .operate import unknown_consumer
 
-__all__ = ["TOPICS", "Routing", "check_topics", "declare_in", "register_routed_in", "route_in", "routes_of",
-           "subscribe_in"]
+__all__ = ["TOPICS", "Routing", "check_topics", "declare_in", "policy_by_topic", "register_routed_in", "route_in",
+           "routes_of", "subscribe_in"]
 
 #: The ``meta`` key holding a producer's declared topics (:func:`declaration`).
 TOPICS = "topics"
@@ -124,6 +125,32 @@ def routes_of(routing: Routing, topics: Sequence[str],
             out.append((pos, heads.get(flow_id, 0)))
             heads[flow_id] = seq
     return out, heads
+
+
+def policy_by_topic(routing: Routing | None, policy: DeliveryPolicy) -> Callable[[str], DeliveryPolicy]:
+    """What a relay uses for an event, from its body: the relay's ``policy``
+    with the lease (when the relay claims at all) and the backoff of the
+    first topic, by name, that carries the event's kind and declares a
+    delivery policy; the relay's own for every other event (and always for
+    a producer without topics).  Its due-time rule, owner and clock stay
+    the relay's."""
+    declaring = [] if routing is None else [t for t in routing.topics if t.delivery is not None]
+    if not declaring:
+        return lambda body: policy
+    chosen: dict[str, DeliveryPolicy] = {}
+
+    def of(body: str) -> DeliveryPolicy:
+        kind = str(json.loads(body)["kind"])
+        if kind not in chosen:
+            topic = next((t for t in declaring if kind in t.kinds), None)
+            own = None if topic is None else topic.delivery
+            chosen[kind] = policy if own is None else replace(
+                policy, backoff_base=own.backoff_base, backoff_cap=own.backoff_cap,
+                lease_seconds=policy.lease_seconds if policy.lease_seconds is None or own.lease_seconds is None
+                else own.lease_seconds)
+        return chosen[kind]
+
+    return of
 
 
 def check_topics(routing: Routing | None, topics: Sequence[str], location: str) -> None:

@@ -17,7 +17,7 @@ from ..delivery import Retry
 from ..records import ConsumerEntry, OperatorAction, OutboxEntry
 from ..statuses import DeliveryState
 from .base import Store
-from .records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from .records import FlowState, Keep, OutboxCounts, PruneStep, StoredEvent, Tombstone
 from .watch import Signal
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
@@ -120,13 +120,17 @@ class OutboxUnit(OutboxReads, Protocol):
         many.  The step is recorded (at ``now``, ``before`` as its horizon,
         no event removed), even when it found none."""
 
-    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+    def prune_step(self, horizon: float, now: float, limit: int, keep: Keep | None = None,
+                   after: int = 0) -> PruneStep:
         """Remove up to ``limit`` of the oldest events committed before the
         first event committed after ``horizon`` (events without a commit
         time count as old) that no registered consumer still waits for
         (every delivery accepted or skipped), with their deliveries; each
         leaves a tombstone stamped ``now``, and the step is recorded, even
-        when it removed nothing.
+        when it removed nothing.  Only events after position ``after``; a
+        candidate ``keep(pos, body)`` answers True for stays (its topic keeps
+        it longer): the step says how many it looked at and the last one's
+        position, where the next step goes on (``PruneStep.looked`` / ``last_pos``).
         Never a pending or set-aside event, never a flow row; nothing at
         all while no consumer is registered."""
 
@@ -176,6 +180,10 @@ class OutboxUnit(OutboxReads, Protocol):
         """Record ``name``'s subscription to ``topics``, holding for the events
         after outbox position ``after`` (None: the last one committed now,
         read under the registry lock); that position."""
+
+    def first_after(self, when: float) -> int | None:
+        """The position of the first event committed after ``when`` (by
+        position; events without a commit time count as older), or None."""
 
     def event_bodies(self) -> list[tuple[int, str, int, str]]:
         """Every stored event as (pos, flow, seq, canonical body), in commit order."""

@@ -55,7 +55,7 @@ MAX_POS = 9223372036854775807
 OUTBOX_PRUNABLE = (
     "SELECT o.pos, o.event_id, o.flow_id, o.seq, o.body FROM outbox o "
     "WHERE o.pos < coalesce((SELECT pos FROM outbox WHERE committed_at > %s ORDER BY pos LIMIT 1), %s) "
-    "AND NOT EXISTS (SELECT 1 FROM delivery d JOIN consumer c ON c.name = d.consumer "
+    "AND o.pos > %s AND NOT EXISTS (SELECT 1 FROM delivery d JOIN consumer c ON c.name = d.consumer "
     "WHERE d.pos = o.pos AND d.state = ANY(%s)) ORDER BY o.pos LIMIT %s FOR UPDATE OF o SKIP LOCKED"
 )
 

@@ -143,6 +143,10 @@ class OutboxRepository(Dialect):
         body = str(row[1]) if row[2] is None else envelope.delivered(str(row[1]), int(row[2]))
         return int(row[0]), body, row[3] is not None or row[4] is None
 
+    def first_after(self, when: float) -> int | None:
+        row = self._one(self._SQL.FIRST_AFTER, (when,))
+        return None if row is None else int(row[0])
+
     def event_bodies(self) -> list[tuple[int, str, int, str]]:
         return [(int(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in self._rows(self._SQL.EVENT_BODIES)]
 

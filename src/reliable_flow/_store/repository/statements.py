@@ -120,6 +120,8 @@ class OutboxSql(SideSql):
     LAST_POS = "SELECT coalesce(max(pos), 0) FROM outbox"
     SUBSCRIBE = "UPDATE consumer SET topics = ?, topics_from = ? WHERE name = ?"
     EVENT_BODIES = "SELECT pos, flow_id, seq, body FROM outbox ORDER BY pos"
+    # Per-topic retention: the first event committed after a time (the walk the pruning step's horizon makes).
+    FIRST_AFTER = "SELECT pos FROM outbox WHERE committed_at > ? ORDER BY pos LIMIT 1"
     # An event as one consumer gets it: its delivery's prev_seq, whether it
     # has a delivery, and whether the consumer subscribes to topics.
     EVENT_FOR = (

@@ -55,7 +55,7 @@ WAITING = (DeliveryState.PENDING.value, DeliveryState.SET_ASIDE.value)
 OUTBOX_PRUNABLE = (
     "SELECT o.pos, o.event_id, o.flow_id, o.seq, o.body FROM outbox o "
     "WHERE o.pos < coalesce((SELECT pos FROM outbox WHERE committed_at > ? ORDER BY pos LIMIT 1), 9223372036854775807) "
-    "AND NOT EXISTS (SELECT 1 FROM consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
+    "AND o.pos > ? AND NOT EXISTS (SELECT 1 FROM consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
     "WHERE d.state IN (?, ?)) ORDER BY o.pos LIMIT ?"
 )
 
