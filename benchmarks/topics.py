@@ -179,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Topics (issue 32)",
         "",
-        f"`python benchmarks/topics.py{' --quick' if args.quick else ''}`: {args.rounds} rounds, "
-        f"{args.events:,} producer events (partial), {args.advances:,} advances per side (advance); "
-        f"medians of the per-round ratios. {platform.platform()}, Python {platform.python_version()}, "
-        f"SQLite {sqlite3.sqlite_version}, {time.strftime('%Y-%m-%d')}.",
+        (f"`python benchmarks/topics.py{' --quick' if args.quick else ''}`: {args.rounds} rounds, "
+         f"{args.events:,} producer events (partial), {args.advances:,} advances per side (advance); "
+         f"medians of the per-round ratios. {platform.platform()}, Python {platform.python_version()}, "
+         f"SQLite {sqlite3.sqlite_version}, {time.strftime('%Y-%m-%d')}."),
         "",
         "| comparison | us/event (wall) | us/event (CPU) | ratio wall | ratio CPU | target |",
         "|---|---|---|---|---|---|",

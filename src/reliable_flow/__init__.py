@@ -35,8 +35,8 @@ from ._producer_admin import ProducerAdmin
 from ._receiver import Receiver
 from ._relay import DeliveryPolicy, relay, relay_batch
 from ._store.open import PostgresLocation
-from ._topics import Topic
 from ._tools.snapshot import snapshot
+from ._topics import Topic
 from ._worker import Worker
 from .errors import ReliableFlowError
 from .protocol import PayloadError, Protocol

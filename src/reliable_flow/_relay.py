@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from ._checks import check_count, check_flag
 from ._consumer import Consumer
 from ._core.conflicts import rerun_on_conflict
-from ._core.topics import Routing, policy_by_topic
 from ._core.relay import (
     DELIVERED,
     PLAIN,
@@ -29,6 +28,7 @@ from ._core.relay import (
     relay_result,
     retry_in,
 )
+from ._core.topics import Routing, policy_by_topic
 from ._observe import INFO, RELAY, WARNING, body_fields, log
 from ._producer import Producer
 from ._receiver import Receiver, is_receiver

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
 from dataclasses import replace
+from typing import Any
 
 from ._checks import check_count, check_finite, check_optional_count
 from ._core.retention import NOTHING_YET, Pruning, TopicPruning, keep_by_topic, next_take, tally
@@ -63,9 +63,9 @@ def _prune(
             if routing is None:
                 step = unit.prune_step(at - age, at, take)
             else:
-                keep = keep_by_topic(routing, age, at, unit.first_after)
+                kept_by = keep_by_topic(routing, age, at, unit.first_after)
                 # Kept candidates stay behind: the next step looks after them.
-                step = unit.prune_step(at - age, at, take, keep, after)
+                step = unit.prune_step(at - age, at, take, kept_by, after)
                 after = after if step.last_pos is None else step.last_pos
         result = tally(result, step, take)
     while forget_before is not None:

@@ -70,10 +70,10 @@ def _check_subscriptions(routing: Routing, subscriptions: Sequence[tuple[str, tu
                          location: str) -> None:
     """Every subscribed topic declared, at most one subscriber per command topic."""
     for name, topics in subscriptions:
-        for topic in topics:
-            if topic not in routing.names:
+        for wanted in topics:
+            if wanted not in routing.names:
                 raise TopicError(
-                    f"topic {topic!r} is subscribed by consumer {name!r} in {location} but is not declared "
+                    f"topic {wanted!r} is subscribed by consumer {name!r} in {location} but is not declared "
                     f"(declared: {', '.join(sorted(routing.names))}); a topic is not renamed or dropped "
                     f"while consumers subscribe to it: subscribe them to other topics first")
     for topic in routing.topics:

@@ -151,7 +151,7 @@ def perform(console: Console, name: str, form: dict[str, str], effects: Any) -> 
         if name in ("register", "remove"):
             with opened_owner("producer", console.producer) as producer:
                 _, said = registry_action(producer, name, str(_text(form, "name")), from_now="from_now" in form,
-                                          **who)
+                                          actor=actor, reason=reason)
             return Outcome(said, True)
         target = _target(console, form)
         if name in ("redeliver", "skip-delivery"):

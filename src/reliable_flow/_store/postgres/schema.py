@@ -144,8 +144,10 @@ PRODUCER = StoreKind(
                 PRIMARY KEY (flow_id, consumer)
             )""",
             "ALTER TABLE registry_action DROP CONSTRAINT registry_action_action_check",
-            "ALTER TABLE registry_action ADD CONSTRAINT registry_action_action_check "
-            "CHECK (action IN ('register','remove','subscribe'))",
+            (
+                "ALTER TABLE registry_action ADD CONSTRAINT registry_action_action_check "
+                "CHECK (action IN ('register','remove','subscribe'))"
+            ),
             "ALTER TABLE registry_action ADD COLUMN topics TEXT",
         ),
     ),

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ... import _envelope as envelope
-
 from ...delivery import Retry
 from ...records import ConsumerEntry, OperatorAction, OutboxEntry
 from ...statuses import ActionTarget, DeliveryState
