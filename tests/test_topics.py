@@ -360,3 +360,24 @@ def test_a_consumer_tombstone_answers_a_late_delivered_duplicate(at: Any) -> Non
         c.process_all()
         assert c.admin.prune(0).events == 2
         assert [c.accept(b).status for b in bodies] == ["duplicate", "duplicate"]
+
+
+def test_the_registry_command_registers_and_subscribes_with_topics(at: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from reliable_flow._tools.cli import main
+
+    location = at("p")
+    with Producer(location, AGENT, topics=topics()):
+        pass
+    who = ["--actor", "alice", "--reason", "INC-7", "--protocol", "test_topics:AGENT"]
+    assert main(["registry", "register", location, "events", "--topics", "agent.domain-events", *who]) == 0
+    assert "of topics agent.domain-events" in capsys.readouterr().out
+    assert main(["registry", "subscribe", location, "events", "--topics", "agent.domain-events,agent.audit",
+                 *who, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["action"], shown["topics"]) == ("subscribe", ["agent.audit", "agent.domain-events"])
+    assert main(["registry", "subscribe", location, "events", "--topics", "agent.nope", *who]) == 2
+    assert "topic 'agent.nope' is not declared" in capsys.readouterr().err
+    with Producer(location, AGENT) as p:
+        assert [(e.name, e.topics, e.topics_from) for e in p.admin.consumers()] == [
+            ("events", ("agent.audit", "agent.domain-events"), 0)]
+        assert [a.action for a in p.admin.registry_actions()] == ["register", "subscribe"]
