@@ -381,3 +381,21 @@ def test_the_registry_command_registers_and_subscribes_with_topics(at: Any, caps
         assert [(e.name, e.topics, e.topics_from) for e in p.admin.consumers()] == [
             ("events", ("agent.audit", "agent.domain-events"), 0)]
         assert [a.action for a in p.admin.registry_actions()] == ["register", "subscribe"]
+
+
+def test_compare_judges_a_partial_subscriber_by_its_own_events(at: Any) -> None:
+    from reliable_flow._tools.compare import compare_files
+
+    p_at, c_at = at("p"), at("c")
+    with Producer(p_at, AGENT, topics=topics()) as p, Consumer(c_at, AGENT, name="notify") as c:
+        p.admin.register_consumer("notify", topics=["agent.notifications"], **WHO)
+        advance_all(p)  # its events: seq 2 and 5 of 6
+        relay(p, c)
+        c.process_all()
+    behind = compare_files(p_at, [c_at])
+    assert [(d["flow_id"], d["kind"], d["producer"]["seq"]) for d in behind["consumers"][0]["differences"]] == [
+        ("F", "behind", 5)]
+    with Producer(p_at, AGENT) as p, Consumer(c_at, AGENT, name="notify") as c:
+        relay(p, c)
+        c.process_all()
+    assert compare_files(p_at, [c_at])["differences"] == 0  # at seq 5 of 6: all it gets
