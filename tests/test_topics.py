@@ -399,3 +399,16 @@ def test_compare_judges_a_partial_subscriber_by_its_own_events(at: Any) -> None:
         relay(p, c)
         c.process_all()
     assert compare_files(p_at, [c_at])["differences"] == 0  # at seq 5 of 6: all it gets
+
+
+def test_a_batch_routes_each_advance_and_delivers_to_every_event_consumers(at: Any) -> None:
+    with Producer(at("p"), AGENT, topics=topics()) as p, Consumer(at("c"), AGENT, name="notify") as c:
+        p.admin.register_consumer("notify", topics=["agent.notifications"], **WHO)
+        p.admin.register_consumer("audit", **WHO)  # every event: its deliveries owed by the batch
+        with p.batch() as b:
+            for i, kind in enumerate(STEPS):
+                b.advance(f"F{i + 1}", "F", expected_seq=i, kind=kind, payload={})
+            b.advance("G1", "G", expected_seq=0, kind="notification.sent", payload={})
+        assert {e.name: e.backlog for e in p.admin.consumers()} == {"audit": 7, "notify": 3}
+        assert [r.event_id for r in relay_until_idle(p, c)] == ["F2", "F5", "G1"]
+        assert c.process_all()["F"].applied == 2 and c.projection("G")["last_seq"] == 1

@@ -51,7 +51,7 @@ def test_a_new_location_is_created_with_its_identity_row(pg_cluster) -> None:
         assert store.location.endswith("#" + schema_of(location))
         with raw(location) as conn:
             row = conn.execute(f'SELECT product, kind, version FROM "{store.schema}".rf_identity').fetchone()
-        assert row == ("reliable_flow", "producer", 1)
+        assert row == ("reliable_flow", "producer", 2)  # v2: topics (issue 32)
         assert store.latest.protocol_name() == "orders-v1"
     finally:
         store.close()
