@@ -73,7 +73,7 @@ def test_a_newer_schema_is_refused_before_anything_is_written(pg_cluster) -> Non
     PgOutboxStore(location, "p").close()
     with raw(location) as conn:
         conn.execute(f'UPDATE "{schema_of(location)}".rf_identity SET version = 99')
-    with pytest.raises(SchemaTooNew, match="schema version 99; this reliable_flow understands up to 1"):
+    with pytest.raises(SchemaTooNew, match="schema version 99; this reliable_flow understands up to 2"):
         PgOutboxStore(location, "p")
 
 
