@@ -49,7 +49,7 @@ FILLED = {
     ActionTarget.RETENTION: {"horizon", "forget_before"},
 }
 OPTIONAL = {"event_id", "consumer", "flow_id", "seq", "key", "previous_state", "replacement_event_id", "horizon",
-            "forget_before"}
+            "forget_before", "topics"}  # topics: a registry action that named topics (issue 32)
 
 
 def unfilled(record: OperatorAction) -> dict[str, Any]:

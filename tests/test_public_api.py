@@ -52,6 +52,7 @@ PUBLIC_NAMES = [
     "RelayStatus",
     "ReliableFlowError",
     "RetryLater",
+    "Topic",
     "Worker",
     "__version__",
     "errors",

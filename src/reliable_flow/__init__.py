@@ -36,6 +36,7 @@ from ._receiver import Receiver
 from ._relay import DeliveryPolicy, relay, relay_batch
 from ._store.open import PostgresLocation
 from ._tools.snapshot import snapshot
+from ._topics import Topic
 from ._worker import Worker
 from .errors import ReliableFlowError
 from .protocol import PayloadError, Protocol
@@ -61,6 +62,6 @@ __all__ = [
     "ConsumerAdmin", "DeliveryPolicy", "DeliveryState", "EffectCall", "EffectExecutor", "EffectRegistry",
     "EffectState", "Event", "Feedback", "Happened", "InboxState", "NotHappened", "OutcomeUnknown",
     "PayloadError", "PermanentFailure", "PostgresLocation", "Producer", "ProducerAdmin", "Protocol",
-    "ReceiveStatus", "Receiver", "RelayStatus", "ReliableFlowError", "RetryLater", "Worker",
+    "ReceiveStatus", "Receiver", "RelayStatus", "ReliableFlowError", "RetryLater", "Topic", "Worker",
     "__version__", "errors", "records", "relay", "relay_batch", "snapshot", "statuses",
 ]

@@ -26,6 +26,7 @@ from .errors import InvalidEnvelope
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_DELIVERED_BYTES",
     "MAX_ID_CHARS",
     "MAX_INT",
     "MAX_SCHEMA",
@@ -34,8 +35,10 @@ __all__ = [
     "canonical",
     "check_expected_seq",
     "check_name",
+    "delivered",
     "make",
     "parse",
+    "previous",
 ]
 
 MAX_ID_CHARS = 128
@@ -46,9 +49,16 @@ MAX_KEY_CHARS = 64
 MAX_TEXT_CHARS = 4096
 MAX_META_ENTRIES = 8
 MAX_BODY_BYTES = 16 * 1024
+#: A delivered body: the canonical body and a ``prev_seq`` (at most 27 bytes more).
+MAX_DELIVERED_BYTES = MAX_BODY_BYTES + 32
 
 REQUIRED = ("event_id", "flow_id", "seq", "kind", "schema", "payload")
-ALLOWED = frozenset(REQUIRED + ("meta",))
+# ``prev_seq`` is delivery data (issue 32): the seq of the flow's previous
+# event *for the consumer it is delivered to*, when that is not ``seq - 1``
+# (a consumer subscribed to some topics only).  The producer's event has
+# none; the relay adds it per consumer, and the consumer stores and compares
+# the body it was delivered (the same delivery always carries the same one).
+ALLOWED = frozenset(REQUIRED + ("meta", "prev_seq"))
 
 Scalar = Union[None, bool, int, float, str]  # noqa: UP007 - a runtime alias on 3.10
 
@@ -65,6 +75,13 @@ class Envelope:
     payload: dict[str, Scalar]
     meta: dict[str, str]
     body: str
+    prev_seq: int | None = None
+
+    @property
+    def previous(self) -> int:
+        """The seq of the flow's previous event for this consumer (``seq - 1``
+        unless the delivery said otherwise)."""
+        return self.seq - 1 if self.prev_seq is None else self.prev_seq
 
 
 def _utf8(field: str, value: str) -> None:
@@ -195,11 +212,16 @@ def make(
     schema: object,
     payload: object,
     meta: object = None,
+    prev_seq: object = None,
 ) -> Envelope:
     """Validate the fields of one envelope and compute its canonical body.
 
     An empty ``meta`` is the same as no ``meta``: both leave the key out of
     the body, so they never make two otherwise equal events differ.
+    ``prev_seq`` (a delivery's, see ``ALLOWED``): None leaves the key out,
+    else an int ``0 <= prev_seq < seq`` (kept in the body even when it is
+    ``seq - 1``: a subscriber to topics always gets one, so its gap names
+    the event it misses).  The size limit is the event's body's, without it.
     """
     fields: dict[str, Any] = {
         "event_id": check_name("event_id", event_id),
@@ -216,7 +238,13 @@ def make(
     size = len(body.encode("utf-8"))
     if size > MAX_BODY_BYTES:
         raise InvalidEnvelope("envelope", f"canonical body is {size} bytes; at most {MAX_BODY_BYTES}")
-    env = Envelope(body=body, meta=checked_meta, **{k: v for k, v in fields.items() if k != "meta"})
+    prev: int | None = None
+    if prev_seq is not None:
+        prev = _check_int("prev_seq", prev_seq, 0, fields["seq"] - 1, "seq - 1")
+        fields["prev_seq"] = prev
+        body = canonical(fields)
+    env = Envelope(body=body, meta=checked_meta, prev_seq=prev,
+                   **{k: v for k, v in fields.items() if k not in ("meta", "prev_seq")})
     _remember(env)
     return env
 
@@ -242,7 +270,7 @@ def _recalled(text: str) -> Envelope | None:
     if env is None:
         return None
     return Envelope(env.event_id, env.flow_id, env.seq, env.kind, env.schema, dict(env.payload), dict(env.meta),
-                    env.body)
+                    env.body, env.prev_seq)
 
 
 def _reject_constant(name: str) -> Any:
@@ -348,4 +376,26 @@ def _from_mapping(envelope: object) -> Envelope:
         schema=envelope["schema"],
         payload=envelope["payload"],
         meta=envelope.get("meta"),
+        prev_seq=envelope.get("prev_seq"),
     )
+
+
+def delivered(body: str, prev_seq: int | None) -> str:
+    """The text a relay sends one consumer: the event's canonical ``body``,
+    with the consumer's ``prev_seq`` when the delivery has one (None: the
+    body unchanged)."""
+    if prev_seq is None:
+        return body
+    obj = json.loads(body)
+    obj["prev_seq"] = prev_seq
+    return canonical(obj)
+
+
+def previous(body: str) -> int | None:
+    """The ``prev_seq`` a stored (delivered) ``body`` carries: the seq of the
+    flow's previous event for the consumer that stored it; None when it
+    carries none (every event is for it: the previous one is ``seq - 1``)."""
+    if '"prev_seq":' not in body:  # the usual body: nothing to parse
+        return None
+    prev = json.loads(body).get("prev_seq")
+    return None if prev is None else int(prev)

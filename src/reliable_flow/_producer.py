@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -16,6 +16,7 @@ from ._checks import check_optional_count
 from ._core.advance import advance_at_current_in, advance_in, build
 from ._core.conflicts import rerun_on_conflict
 from ._core.identity import PROTOCOL_PATH, STORE_UID, new_uid, other_path_note, protocol_path_in
+from ._core.topics import TOPICS, Routing, declare_in
 from ._envelope import Envelope
 from ._observe import INFO, PRODUCER, WARNING, advanced
 from ._producer_admin import ProducerAdmin
@@ -23,6 +24,7 @@ from ._store import OutboxStore, OutboxUnit
 from ._store.open import Location, open_outbox
 from ._store.records import as_flow_dict
 from ._store.sqlite.connection import DEFAULT_BUSY_TIMEOUT
+from ._topics import Topic, declaration, declared
 from ._wait import check_wait, open_watch, wait_sync
 from .crash import crash_point
 from .errors import StorageError
@@ -66,7 +68,8 @@ class Batch:
         # A nested step per advance: if one fails and the caller catches the
         # error, none of its half-done writes stay in the batch.
         with unit.step():
-            result = advance_in(unit, self._producer.protocol, env, self._producer.max_backlog, time.time())
+            result = advance_in(unit, self._producer.protocol, env, self._producer.max_backlog, time.time(),
+                                self._producer._routing)
         self.results.append(result)
         self._metas.append(env.meta)
         return result
@@ -97,6 +100,16 @@ class Producer:
     nothing) while that many deliveries are still pending, summed over the
     consumers (or that many events, before any consumer was relayed to).
 
+    ``topics``: the producer's :class:`~reliable_flow.Topic` list (each
+    kind of the protocol in at least one; see docs/topics.md): consumers
+    subscribed to topics (``admin.register_consumer(name, topics=[...])``,
+    ``admin.subscribe``) get only their topics' events.  The declaration is
+    recorded in the store; None (the default) opens with the one recorded,
+    or, with none, as a producer without topics (every consumer gets every
+    event).  A declaration that drops or renames a topic consumers
+    subscribe to, or makes a topic with two subscribers a command topic,
+    raises :class:`~reliable_flow.errors.TopicError` naming it.
+
     Operator work (redeliver, skip, the consumer registry, prune) is on
     :attr:`admin`, a :class:`~reliable_flow.ProducerAdmin`.  Consumers are a
     registry (``admin.consumers()``): ``relay`` delivers only to registered
@@ -113,16 +126,20 @@ class Producer:
         *,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         max_backlog: int | None = None,
+        topics: Sequence[Topic] | None = None,
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
         check_optional_count("max_backlog", max_backlog)
+        kinds = {k for ks in protocol.transitions.values() for k in ks}
+        given = None if topics is None else Routing(declared(topics, kinds))
         self.protocol = protocol
         self.max_backlog = max_backlog
         self._store = open_outbox(location, protocol.name, busy_timeout=busy_timeout)
         self._admin = ProducerAdmin(self)
         try:
             self._record_protocol_path()
+            self._routing = self._declare(given)
         except BaseException:
             self._store.close()  # the caller gets no producer to close
             raise
@@ -142,6 +159,22 @@ class Producer:
         note = other_path_note(self.location, held, path)
         if note is not None:
             PRODUCER.warning(note)
+
+    def _declare(self, given: Routing | None) -> Routing | None:
+        """The topics this producer routes by: ``given`` checked against the
+        store's subscriptions and recorded, or the ones recorded."""
+        held = self._store.latest.meta_value(TOPICS)
+        if given is None and held is None:
+            return None
+        if given is not None and held == declaration(given.topics):
+            return given
+        with self._store.write() as unit:
+            return declare_in(unit, given, self.location)
+
+    @property
+    def topics(self) -> tuple[Topic, ...]:
+        """The declared topics (recorded in the store), or () for a producer without topics."""
+        return () if self._routing is None else self._routing.topics
 
     @property
     def admin(self) -> ProducerAdmin:
@@ -189,7 +222,7 @@ class Producer:
 
         def once() -> AdvanceResult:
             with self._store.write() as unit:
-                return advance_in(unit, self.protocol, env, self.max_backlog, time.time())
+                return advance_in(unit, self.protocol, env, self.max_backlog, time.time(), self._routing)
 
         return self._advanced(rerun_on_conflict(once), env.meta)
 
@@ -332,7 +365,7 @@ def advance_at_current(
     def once() -> tuple[AdvanceResult, Envelope]:
         with producer._store.write() as unit:
             return advance_at_current_in(unit, producer.protocol, event_id, flow_id, kind, payload, schema, meta,
-                                         producer.max_backlog, time.time())
+                                         producer.max_backlog, time.time(), producer._routing)
 
     result, env = rerun_on_conflict(once)
     return producer._advanced(result, env.meta)
@@ -357,7 +390,7 @@ def check_at_current(
     try:
         with producer._store.write() as unit:
             result, _ = advance_at_current_in(unit, producer.protocol, event_id, flow_id, kind, payload, schema, meta,
-                                              producer.max_backlog, time.time())
+                                              producer.max_backlog, time.time(), producer._routing)
             raise _Undone(result)
     except _Undone as undone:
         return undone.result

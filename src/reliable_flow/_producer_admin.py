@@ -8,6 +8,7 @@ recorded with who, when and why.  See docs/operations.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -15,9 +16,11 @@ from . import _envelope as envelope
 from ._checks import check_flag, check_text
 from ._core.admin import delivery_action_in
 from ._core.operate import register_in, remove_in
+from ._core.topics import Routing, check_topics, register_routed_in, subscribe_in
 from ._observe import PRODUCER, operator_action
 from ._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from ._store import OutboxStore
+from ._topics import Topic, check_topic_names
 from .errors import InvalidEnvelope
 from .records import ConsumerEntry, OperatorAction, PruneResult
 from .statuses import ActionTarget
@@ -31,6 +34,9 @@ class Owner(Protocol):
     @property
     def store(self) -> OutboxStore: ...
 
+    @property
+    def topics(self) -> tuple[Topic, ...]: ...
+
 
 def _name(value: object) -> str:
     check_text("name", value)
@@ -40,9 +46,10 @@ def _name(value: object) -> str:
         raise ValueError(f"name {exc.problem}") from None
 
 
-def _registry_action(name: str, action: str, actor: str, reason: str) -> OperatorAction:
+def _registry_action(name: str, action: str, actor: str, reason: str,
+                     topics: tuple[str, ...] | None = None) -> OperatorAction:
     return OperatorAction(at=time.time(), target=ActionTarget.REGISTRY, consumer=name, action=action,
-                          actor=check_text("actor", actor), reason=check_text("reason", reason))
+                          actor=check_text("actor", actor), reason=check_text("reason", reason), topics=topics)
 
 
 class ProducerAdmin:
@@ -103,7 +110,7 @@ class ProducerAdmin:
         return self._store.latest.consumers()
 
     def register_consumer(
-        self, name: str, from_now: bool = False, *, actor: str, reason: str
+        self, name: str, from_now: bool = False, *, topics: Sequence[str] | None = None, actor: str, reason: str
     ) -> OperatorAction:
         """Register a consumer name, so ``relay`` delivers to it; recorded.
 
@@ -112,12 +119,49 @@ class ProducerAdmin:
         ``from_now=True`` it gets only events committed from now on.  Its
         first relay binds the name to that consumer's file.  A name already
         registered raises :class:`NotResolvable`.
+
+        ``topics``: topic names of this producer (see docs/topics.md); the
+        name then gets only the events of those topics (of the stored ones,
+        or from now on), each delivery carrying the seq of the flow's
+        previous event for it.  None: every event.  An unknown topic, or a
+        command topic another name subscribes to, raises
+        :class:`~reliable_flow.errors.TopicError`; nothing is stored.
         """
         name = _name(name)
-        record = _registry_action(name, "register", actor, reason)
+        wanted = None if topics is None else check_topic_names("topics", topics)
+        record = _registry_action(name, "register", actor, reason, wanted)
+        from_now = check_flag("from_now", from_now)
+        location = self._store.location
+        if wanted is not None:
+            check_topics(self._routing(), wanted, location)  # before anything is opened
         with self._store.write() as unit:
-            register_in(unit, name, check_flag("from_now", from_now), record, self._store.location)
+            register_in(unit, name, from_now, record, location, every_event=wanted is None)
+            if wanted is not None:
+                register_routed_in(unit, self._routing(), name, wanted, from_now, location)
         return record
+
+    def subscribe(self, name: str, topics: Sequence[str], *, actor: str, reason: str) -> OperatorAction:
+        """Change what a registered consumer name gets: the events of
+        ``topics`` (topic names of this producer), committed from now on;
+        recorded (action ``subscribe``), with the outbox position it holds
+        after (``consumers()``: ``topics_from``).  Events committed before
+        keep the deliveries they have, so no event is half-seen; each new
+        one carries the seq of the flow's previous event for the name.
+        An unknown topic, a command topic another name subscribes to, or a
+        producer without topics raises :class:`~reliable_flow.errors.TopicError`,
+        a name not registered :class:`UnknownConsumer`; nothing is stored.
+        """
+        name = _name(name)
+        wanted = check_topic_names("topics", topics)
+        record = _registry_action(name, "subscribe", actor, reason, wanted)
+        check_topics(self._routing(), wanted, self._store.location)  # before anything is opened
+        with self._store.write() as unit:
+            subscribe_in(unit, self._routing(), name, wanted, record, self._store.location)
+        return record
+
+    def _routing(self) -> Routing | None:
+        topics = self._producer.topics
+        return Routing(topics) if topics else None
 
     def remove_consumer(self, name: str, *, actor: str, reason: str) -> OperatorAction:
         """Remove a consumer name and every delivery to it; recorded.
@@ -160,7 +204,9 @@ class ProducerAdmin:
         pending or set aside for any consumer, nor a flow row; removes
         nothing while no consumer is registered.  Works in transactions of
         at most ``batch_size`` events, up to ``limit`` events in all (None:
-        until done); each transaction is recorded.  Events committed before
+        until done); each transaction is recorded.  With topics, an event
+        is also kept while a topic carrying its kind keeps it (``Topic(...,
+        retention=)`` seconds, when longer than ``older_than``).  Events committed before
         the upgrade that added commit times count as old.  A consumer
         registered later "from the first event" gets only the events still
         stored.
@@ -174,7 +220,7 @@ class ProducerAdmin:
         at = time.time()
         result, record = prune_older_than(
             self._store.write, older_than, at if now is None else now, batch_size, limit, forget_after,
-            actor=actor, reason=reason, at=at,
+            actor=actor, reason=reason, at=at, routing=self._routing(),
         )
         operator_action(PRODUCER, record, horizon=record.horizon, events=result.events)
         return replace(result, action=record)

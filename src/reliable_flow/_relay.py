@@ -12,7 +12,7 @@ module for why that is at-least-once delivery, stored exactly once).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._checks import check_count, check_flag
 from ._consumer import Consumer
@@ -28,16 +28,21 @@ from ._core.relay import (
     relay_result,
     retry_in,
 )
+from ._core.topics import Routing, policy_by_topic
 from ._observe import INFO, RELAY, WARNING, body_fields, log
 from ._producer import Producer
 from ._receiver import Receiver, is_receiver
 from ._store import OutboxStore
+from ._topics import Topic
 from .crash import crash_point
 from .delivery import DeliveryPolicy, error_text
 from .errors import InvalidEnvelope, UnknownEvent
 from .records import ReceiveResult, RelayBatchResult, RelayResult
 from .statuses import ReceiveStatus, RelayStatus
 from .tracing import traced
+
+#: What a relay uses for each event (from its body): its topic's lease and backoff, or the relay's policy.
+PolicyOf = Callable[[str], DeliveryPolicy]
 
 __all__ = ["DeliveryPolicy", "relay", "relay_batch", "relay_batch_to", "relay_to"]
 
@@ -93,7 +98,7 @@ def relay(
     if event_id is not None and (not isinstance(event_id, str) or not event_id):
         raise InvalidEnvelope("event_id", f"must be a non-empty string, got {event_id!r}")
     _check_pair(producer, consumer)
-    return relay_to(producer.store, consumer, event_id, policy, check_flag("register", register))
+    return relay_to(producer.store, consumer, event_id, policy, check_flag("register", register), producer.topics)
 
 
 @traced("reliable_flow.relay_batch", lambda producer, consumer, *a, **k: {
@@ -124,7 +129,8 @@ def relay_batch(
     """
     check_count("limit", limit)
     _check_pair(producer, consumer)
-    return relay_batch_to(producer.store, consumer, limit, policy, check_flag("register", register))
+    return relay_batch_to(producer.store, consumer, limit, policy, check_flag("register", register),
+                          producer.topics)
 
 
 # -- the driver: one unit of work per step, the core deciding inside it ---------------
@@ -132,30 +138,35 @@ def relay_batch(
 
 def relay_to(
     store: OutboxStore, receiver: Receiver, event_id: str | None, policy: DeliveryPolicy | None,
-    register: bool = False,
+    register: bool = False, topics: Sequence[Topic] = (),
 ) -> RelayResult:
-    """One event to ``receiver``; see :func:`relay`."""
+    """One event to ``receiver``; see :func:`relay`.  ``topics``: the
+    producer's (each event's lease and backoff follow its topic's policy)."""
     policy, name = _start(store, receiver, policy, register)
+    policy_of = policy_by_topic(Routing(tuple(topics)) if topics else None, policy)
     if event_id is None:
         # Without a lease, one read picks the event with its body.
-        found = _claim(store, name, policy, 1)
+        found = _claim(store, name, policy, 1, policy_of)
         if not found:
             return RelayResult(RelayStatus.IDLE)
         [(pos, body)] = found
     else:
-        stored = store.latest.find_event(event_id)
+        stored = store.latest.event_for(event_id, name)
         if stored is None:
             raise UnknownEvent(f"event_id {event_id!r} is not in the outbox of {store.location}")
-        pos, body = stored.pos, stored.body
+        pos, body, for_it = stored
+        if not for_it:
+            raise UnknownEvent(f"event_id {event_id!r} is not for consumer {name!r} of {store.location}: "
+                               f"none of the topics it subscribes to carries it")
     try:
         sent = receiver.accept(body)
     except Exception as exc:
-        _failed(store, name, [(pos, exc)], policy)
+        _failed(store, name, [(pos, exc)], policy, {pos: policy_of(body)})
         _observe_failure(name, [body], exc)
         raise
     answer = sent
     if answer.status == ReceiveStatus.REFUSED:
-        _refused(store, name, [(pos, answer)], {pos: body}, policy)
+        _refused(store, name, [(pos, answer)], {pos: body}, policy, policy_of)
     else:
         _mark(store, name, [(pos, answer)], policy)
         if answer.status not in DELIVERED or RELAY.isEnabledFor(INFO):
@@ -165,18 +176,19 @@ def relay_to(
 
 def relay_batch_to(
     store: OutboxStore, receiver: Receiver, limit: int, policy: DeliveryPolicy | None,
-    register: bool = False,
+    register: bool = False, topics: Sequence[Topic] = (),
 ) -> RelayBatchResult:
-    """Up to ``limit`` events to ``receiver``; see :func:`relay_batch`."""
+    """Up to ``limit`` events to ``receiver``; see :func:`relay_batch` and :func:`relay_to`."""
     policy, name = _start(store, receiver, policy, register)
-    claimed = _claim(store, name, policy, limit)
+    policy_of = policy_by_topic(Routing(tuple(topics)) if topics else None, policy)
+    claimed = _claim(store, name, policy, limit, policy_of)
     if not claimed:
         return RelayBatchResult((), {})
     picked, bodies = [pos for pos, _ in claimed], dict(claimed)
     try:
         answers = receiver.accept_many([bodies[pos] for pos in picked])
     except Exception as exc:
-        _failed(store, name, [(pos, exc) for pos in picked], policy)
+        _failed(store, name, [(pos, exc) for pos in picked], policy, {p: policy_of(bodies[p]) for p in picked})
         _observe_failure(name, [bodies[pos] for pos in picked], exc)
         raise
     answered = list(zip(picked, answers))
@@ -186,7 +198,7 @@ def relay_batch_to(
         _mark(store, name, marks, policy)
         _observe(name, marks, bodies)
     if refused:
-        _refused(store, name, refused, bodies, policy)
+        _refused(store, name, refused, bodies, policy, policy_of)
     return batch_result([a for _, a in answered])
 
 
@@ -210,7 +222,8 @@ def _start(store: OutboxStore, receiver: Receiver, policy: DeliveryPolicy | None
     return policy or PLAIN, name
 
 
-def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, limit: int) -> list[tuple[int, str]]:
+def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, limit: int,
+           policy_of: PolicyOf) -> list[tuple[int, str]]:
     """Up to ``limit`` next due events, each its position and body (one
     read: an event pruned meanwhile is not picked); with a lease, claimed
     in a unit committed without waiting for the disk."""
@@ -222,19 +235,20 @@ def _claim(store: OutboxStore, consumer: str, policy: DeliveryPolicy, limit: int
 
     def once() -> list[tuple[int, str]]:
         with store.write(durable=False) as unit:
-            return claim_in(unit, consumer, policy, now, limit)
+            return claim_in(unit, consumer, policy, now, limit, policy_of)
 
     return rerun_on_conflict(once)
 
 
 def _failed(store: OutboxStore, consumer: str, failed: Sequence[tuple[int, BaseException]],
-            policy: DeliveryPolicy) -> None:
-    """Record failed sends (one more failure, a backoff each), in one unit."""
+            policy: DeliveryPolicy, policies: dict[int, DeliveryPolicy] | None = None) -> None:
+    """Record failed sends (one more failure, a backoff each: its topic's
+    when ``policies`` has one), in one unit."""
     now = policy.clock()
 
     def once() -> None:
         with store.write(durable=False) as unit:
-            retry_in(unit, consumer, failed, policy, now)
+            retry_in(unit, consumer, failed, policy, now, policies)
 
     rerun_on_conflict(once)
 
@@ -266,11 +280,11 @@ class InboxFull(Exception):
 
 
 def _refused(store: OutboxStore, consumer: str, refused: Sequence[tuple[int, ReceiveResult]],
-             bodies: dict[int, str], policy: DeliveryPolicy) -> None:
+             bodies: dict[int, str], policy: DeliveryPolicy, policy_of: PolicyOf) -> None:
     """Record the events a full inbox turned away as failed sends (one more
     failure, a backoff, ``last_error`` "InboxFull: ..."): they stay pending."""
     failed = [(pos, InboxFull(answer.reason or "inbox full")) for pos, answer in refused]
-    _failed(store, consumer, failed, policy)
+    _failed(store, consumer, failed, policy, {pos: policy_of(bodies[pos]) for pos, _ in refused})
     for pos, full in failed:
         _observe_failure(consumer, [bodies[pos]], full, INFO)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from typing import Any
 
 from ._checks import check_count, check_finite, check_optional_count, check_text
-from ._core.retention import NOTHING_YET, Pruning, next_take, tally
+from ._core.retention import NOTHING_YET, keep_by_topic, next_take, tally
+from ._core.topics import Routing
 from .records import OperatorAction, PruneResult
 from .statuses import ActionTarget
 
@@ -22,12 +24,14 @@ DEFAULT_PRUNE_BATCH = 500
 
 
 def prune_older_than(
-    write: Callable[[], AbstractContextManager[Pruning]], older_than: object, now: object,
+    write: Callable[[], AbstractContextManager[Any]], older_than: object, now: object,
     batch_size: object, limit: object, forget_after: object = None, *, actor: object, reason: object,
-    at: float,
+    at: float, routing: Routing | None = None,
 ) -> tuple[PruneResult, OperatorAction]:
     """Check the arguments of a ``prune`` call (bad ones raise ``ValueError``
-    before anything is opened) and prune up to ``now - older_than``.
+    before anything is opened) and prune up to ``now - older_than``; with
+    ``routing`` (a producer's topics), each event is kept too while a topic
+    carrying its kind keeps it (its ``retention``).
 
     The prune is recorded (target ``retention``, stamped ``at``, with the
     actor and reason) in its first transaction, with its first step: no row
@@ -48,12 +52,18 @@ def prune_older_than(
     record = OperatorAction(at=at, target=ActionTarget.RETENTION, action="prune", horizon=when - age,
                             forget_before=forget_before, actor=who, reason=why)
     unrecorded = True
-    result = NOTHING_YET
+    result, after = NOTHING_YET, 0
     while not result.complete and (take := next_take(result, size, most)) > 0:
         with write() as unit:
             if unrecorded:
                 unit.record_action(record)
-            step = unit.prune_step(when - age, when, take)
+            if routing is None:
+                step = unit.prune_step(when - age, when, take)
+            else:
+                kept_by = keep_by_topic(routing, age, when, unit.first_after)
+                # Kept candidates stay behind: the next step looks after them.
+                step = unit.prune_step(when - age, when, take, kept_by, after)
+                after = after if step.last_pos is None else step.last_pos
         result, unrecorded = tally(result, step, take), False
     while forget_before is not None:
         with write() as unit:

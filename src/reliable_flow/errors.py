@@ -16,6 +16,7 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      |    +-- SchemaTooNew                     written by a newer reliable_flow
      +-- ConsumerMismatch                      two consumer files share one name
      +-- NotResolvable (also ValueError)       operator action on something in the wrong state
+     +-- TopicError (also ValueError)          a topic or subscription refused (unknown, renamed, 2nd commander)
      +-- EffectKeyConflict (also ValueError)   an effect key reused for another effect
      +-- UnknownEffect (also LookupError)      no such effect (name not registered, key not stored)
      +-- LeaseLost                             call.heartbeat() after the executor lost the claim
@@ -50,6 +51,7 @@ __all__ = [
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
+    "TopicError",
     "TransactionConflict",
     "TransportDenied",
     "TransportError",
@@ -116,6 +118,13 @@ class ConsumerMismatch(ReliableFlowError):
 class NotResolvable(ReliableFlowError, ValueError):
     """An operator action names something whose state does not allow it: an
     event's delivery or inbox state, a consumer name already registered."""
+
+
+class TopicError(ReliableFlowError, ValueError):
+    """A topic declaration or a subscription is refused (nothing stored): an
+    unknown topic, a second subscriber of a command topic, a topic renamed
+    or dropped while consumers subscribe to it.  The message names the topic
+    (and the consumers concerned)."""
 
 
 class EffectKeyConflict(ReliableFlowError, ValueError):

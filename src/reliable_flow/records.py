@@ -215,8 +215,9 @@ class OperatorAction:
       for ``replace``, ``replacement_event_id``, the corrected event that
       took its place;
     - ``effect`` (``retry`` / ``resolve`` / ``cancel``): ``key``;
-    - ``registry`` (``register`` / ``remove``): ``consumer``, the name (a
-      name a relay registered has actor ``relay``);
+    - ``registry`` (``register`` / ``remove`` / ``subscribe``): ``consumer``,
+      the name (a name a relay registered has actor ``relay``), and
+      ``topics``, the topic names it subscribed to (None: every event).
     - ``retention`` (``prune``): ``horizon``, the time before which finished
       rows were removed (``now - older_than``), and ``forget_before``, the
       time before which tombstones were forgotten (None without
@@ -245,6 +246,7 @@ class OperatorAction:
     replacement_event_id: str | None = None
     horizon: float | None = None
     forget_before: float | None = None
+    topics: tuple[str, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields its ``target`` fills, by name, as every JSON output
@@ -254,6 +256,8 @@ class OperatorAction:
         shown = {name: getattr(self, name) for name in _ACTION_FIELDS[self.target]}
         if self.target is ActionTarget.DELIVERY and self.previous_state is None:
             del shown["previous_state"]
+        if self.target is ActionTarget.REGISTRY and self.topics is not None:
+            shown["topics"] = list(self.topics)
         return shown
 
 
@@ -411,7 +415,10 @@ class ConsumerEntry:
     relay: ``bound`` is False).  ``registered_at``: None if unknown
     (registered before the upgrade).  ``from_now``: registered to get only
     events committed afterwards.  ``backlog``: deliveries still pending;
-    ``set_aside``: deliveries set aside by a conflict.
+    ``set_aside``: deliveries set aside by a conflict.  ``topics``: the
+    topics it subscribes to (None: every event, as before topics), holding
+    for the events committed after outbox position ``topics_from`` (0:
+    from the first event; None without topics).
     """
 
     name: str
@@ -421,6 +428,8 @@ class ConsumerEntry:
     from_now: bool
     backlog: int
     set_aside: int
+    topics: tuple[str, ...] | None = None
+    topics_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: P
     db.close()
     assert sql_pragma(p_path, "user_version") == 3
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 5
+        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 6  # v5: prunes recorded, v6: topics
         assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
             ("A1", None), ("A2", None)]
         assert p.admin.prune(3600, actor="ops", reason="retention").events == 1  # A1: no commit time counts as old; A2 is still pending
@@ -86,7 +86,7 @@ def test_the_retention_queries_and_the_guarded_insert_use_keys_not_scans(tmp_pat
 
     insert = plan(tmp_path / "c.db", inbox_sql.INSERT_NEW, ("e", "f", 1, "b", 1.0))
     assert "SEARCH inbox_tombstone USING PRIMARY KEY" in insert and "SEARCH projection" in insert
-    outbox = plan(tmp_path / "p.db", outbox_sql.OUTBOX_PRUNABLE, (1.0, "pending", "set_aside", 10))
+    outbox = plan(tmp_path / "p.db", outbox_sql.OUTBOX_PRUNABLE, (1.0, 0, "pending", "set_aside", 10))
     assert "SEARCH o USING INTEGER PRIMARY KEY" in outbox and "SEARCH d USING PRIMARY KEY" in outbox
     assert "SEARCH i USING INTEGER PRIMARY KEY" in plan(tmp_path / "c.db", inbox_sql.INBOX_PRUNABLE, (1.0, 10))
     assert "USING INDEX effect_by_state" in plan(tmp_path / "c.db", inbox_sql.EFFECTS_PRUNABLE, (1.0, 10))

@@ -292,7 +292,7 @@ OPS = [
        _final_process_all, ("SELECT DISTINCT flow_id FROM inbox", "INSERT INTO effect", "COMMIT"),
        batch_boundaries=_process_all_boundaries),
     Op("relay_producer_side", "producer", _setup_relay, lambda p, c: relay(p, c), _final_relay,
-       ("SELECT d.pos, o.body FROM delivery", "UPDATE delivery", "COMMIT"),
+       ("SELECT d.pos, o.body, d.prev_seq FROM delivery", "UPDATE delivery", "COMMIT"),
        check_between=_between_relay_producer_side),
     Op("relay_consumer_side", "consumer", _setup_relay, lambda p, c: relay(p, c), _final_relay,
        ("INSERT INTO inbox", "COMMIT"), check_between=_between_relay_consumer_side),

@@ -11,6 +11,7 @@ from ..crash import crash_point
 from ..protocol import Protocol, Rejected
 from ..records import AdvanceResult
 from ..statuses import AdvanceStatus, BlockReason
+from .topics import Routing, route_in
 
 __all__ = ["advance_at_current_in", "advance_in", "build"]
 
@@ -75,20 +76,22 @@ def _answered(unit: OutboxUnit, env: envelope.Envelope, stored: StoredEvent | No
 
 def advance_in(
     unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, max_backlog: int | None,
-    now: float | None = None,
+    now: float | None = None, routing: Routing | None = None,
 ) -> AdvanceResult:
     """Decide and write one advance inside ``unit``'s transaction; a new event
-    is stamped as committed at ``now``."""
+    is stamped as committed at ``now`` and, with ``routing`` (declared
+    topics), delivered to its topics' subscribers (:func:`.topics.route_in`)."""
     stored, flow = unit.find_event_and_flow(env.event_id, env.flow_id)
     answered = _answered(unit, env, stored)
     if answered is not None:
         return answered
-    return _step(unit, protocol, env, flow, max_backlog, now)
+    return _step(unit, protocol, env, flow, max_backlog, now, routing)
 
 
 def advance_at_current_in(
     unit: OutboxUnit, protocol: Protocol, event_id: object, flow_id: object, kind: object, payload: object,
     schema: object, meta: object, max_backlog: int | None, now: float | None = None,
+    routing: Routing | None = None,
 ) -> tuple[AdvanceResult, envelope.Envelope]:
     """``advance`` at the seq the flow is at when this transaction reads it
     (so never ``stale``), inside ``unit``'s transaction, with every other
@@ -110,12 +113,12 @@ def advance_at_current_in(
         assert answered is not None
         return answered, env
     env = checked if flow is None else build(event_id, flow_id, flow.seq, kind, payload, schema, meta)
-    return _step(unit, protocol, env, flow, max_backlog, now), env
+    return _step(unit, protocol, env, flow, max_backlog, now, routing), env
 
 
 def _step(
     unit: OutboxUnit, protocol: Protocol, env: envelope.Envelope, flow: FlowState | None, max_backlog: int | None,
-    now: float | None,
+    now: float | None, routing: Routing | None = None,
 ) -> AdvanceResult:
     """The step of a new event id from the flow as read in this transaction."""
     current_seq, state, data = (0, protocol.initial, {}) if flow is None else (flow.seq, flow.state, flow.data)
@@ -142,5 +145,7 @@ def _step(
     unit.put_flow(env.flow_id, env.seq, env.kind, envelope.canonical(new_data))
     crash_point("advance.after_flow_write")
     unit.append_event(env, now)
+    if routing is not None:
+        route_in(unit, routing, env)
     crash_point("advance.after_outbox_insert")
     return AdvanceResult(AdvanceStatus.COMMITTED, env.event_id, env.flow_id, env.seq)

@@ -69,7 +69,15 @@ def apply_in(
         return ApplyResult(ApplyStatus.IDLE, flow_id, seq), known, None
     found_seq, event_id, body = row
     if found_seq != seq:
-        return ApplyResult(ApplyStatus.GAP, flow_id, seq, detail=f"seq {seq} has not arrived"), known, body
+        # The flow's next row for this consumer applies when the delivery
+        # says its previous event for this consumer is the last applied one
+        # (a subscriber to some topics only: issue 32); else a gap.
+        prev = envelope.previous(body)
+        if prev is None or prev > known.seq:
+            missing, detail = (seq, f"seq {seq} has not arrived") if prev is None else (
+                prev, f"seq {prev}, the flow's event for this consumer before seq {found_seq}, has not arrived")
+            return ApplyResult(ApplyStatus.GAP, flow_id, missing, detail=detail), known, body
+        seq = found_seq
     event = json.loads(body)
     try:
         if event["schema"] not in schemas:
@@ -130,7 +138,8 @@ def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope) -> bool:
     returns False: the row stays pending and ``apply_next`` decides later,
     exactly as without this mode."""
     known = unit.flow_state(env.flow_id)
-    if env.seq != (0 if known is None else known.seq) + 1 or env.schema not in rules.schemas:
+    last = 0 if known is None else known.seq
+    if not env.previous <= last < env.seq or env.schema not in rules.schemas:
         return False
     protocol = rules.protocol
     if known is None:

@@ -34,8 +34,12 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
     state = None if projection is None else str(projection["state"])
     last_seq = 0 if projection is None else int(projection["last_seq"])
     next_seq = last_seq + 1
-    rows = tuple(r.row() for r in reads.inbox_rows(flow_id, next_seq))
+    stored = reads.inbox_rows(flow_id, next_seq)
+    rows = tuple(r.row() for r in stored)
     live = [r for r in rows if r.state is not InboxState.REPLACED]
+    # A subscriber to some topics: its next row may be past next_seq, its
+    # delivery's prev_seq saying which event of the flow comes before it.
+    prev = {r.event_id: envelope.previous(r.body) for r in stored}
 
     def stuck(wait: FlowWait, since: float | None = None, row: InboxRow | None = None,
               detail: str | None = None) -> StuckFlow:
@@ -51,7 +55,8 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
                 f"effect {effect.key!r} waits behind {blocker.key!r} ({blocker.state})"))
         return stuck(FlowWait.IDLE)
     first = live[0]
-    if first.seq == next_seq:
+    first_prev = prev[first.event_id]
+    if first.seq == next_seq or (first_prev is not None and first_prev <= last_seq):
         if first.state is InboxState.BLOCKED:
             since = first.blocked_at if first.blocked_at is not None else first.received_at
             return stuck(FlowWait.BLOCKED, since, first)
@@ -60,7 +65,14 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
     # any of them was stored before the file recorded arrival times).
     times = [r.received_at for r in live if r.state in _WAITING]
     since = None if not times or any(t is None for t in times) else min(t for t in times if t is not None)
-    return stuck(FlowWait.GAP, since, detail=f"seq {next_seq} has not arrived")
+    missing = next_seq if first_prev is None else first_prev
+    return stuck(FlowWait.GAP, since, detail=f"seq {missing} has not arrived")
+
+
+def _previous(row: StoredRow) -> int:
+    """The seq of the flow's previous event for this consumer, before ``row``."""
+    prev = envelope.previous(row.body)
+    return row.seq - 1 if prev is None else prev
 
 
 def _effect_wait(reads: InboxReads, flow_id: str) -> tuple[ScheduledEffect, ScheduledEffect] | None:
@@ -130,7 +142,7 @@ def skip_in(unit: InboxUnit, protocol: Protocol, event_id: str, actor: str, reas
     state and data unchanged, no effect record; the row ends ``skipped``."""
     row = _waiting_row(unit, event_id, "skipped", location)
     known = unit.flow_state(row.flow_id) or FlowState(protocol.initial, 0, {})
-    if row.seq != known.seq + 1:
+    if not _previous(row) <= known.seq < row.seq:
         raise NotResolvable(
             f"event {event_id!r} is seq {row.seq} of flow {row.flow_id!r}, whose next step is seq "
             f"{known.seq + 1}; only the next step can be skipped"
@@ -187,10 +199,11 @@ def refused_names(reads: OutboxReads, names: Sequence[str]) -> list[str]:
     return missing if known else missing[1:]
 
 
-def register_in(unit: OutboxUnit, name: str, from_now: bool, record: OperatorAction, location: str) -> None:
+def register_in(unit: OutboxUnit, name: str, from_now: bool, record: OperatorAction, location: str,
+                every_event: bool = True) -> None:
     if unit.is_registered(name):
         raise NotResolvable(f"consumer {name!r} is already registered in {location}")
-    unit.register_consumer(name, record.at, from_now)
+    unit.register_consumer(name, record.at, from_now, every_event)
     unit.record_action(record)
 
 

@@ -117,7 +117,7 @@ def _no_room(unit: InboxUnit, env: Envelope, cap: int, location: str) -> str | N
     used = unit.unapplied(cap)
     if used < cap:
         return None
-    if env.seq == unit.last_seq(env.flow_id) + 1:
+    if env.previous <= unit.last_seq(env.flow_id) < env.seq:
         return None  # the flow's very next step: refusing it could deadlock a full inbox
     return (
         f"inbox full (max_inbox {cap}): {location} holds {used} unapplied events; "

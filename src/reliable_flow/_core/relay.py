@@ -18,7 +18,7 @@ older than anything committed since, so it cannot be starved by new work.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .._store import OutboxUnit
 from ..crash import crash_point
@@ -72,26 +72,36 @@ def horizon(policy: DeliveryPolicy, now: float) -> float:
 
 
 def claim_in(unit: OutboxUnit, consumer: str, policy: DeliveryPolicy, now: float,
-             limit: int) -> list[tuple[int, str]]:
+             limit: int, policy_of: Callable[[str], DeliveryPolicy] | None = None) -> list[tuple[int, str]]:
     """Pick up to ``limit`` next due events, each its position and body, and
     lease them to ``policy.owner`` until the policy's lease ends (a unit the
     caller may commit without waiting for the disk: a lease is only a hint
     to other relays, and losing it costs at worst one more send, which the
     inbox answers ``duplicate``)."""
     picked = unit.next_due(consumer, horizon(policy, now), limit)
-    unit.claim(consumer, [pos for pos, _ in picked], claim_until(policy, now), policy.owner, now)
+    if policy_of is None:
+        unit.claim(consumer, [pos for pos, _ in picked], claim_until(policy, now), policy.owner, now)
+        return picked
+    # Each event leased for its topic's lease (``policy_of``: topics.policy_by_topic).
+    until: dict[float, list[int]] = {}
+    for pos, body in picked:
+        until.setdefault(claim_until(policy_of(body), now), []).append(pos)
+    for ends, positions in until.items():
+        unit.claim(consumer, positions, ends, policy.owner, now)
     return picked
 
 
 def retry_in(unit: OutboxUnit, consumer: str, failed: Sequence[tuple[int, BaseException]],
-             policy: DeliveryPolicy, now: float) -> None:
-    """One more failure and the policy's backoff for each failed send; an
+             policy: DeliveryPolicy, now: float, policies: Mapping[int, DeliveryPolicy] | None = None) -> None:
+    """One more failure and the policy's backoff for each failed send (an
+    event's own from ``policies``, by position, when given: its topic's); an
     event delivered or set aside meanwhile by someone else is left alone."""
     for pos, exc in failed:
         failures = unit.pending_failures(consumer, pos)
         if failures is None:
             continue
-        unit.set_retry(consumer, pos, retry_after(policy, failures, now, exc), now)
+        own = policy if policies is None else policies.get(pos, policy)
+        unit.set_retry(consumer, pos, retry_after(own, failures, now, exc), now)
 
 
 def mark_in(unit: OutboxUnit, consumer: str, marks: Sequence[tuple[int, ReceiveResult]], now: float) -> None:

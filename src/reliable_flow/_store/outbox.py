@@ -17,7 +17,7 @@ from ..delivery import Retry
 from ..records import ConsumerEntry, OperatorAction, OutboxEntry
 from ..statuses import DeliveryState
 from .base import Store
-from .records import FlowState, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from .records import FlowState, Keep, OutboxCounts, PruneStep, StoredEvent, Tombstone
 from .watch import Signal
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
@@ -80,6 +80,12 @@ class OutboxReads(Protocol):
         meanwhile is simply not picked).  In a unit the engine may lock
         them, skipping those another unit holds (a relay's claim)."""
 
+    def event_for(self, event_id: str, consumer: str) -> tuple[int, str, bool] | None:
+        """``event_id``'s position, the body a relay sends ``consumer`` (with
+        its delivery's prev_seq, if it has one) and whether the event is for
+        it (False: it subscribes to topics and has no delivery of it); None
+        when the outbox has no such event."""
+
     def next_due_at(self, consumer: str) -> float | None:
         """The earliest due time of a pending delivery to ``consumer`` (new:
         at once; leased: when the lease ends; failed: after its backoff), or
@@ -126,13 +132,17 @@ class OutboxUnit(OutboxReads, Protocol):
         many.  The step is recorded (at ``now``, ``before`` as its horizon,
         no event removed), even when it found none."""
 
-    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+    def prune_step(self, horizon: float, now: float, limit: int, keep: Keep | None = None,
+                   after: int = 0) -> PruneStep:
         """Remove up to ``limit`` of the oldest events committed before the
         first event committed after ``horizon`` (events without a commit
         time count as old) that no registered consumer still waits for
         (every delivery accepted or skipped), with their deliveries; each
         leaves a tombstone stamped ``now``, and the step is recorded, even
-        when it removed nothing.
+        when it removed nothing.  Only events after position ``after``; a
+        candidate ``keep(pos, body)`` answers True for stays (its topic keeps
+        it longer): the step says how many it looked at and the last one's
+        position, where the next step goes on (``PruneStep.looked`` / ``last_pos``).
         Never a pending or set-aside event, never a flow row; nothing at
         all while no consumer is registered."""
 
@@ -149,11 +159,46 @@ class OutboxUnit(OutboxReads, Protocol):
     def is_registered(self, name: str) -> bool:
         """True if ``name`` is registered (bound or not)."""
 
-    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
+    def register_consumer(self, name: str, now: float, from_now: bool, every_event: bool = True) -> None:
         """Register ``name``, bound to no file yet, at ``now``.  Every event
         committed before becomes pending for it, or, with ``from_now``, none
         of them (it gets the events appended afterwards, like every
-        registered name).  A taken name raises the engine's integrity error."""
+        registered name).  ``every_event=False`` (a subscriber to topics,
+        subscribed next in the same unit): no delivery is written here.
+        A taken name raises the engine's integrity error."""
+
+    # -- topics and subscriptions (issue 32) -----------------------------------------
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Create or replace ``meta`` row ``key`` (a setting that may change: the declared topics)."""
+
+    def subscriptions(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Every consumer subscribed to topics, by name, with its topic names
+        (a consumer of every event is not listed)."""
+
+    def flow_heads(self, flow_id: str) -> dict[str, int]:
+        """The seq of the flow's last event routed to each subscriber to topics."""
+
+    def deliver(self, event_id: str, routes: Sequence[tuple[str, int | None]], flow_id: str, seq: int) -> None:
+        """The stored event's deliveries to these subscribers, each
+        ``(name, prev_seq)`` (None: seq - 1), pending; their heads of the
+        flow move to ``seq``."""
+
+    def deliver_all(self, name: str, routes: Sequence[tuple[int, int | None]], heads: dict[str, int]) -> None:
+        """Deliveries to ``name`` of stored events, each ``(pos, prev_seq)``,
+        pending; its head of each flow in ``heads`` set."""
+
+    def subscribe(self, name: str, topics: tuple[str, ...], after: int | None) -> int:
+        """Record ``name``'s subscription to ``topics``, holding for the events
+        after outbox position ``after`` (None: the last one committed now,
+        read under the registry lock); that position."""
+
+    def first_after(self, when: float) -> int | None:
+        """The position of the first event committed after ``when`` (by
+        position; events without a commit time count as older), or None."""
+
+    def event_bodies(self) -> list[tuple[int, str, int, str]]:
+        """Every stored event as (pos, flow, seq, canonical body), in commit order."""
 
     def bind_consumer(self, name: str, uid: str) -> None:
         """Bind a registered name that has no file yet to ``uid``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -12,6 +13,7 @@ __all__ = [
     "DeliveryCounts",
     "FlowState",
     "InboxCounts",
+    "Keep",
     "NextRow",
     "OutboxCounts",
     "PruneStep",
@@ -83,6 +85,16 @@ class PruneStep:
     deliveries: int = 0
     effect_records: int = 0
     effect_rows: int = 0
+    #: Producer: how many candidates the step looked at (kept ones too: an
+    #: event its topic keeps longer), and the last one's position (None:
+    #: as many as it removed).
+    looked: int | None = None
+    last_pos: int | None = None
+
+
+#: A pruning step's test of a candidate (position, body): True keeps it (its
+#: topic's retention has not passed).
+Keep = Callable[[int, str], bool]
 
 
 #: The first inbox row of a flow at or after a seq: ``(seq, event_id, body)``.

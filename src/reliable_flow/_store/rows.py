@@ -89,10 +89,11 @@ def delivery_counts(rows: Iterable[Row]) -> tuple[DeliveryCounts, ...]:
 
 
 def consumer_entry(row: Row) -> ConsumerEntry:
-    """``(name, uid, registered_at, from_pos, backlog, set_aside)``."""
-    name, uid, registered_at, from_pos, backlog, set_aside = row
+    """``(name, uid, registered_at, from_pos, backlog, set_aside, topics, topics_from)``."""
+    name, uid, registered_at, from_pos, backlog, set_aside, topics, topics_from = row
     return ConsumerEntry(name, uid, uid is not None, registered_at, from_pos is not None, int(backlog),
-                         int(set_aside))
+                         int(set_aside), None if topics is None else tuple(json.loads(topics)),
+                         None if topics_from is None else int(topics_from))
 
 
 def stored_row(row: Row) -> StoredRow:
@@ -116,9 +117,9 @@ def delivery_action(row: Row) -> OperatorAction:
 
 
 def registry_action(row: Row) -> OperatorAction:
-    """``(at, consumer, action, actor, reason)``."""
+    """``(at, consumer, action, actor, reason, topics)``."""
     return OperatorAction(at=float(row[0]), target=ActionTarget.REGISTRY, consumer=row[1], action=row[2],
-                          actor=row[3], reason=row[4])
+                          actor=row[3], reason=row[4], topics=None if row[5] is None else tuple(json.loads(row[5])))
 
 
 def retention_action(row: Row) -> OperatorAction:

@@ -133,17 +133,26 @@ def inbox_action(consumer: Any, action: str, event_id: str, *, actor: str, reaso
 
 
 def registry_action(producer: Any, action: str, name: str, *, actor: str, reason: str,
-                    from_now: bool = False) -> Done:
+                    from_now: bool = False, topics: list[str] | None = None) -> Done:
     """``register`` (every event, or with ``from_now`` only those committed
-    from now on) / ``remove`` the consumer name ``name``."""
+    from now on; with ``topics`` only theirs) / ``remove`` / ``subscribe``
+    (to ``topics``, from now on) the consumer name ``name``."""
     if action == "register":
-        record = producer.admin.register_consumer(name, from_now, actor=actor, reason=reason)
+        record = producer.admin.register_consumer(name, from_now, topics=topics, actor=actor, reason=reason)
         gets = "events committed from now on" if from_now else "every event from the first one"
-        return record, f"consumer {name!r} registered: it gets {gets}"
+        of = "" if topics is None else f" of topics {', '.join(record.topics)}"
+        return record, f"consumer {name!r} registered: it gets {gets}{of}"
     if action == "remove":
         return producer.admin.remove_consumer(name, actor=actor, reason=reason), \
             f"consumer {name!r} removed, with its deliveries"
-    raise ValueError(f"action must be register or remove, got {action!r}")
+    if action == "subscribe":
+        if topics is None:
+            raise ValueError("subscribe needs topics")
+        record = producer.admin.subscribe(name, topics, actor=actor, reason=reason)
+        held = next(c.topics_from for c in producer.admin.consumers() if c.name == name)
+        return record, (f"consumer {name!r} subscribed to topics {', '.join(record.topics)}: "
+                        f"for events committed after outbox position {held}")
+    raise ValueError(f"action must be register, remove or subscribe, got {action!r}")
 
 
 def store_kind(location: Location) -> str:

@@ -11,8 +11,9 @@ of the Python API, each recorded with ``--actor`` and ``--reason``.
   ``producer.admin.redeliver`` / ``skip``;
 * ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``consumer.admin.skip_event`` /
   ``replace_event`` (``--envelope FILE``);
-* ``registry register|remove PRODUCER_DB NAME``:
-  ``producer.admin.register_consumer`` (``--from-now``) / ``remove_consumer``;
+* ``registry register|remove|subscribe PRODUCER_DB NAME``:
+  ``producer.admin.register_consumer`` (``--from-now``, ``--topics``) /
+  ``remove_consumer`` / ``subscribe`` (``--topics``, required).
 * ``retention prune STORE --older-than SECONDS``: ``producer.admin.prune`` or
   ``consumer.admin.prune`` (the store's kind decides), ``--batch-size``,
   ``--limit``, ``--forget-after``; ``--dry-run`` counts what it would
@@ -135,14 +136,21 @@ def add_operator_commands(sub: Any) -> None:
     replace.add_argument("--envelope", required=True, metavar="FILE",
                          help="the corrected envelope as JSON, in FILE ('-': standard input)")
 
-    registry = sub.add_parser("registry", help="register / remove a consumer name of a producer (recorded)",
+    registry = sub.add_parser("registry", help="register / remove / subscribe a consumer name of a producer "
+                                               "(recorded)",
                               description="The producer's consumer registry.")
     actions = registry.add_subparsers(dest="action", metavar="ACTION", required=True)
     register = _action(actions, "register", "register a consumer name, so relays deliver to it",
                        "PRODUCER_DB", ("name", "NAME"))
     register.add_argument("--from-now", action="store_true",
                           help="only events committed from now on (default: every event from the first one)")
+    register.add_argument("--topics", type=_topic_names, metavar="TOPIC[,TOPIC...]",
+                          help="only the events of these topics of the producer (default: every event)")
     _action(actions, "remove", "remove a consumer name and every delivery to it", "PRODUCER_DB", ("name", "NAME"))
+    subscribe = _action(actions, "subscribe", "change the topics a consumer name gets, from now on",
+                        "PRODUCER_DB", ("name", "NAME"))
+    subscribe.add_argument("--topics", required=True, type=_topic_names, metavar="TOPIC[,TOPIC...]",
+                           help="the producer's topics it gets from now on")
 
     retention = sub.add_parser("retention", help="prune old finished rows of a producer or consumer (recorded)",
                                description="Retention: see docs/operations.md.")
@@ -165,6 +173,14 @@ def add_operator_commands(sub: Any) -> None:
     prune.add_argument("--protocol", metavar="MODULE:ATTR", help=PROTOCOL_HELP)
     prune.add_argument("--json", action="store_true", help="print the recorded action (or the dry run's counts) "
                                                             "as JSON")
+
+
+def _topic_names(value: str) -> list[str]:
+    """``--topics a,b``: the topic names (checked by the producer)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("--topics must name at least one topic")
+    return names
 
 
 def _checks(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -267,7 +283,7 @@ def _inbox(args: argparse.Namespace) -> tuple[OperatorAction, str]:
 def _registry(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "producer") as producer:
         return registry_action(producer, args.action, args.name, actor=args.actor, reason=args.reason,
-                               from_now=getattr(args, "from_now", False))
+                               from_now=getattr(args, "from_now", False), topics=getattr(args, "topics", None))
 
 
 def _retention(args: argparse.Namespace) -> tuple[OperatorAction, str]:

@@ -42,6 +42,7 @@ class AsyncProducerAdmin(_Admin):
     consumers = awaited(ProducerAdmin.consumers)
     register_consumer = awaited(ProducerAdmin.register_consumer)
     remove_consumer = awaited(ProducerAdmin.remove_consumer)
+    subscribe = awaited(ProducerAdmin.subscribe)
     registry_actions = awaited(ProducerAdmin.registry_actions)
     prune = awaited(ProducerAdmin.prune, _PRUNE)
     retention_actions = awaited(ProducerAdmin.retention_actions)

@@ -20,6 +20,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from typing import Any, TypeVar
 
 from .._producer import Batch, Producer
+from .._topics import Topic
 from .._wait import check_wait, deadline_of, left_until, open_watch, passed
 from ..records import AdvanceResult
 from ._admin import AsyncProducerAdmin
@@ -118,6 +119,11 @@ class AsyncProducer(OnThread[Producer]):
     def max_backlog(self) -> int | None:
         """``advance`` answers ``backlog_full`` at this many pending deliveries (None: never)."""
         return self._sync.max_backlog
+
+    @property
+    def topics(self) -> tuple[Topic, ...]:
+        """The declared topics (as the sync object's ``topics``)."""
+        return self._sync.topics
 
     advance = awaited(Producer.advance, "Cancelled after the thread started it, it still commits (or not) "
                       "as a whole; a retry of the same call then answers ``existing``.")

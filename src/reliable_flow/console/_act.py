@@ -189,7 +189,8 @@ def perform(console: Console, name: str, form: dict[str, str], effects: Any) -> 
         who = {"actor": actor, "reason": reason}
         if name in ("register", "remove"):
             with opened_owner("producer", console.producer) as producer:
-                done = registry_action(producer, name, str(_text(form, "name")), from_now="from_now" in form, **who)
+                done = registry_action(producer, name, str(_text(form, "name")), from_now="from_now" in form,
+                                       actor=actor, reason=reason)
             return _one(done)
         if name == "prune":
             return _prune(console, form, who)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .._envelope import MAX_BODY_BYTES
+from .._envelope import MAX_DELIVERED_BYTES
 from ..errors import ConsumerMismatch, RemoteError
 from ..records import ReceiveResult
 from ..statuses import ReceiveStatus
@@ -46,7 +46,7 @@ VERSION = "1"
 #: At most this many bodies in one request (``relay_batch``'s ``limit``).
 MAX_BODIES = 1000
 #: A field's size limit: MAX_BODIES bodies of the envelope's largest size, and room for JSON.
-MAX_FIELD_BYTES = MAX_BODIES * (MAX_BODY_BYTES + 64)
+MAX_FIELD_BYTES = MAX_BODIES * (MAX_DELIVERED_BYTES + 64)
 _MAX_TEXT = 1024  # ids, reply addresses, uids, error texts
 _STATUSES = {s.value: s for s in ReceiveStatus}
 
@@ -194,8 +194,8 @@ def parse_request(fields: Mapping[str, str]) -> Request:
     for i, body in enumerate(bodies):
         if not isinstance(body, str):
             raise BadMessage(f"bodies[{i}]", f"must be a string, got {type(body).__name__}")
-        if len(body.encode("utf-8", "surrogatepass")) > MAX_BODY_BYTES:
-            raise BadMessage(f"bodies[{i}]", f"larger than {MAX_BODY_BYTES} bytes")
+        if len(body.encode("utf-8", "surrogatepass")) > MAX_DELIVERED_BYTES:
+            raise BadMessage(f"bodies[{i}]", f"larger than {MAX_DELIVERED_BYTES} bytes")
     return Request(id=text_field(fields, "id"), reply=text_field(fields, "reply"), deadline=deadline,
                    uid=text_field(fields, "uid"), bodies=tuple(bodies))
 

@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 from ..._envelope import Envelope
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, PruneStep, StoredEvent
+from ..records import FlowState, Keep, PruneStep, StoredEvent
 from ..repository.outbox import REGISTRY_LOCK, OutboxRepository
 from ..shared import identity_problem
 from ..watch import channel
@@ -156,24 +156,29 @@ class PgOutbox(PgView, OutboxRepository):
             cur.executemany(self._SQL.MARK_CONFLICT, [(status, now, consumer, pos) for pos, status in conflicts])
 
     def prunable(self, horizon: float, limit: int) -> PruneStep:
-        """What a prune to ``horizon`` would remove now (events, counted up to ``limit``), read only."""
+        """What a prune to ``horizon`` would remove now (events, counted up to ``limit``), read only;
+        a topic's longer retention is not counted (the prune keeps those events)."""
         if self._one(self._SQL.ANY_CONSUMER) is None:
             return PruneStep(0)
-        row = self._one(f"SELECT count(*) FROM ({OUTBOX_PRUNABLE_READ}) t", (horizon, MAX_POS, WAITING, limit))
+        row = self._one(f"SELECT count(*) FROM ({OUTBOX_PRUNABLE_READ}) t", (horizon, MAX_POS, 0, WAITING, limit))
         return PruneStep(0 if row is None else int(row[0]))
 
-    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
-        step = self._prune_outbox(horizon, now, limit)
+    def prune_step(self, horizon: float, now: float, limit: int, keep: Keep | None = None,
+                   after: int = 0) -> PruneStep:
+        step = self._prune_outbox(horizon, now, limit, keep, after)
         self._record(now, horizon, step)  # also a pass that found nothing
         return step
 
-    def _prune_outbox(self, horizon: float, now: float, limit: int) -> PruneStep:
+    def _prune_outbox(self, horizon: float, now: float, limit: int, keep: Keep | None, after: int) -> PruneStep:
         self._lock(REGISTRY_LOCK, shared=True)
         if self._one(self._SQL.ANY_CONSUMER) is None:
             return PruneStep(0)  # no consumer yet: every event is still owed to the first one
-        found = self._rows(OUTBOX_PRUNABLE, (horizon, MAX_POS, WAITING, limit))
+        found = self._rows(OUTBOX_PRUNABLE, (horizon, MAX_POS, after, WAITING, limit))
+        looked = {"looked": len(found), "last_pos": int(found[-1][0]) if found else after}
+        if keep is not None:
+            found = [r for r in found if not keep(int(r[0]), str(r[4]))]
         if not found:
-            return PruneStep(0)
+            return PruneStep(0, **looked)
         positions = [int(r[0]) for r in found]
         self._rows(LOCK_DELIVERIES, (positions,))
         waiting = {int(r[0]) for r in self._rows(STILL_WAITING, (positions, WAITING))}
@@ -181,14 +186,14 @@ class PgOutbox(PgView, OutboxRepository):
             (int(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4])) for r in found if int(r[0]) not in waiting
         ]
         if not kept:
-            return PruneStep(0)
+            return PruneStep(0, **looked)
         gone = [r[0] for r in kept]
         self._bury(kept, now)
         deliveries = self._run(
             "DELETE FROM delivery WHERE pos = ANY(%s) AND consumer IN (SELECT name FROM consumer)", (gone,)
         )
         self._run("DELETE FROM outbox WHERE pos = ANY(%s)", (gone,))
-        return PruneStep(len(kept), deliveries=deliveries)
+        return PruneStep(len(kept), deliveries=deliveries, **looked)
 
 
 class PgOutboxStore(PgStore[PgOutbox], BindingMemo):

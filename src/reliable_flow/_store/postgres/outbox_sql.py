@@ -40,7 +40,8 @@ UPSERT_FLOW = (
 
 APPEND = (
     "WITH e AS (INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (%s, %s, %s, %s, %s) "
-    "RETURNING pos) INSERT INTO delivery(consumer, pos) SELECT c.name, e.pos FROM consumer c CROSS JOIN e"
+    "RETURNING pos) INSERT INTO delivery(consumer, pos) SELECT c.name, e.pos FROM consumer c CROSS JOIN e "
+    "WHERE c.topics IS NULL"
 )
 
 CLAIM = (
@@ -55,7 +56,7 @@ MAX_POS = 9223372036854775807
 OUTBOX_PRUNABLE_READ = (
     "SELECT o.pos, o.event_id, o.flow_id, o.seq, o.body FROM outbox o "
     "WHERE o.pos < coalesce((SELECT pos FROM outbox WHERE committed_at > %s ORDER BY pos LIMIT 1), %s) "
-    "AND NOT EXISTS (SELECT 1 FROM delivery d JOIN consumer c ON c.name = d.consumer "
+    "AND o.pos > %s AND NOT EXISTS (SELECT 1 FROM delivery d JOIN consumer c ON c.name = d.consumer "
     "WHERE d.pos = o.pos AND d.state = ANY(%s)) ORDER BY o.pos LIMIT %s"
 )
 OUTBOX_PRUNABLE = OUTBOX_PRUNABLE_READ + " FOR UPDATE OF o SKIP LOCKED"
@@ -80,7 +81,7 @@ class PgOutboxSql(OutboxSql, param="%s"):
     """The producer side's statement table on PostgreSQL."""
 
     NEXT_DUE = (
-        "SELECT d.pos, o.body FROM delivery d JOIN outbox o ON o.pos = d.pos "
+        "SELECT d.pos, o.body, d.prev_seq FROM delivery d JOIN outbox o ON o.pos = d.pos "
         "WHERE d.consumer = %s AND d.state = 'pending' AND d.due_at <= %s ORDER BY d.pos LIMIT %s"
     )
     NEXT_DUE_AT = "SELECT min(due_at) FROM delivery WHERE consumer = %s AND state = 'pending'"
@@ -100,8 +101,8 @@ class PgOutboxSql(OutboxSql, param="%s"):
     CONSUMERS = (
         "SELECT c.name, c.uid, c.registered_at, c.from_pos, "
         "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'pending'), "
-        "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside') "
-        "FROM consumer c ORDER BY c.name"
+        "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside'), "
+        "c.topics, c.topics_from FROM consumer c ORDER BY c.name"
     )
     TOMBSTONE_FORGET = (
         "DELETE FROM outbox_tombstone WHERE event_id IN "

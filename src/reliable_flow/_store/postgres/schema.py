@@ -147,6 +147,24 @@ PRODUCER = StoreKind(
         ),
         # v2: who pruned, when and why (one row per prune call), as SQLite's v5.
         (_RETENTION_ACTION,),
+        (
+            # v3 (issue 32): topics and subscriptions, as on SQLite's v6.
+            "ALTER TABLE consumer ADD COLUMN topics TEXT",
+            "ALTER TABLE consumer ADD COLUMN topics_from BIGINT",
+            "ALTER TABLE delivery ADD COLUMN prev_seq BIGINT",
+            """CREATE TABLE flow_head(
+                flow_id TEXT COLLATE "C" NOT NULL,
+                consumer TEXT COLLATE "C" NOT NULL,
+                seq BIGINT NOT NULL CHECK (seq >= 1),
+                PRIMARY KEY (flow_id, consumer)
+            )""",
+            "ALTER TABLE registry_action DROP CONSTRAINT registry_action_action_check",
+            (
+                "ALTER TABLE registry_action ADD CONSTRAINT registry_action_action_check "
+                "CHECK (action IN ('register','remove','subscribe'))"
+            ),
+            "ALTER TABLE registry_action ADD COLUMN topics TEXT",
+        ),
     ),
 )
 

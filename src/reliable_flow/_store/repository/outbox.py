@@ -10,8 +10,11 @@ file's write lock, so both are nothing.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import ClassVar
 
+from ... import _envelope as envelope
 from ...delivery import Retry
 from ...records import ConsumerEntry, OperatorAction, OutboxEntry
 from ...statuses import ActionTarget, DeliveryState
@@ -62,8 +65,9 @@ class OutboxRepository(Dialect):
 
     def record_action(self, action: OperatorAction) -> None:
         if action.target is ActionTarget.REGISTRY:
+            topics = None if action.topics is None else json.dumps(list(action.topics))
             self._run(self._SQL.RECORD_REGISTRY_ACTION,
-                      (action.at, action.consumer, action.action, action.actor, action.reason))
+                      (action.at, action.consumer, action.action, action.actor, action.reason, topics))
         elif action.target is ActionTarget.DELIVERY:
             self._run(self._SQL.RECORD_ACTION,
                       (action.at, action.consumer, action.event_id, action.action, action.actor, action.reason))
@@ -86,11 +90,12 @@ class OutboxRepository(Dialect):
         self._lock(REGISTRY_LOCK)
         return self._one(self._SQL.IS_REGISTERED, (name,)) is not None
 
-    def register_consumer(self, name: str, now: float, from_now: bool) -> None:
-        """A name with no consumer store yet: from now, after the last committed event; else from the first."""
+    def register_consumer(self, name: str, now: float, from_now: bool, every_event: bool = True) -> None:
+        """A name with no consumer store yet: from now, after the last committed event; else from the first
+        (its deliveries written here unless ``every_event`` is False: a subscriber to topics)."""
         self._lock(REGISTRY_LOCK)
         self._run(self._SQL.REGISTER, (name, now, bool(from_now)))
-        if not from_now:
+        if not from_now and every_event:
             self._run(self._SQL.PENDING_FOR_ALL, (name,))
 
     def bound_uid(self, name: str) -> str | None:
@@ -103,7 +108,49 @@ class OutboxRepository(Dialect):
     def remove_consumer(self, name: str) -> None:
         self._lock(REGISTRY_LOCK)
         self._run(self._SQL.FORGET_DELIVERIES_OF, (name,))
+        self._run(self._SQL.FORGET_HEADS_OF, (name,))
         self._run(self._SQL.REMOVE_CONSUMER, (name,))
+
+    # -- topics and subscriptions (issue 32) ------------------------------------------
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._run(self._SQL.SET_META, (key, value))
+
+    def subscriptions(self) -> list[tuple[str, tuple[str, ...]]]:
+        return [(str(r[0]), tuple(json.loads(r[1]))) for r in self._rows(self._SQL.SUBSCRIPTIONS)]
+
+    def flow_heads(self, flow_id: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._rows(self._SQL.FLOW_HEADS, (flow_id,))}
+
+    def deliver(self, event_id: str, routes: Sequence[tuple[str, int | None]], flow_id: str, seq: int) -> None:
+        self._many(self._SQL.DELIVER_ROUTED, [(name, prev, event_id) for name, prev in routes])
+        self._many(self._SQL.PUT_HEAD, [(flow_id, name, seq) for name, _ in routes])
+
+    def deliver_all(self, name: str, routes: Sequence[tuple[int, int | None]], heads: dict[str, int]) -> None:
+        self._many(self._SQL.DELIVER_AT, [(name, pos, prev) for pos, prev in routes])
+        self._many(self._SQL.PUT_HEAD, [(flow_id, name, seq) for flow_id, seq in heads.items()])
+
+    def subscribe(self, name: str, topics: tuple[str, ...], after: int | None) -> int:
+        self._lock(REGISTRY_LOCK)
+        if after is None:
+            row = self._one(self._SQL.LAST_POS)
+            after = 0 if row is None else int(row[0])
+        self._run(self._SQL.SUBSCRIBE, (json.dumps(list(topics)), after, name))
+        return after
+
+    def event_for(self, event_id: str, consumer: str) -> tuple[int, str, bool] | None:
+        row = self._one(self._SQL.EVENT_FOR, (consumer, consumer, event_id))
+        if row is None:
+            return None
+        body = str(row[1]) if row[2] is None else envelope.delivered(str(row[1]), int(row[2]))
+        return int(row[0]), body, row[3] is not None or row[4] is None
+
+    def first_after(self, when: float) -> int | None:
+        row = self._one(self._SQL.FIRST_AFTER, (when,))
+        return None if row is None else int(row[0])
+
+    def event_bodies(self) -> list[tuple[int, str, int, str]]:
+        return [(int(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in self._rows(self._SQL.EVENT_BODIES)]
 
     def consumers(self) -> list[ConsumerEntry]:
         return [rows.consumer_entry(r) for r in self._rows(self._SQL.CONSUMERS)]
@@ -113,7 +160,9 @@ class OutboxRepository(Dialect):
         ``horizon``; in a unit of an engine that locks rows, the deliveries
         locked, skipping those another unit holds (being claimed)."""
         sql = self._guarded(self._SQL.NEXT_DUE, self._SQL.NEXT_DUE_LOCKED)
-        return [(int(r[0]), str(r[1])) for r in self._rows(sql, (consumer, horizon, limit))]
+        # A delivery with a prev_seq (a subscriber to topics) carries it in its body.
+        return [(int(r[0]), str(r[1]) if r[2] is None else envelope.delivered(str(r[1]), int(r[2])))
+                for r in self._rows(sql, (consumer, horizon, limit))]
 
     def next_due_at(self, consumer: str) -> float | None:
         row = self._one(self._SQL.NEXT_DUE_AT, (consumer,))

@@ -108,11 +108,36 @@ class OutboxSql(SideSql):
     RECORD_ACTION = (
         "INSERT INTO operator_action(at, consumer, event_id, action, actor, reason) VALUES (?, ?, ?, ?, ?, ?)"
     )
-    REGISTRY_ACTIONS = "SELECT at, consumer, action, actor, reason FROM registry_action ORDER BY id"
+    REGISTRY_ACTIONS = "SELECT at, consumer, action, actor, reason, topics FROM registry_action ORDER BY id"
     REGISTRY_ACTIONS_OF = (
-        "SELECT at, consumer, action, actor, reason FROM registry_action WHERE consumer = ? ORDER BY id"
+        "SELECT at, consumer, action, actor, reason, topics FROM registry_action WHERE consumer = ? ORDER BY id"
     )
-    RECORD_REGISTRY_ACTION = "INSERT INTO registry_action(at, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
+    RECORD_REGISTRY_ACTION = (
+        "INSERT INTO registry_action(at, consumer, action, actor, reason, topics) VALUES (?, ?, ?, ?, ?, ?)"
+    )
+    # Topics and subscriptions (issue 32).  A meta row that may change (the declared topics).
+    SET_META = "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    SUBSCRIPTIONS = "SELECT name, topics FROM consumer WHERE topics IS NOT NULL ORDER BY name"
+    FLOW_HEADS = "SELECT consumer, seq FROM flow_head WHERE flow_id = ?"
+    PUT_HEAD = (
+        "INSERT INTO flow_head(flow_id, consumer, seq) VALUES (?, ?, ?) "
+        "ON CONFLICT (flow_id, consumer) DO UPDATE SET seq = excluded.seq"
+    )
+    FORGET_HEADS_OF = "DELETE FROM flow_head WHERE consumer = ?"
+    DELIVER_ROUTED = "INSERT INTO delivery(consumer, pos, prev_seq) SELECT ?, pos, ? FROM outbox WHERE event_id = ?"
+    DELIVER_AT = "INSERT INTO delivery(consumer, pos, prev_seq) VALUES (?, ?, ?)"
+    LAST_POS = "SELECT coalesce(max(pos), 0) FROM outbox"
+    SUBSCRIBE = "UPDATE consumer SET topics = ?, topics_from = ? WHERE name = ?"
+    EVENT_BODIES = "SELECT pos, flow_id, seq, body FROM outbox ORDER BY pos"
+    # Per-topic retention: the first event committed after a time (the walk the pruning step's horizon makes).
+    FIRST_AFTER = "SELECT pos FROM outbox WHERE committed_at > ? ORDER BY pos LIMIT 1"
+    # An event as one consumer gets it: its delivery's prev_seq, whether it
+    # has a delivery, and whether the consumer subscribes to topics.
+    EVENT_FOR = (
+        "SELECT o.pos, o.body, d.prev_seq, d.pos, c.topics FROM outbox o "
+        "LEFT JOIN delivery d ON d.pos = o.pos AND d.consumer = ? LEFT JOIN consumer c ON c.name = ? "
+        "WHERE o.event_id = ?"
+    )
     ANY_CONSUMER = "SELECT 1 FROM consumer LIMIT 1"
     IS_REGISTERED = "SELECT 1 FROM consumer WHERE name = ?"
     REGISTER = (

@@ -31,7 +31,7 @@ from ..._envelope import Envelope
 from ...errors import StorageError
 from .. import rows
 from ..binding import BindingMemo
-from ..records import FlowState, PruneStep, StoredEvent
+from ..records import FlowState, Keep, PruneStep, StoredEvent
 from ..repository.outbox import OutboxRepository
 from ..shared import identity_problem
 from .base import SqliteDialect, SqliteStore
@@ -42,6 +42,7 @@ from .outbox_sql import (
     BACKLOG,
     BACKLOG_BEFORE_CONSUMERS,
     CLAIM,
+    DELIVER,
     DELIVER_FROM,
     FIND_EVENT,
     FIND_EVENT_AND_FLOW,
@@ -141,7 +142,7 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
             if self._owed_from is None:
                 self._owed_from = cur.lastrowid
             return
-        self._conn.execute("INSERT INTO delivery(consumer, pos) SELECT name, ? FROM consumer", (cur.lastrowid,))
+        self._conn.execute(DELIVER, (cur.lastrowid,))
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -193,24 +194,29 @@ class SqliteOutbox(SqliteDialect, OutboxRepository):
                         self._conn.execute(sql_in, (status, now, consumer, *chunk))
 
     def prunable(self, horizon: float, limit: int) -> PruneStep:
-        """What a prune to ``horizon`` would remove now (events, counted up to ``limit``), read only."""
+        """What a prune to ``horizon`` would remove now (events, counted up to ``limit``), read only;
+        a topic's longer retention is not counted (the prune keeps those events)."""
         if self._one(self._SQL.ANY_CONSUMER) is None:
             return PruneStep(0)
-        row = self._one(f"SELECT count(*) FROM ({OUTBOX_PRUNABLE})", (horizon, *WAITING, limit))
+        row = self._one(f"SELECT count(*) FROM ({OUTBOX_PRUNABLE})", (horizon, 0, *WAITING, limit))
         return PruneStep(0 if row is None else int(row[0]))
 
-    def prune_step(self, horizon: float, now: float, limit: int) -> PruneStep:
+    def prune_step(self, horizon: float, now: float, limit: int, keep: Keep | None = None,
+                   after: int = 0) -> PruneStep:
         names = [r[0] for r in self._rows("SELECT name FROM consumer")]
         # No consumer yet: every event is still owed to the first one.
-        found = self._rows(OUTBOX_PRUNABLE, (horizon, *WAITING, limit)) if names else []
-        step = PruneStep(0)
+        found = self._rows(OUTBOX_PRUNABLE, (horizon, after, *WAITING, limit)) if names else []
+        looked = (len(found), int(found[-1][0]) if found else after)
+        if keep is not None:
+            found = [r for r in found if not keep(int(r[0]), str(r[4]))]
+        step = PruneStep(0, looked=looked[0], last_pos=looked[1])
         if found:
             self._bury(found, now)
             deliveries = self._many(
                 "DELETE FROM delivery WHERE consumer = ? AND pos = ?", [(n, r[0]) for r in found for n in names]
             )
             self._many("DELETE FROM outbox WHERE pos = ?", [(r[0],) for r in found])
-            step = PruneStep(len(found), deliveries=deliveries)
+            step = PruneStep(len(found), deliveries=deliveries, looked=looked[0], last_pos=looked[1])
         self._record(now, horizon, step)  # also a pass that found nothing
         return step
 

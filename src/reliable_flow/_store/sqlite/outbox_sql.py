@@ -11,7 +11,7 @@ from ...statuses import DeliveryState
 from ..repository.statements import OutboxSql
 
 __all__ = [
-    "APPEND", "BACKLOG", "BACKLOG_BEFORE_CONSUMERS", "CLAIM", "DELIVER_FROM", "FIND_EVENT", "FIND_EVENT_AND_FLOW",
+    "APPEND", "BACKLOG", "BACKLOG_BEFORE_CONSUMERS", "CLAIM", "DELIVER", "DELIVER_FROM", "FIND_EVENT", "FIND_EVENT_AND_FLOW",
     "IN_MAX", "OUTBOX_PRUNABLE", "UPSERT_FLOW", "WAITING", "SqliteOutboxSql", "by_status", "in_chunks",
 ]
 
@@ -26,10 +26,14 @@ FIND_EVENT_AND_FLOW = (
 
 # A batch's deliveries, written at once: every event at or after the first
 # the batch appended is the batch's (positions only grow), pending for
-# every registered consumer.
+# every registered consumer that gets every event (a subscriber to topics
+# gets its deliveries from advance's routing: _core/topics.py).
 DELIVER_FROM = (
-    "INSERT INTO delivery(consumer, pos) SELECT c.name, o.pos FROM outbox o CROSS JOIN consumer c WHERE o.pos >= ?"
+    "INSERT INTO delivery(consumer, pos) SELECT c.name, o.pos FROM outbox o CROSS JOIN consumer c "
+    "WHERE o.pos >= ? AND c.topics IS NULL"
 )
+# One event's deliveries, to every registered consumer that gets every event.
+DELIVER = "INSERT INTO delivery(consumer, pos) SELECT name, ? FROM consumer WHERE topics IS NULL"
 
 FIND_EVENT = "SELECT pos, seq, body FROM outbox WHERE event_id = ?"
 APPEND = "INSERT INTO outbox(event_id, flow_id, seq, body, committed_at) VALUES (?, ?, ?, ?, ?)"
@@ -51,7 +55,7 @@ WAITING = (DeliveryState.PENDING.value, DeliveryState.SET_ASIDE.value)
 OUTBOX_PRUNABLE = (
     "SELECT o.pos, o.event_id, o.flow_id, o.seq, o.body FROM outbox o "
     "WHERE o.pos < coalesce((SELECT pos FROM outbox WHERE committed_at > ? ORDER BY pos LIMIT 1), 9223372036854775807) "
-    "AND NOT EXISTS (SELECT 1 FROM consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
+    "AND o.pos > ? AND NOT EXISTS (SELECT 1 FROM consumer c CROSS JOIN delivery d ON d.consumer = c.name AND d.pos = o.pos "
     "WHERE d.state IN (?, ?)) ORDER BY o.pos LIMIT ?"
 )
 
@@ -75,7 +79,7 @@ class SqliteOutboxSql(OutboxSql, param="?"):
     # The next due events with their bodies, in one read: a relay without a
     # lease sends what it read; a claim leases the positions it read.
     NEXT_DUE = (
-        "SELECT d.pos, o.body FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
+        "SELECT d.pos, o.body, d.prev_seq FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
         "WHERE d.consumer = ? AND d.state = 'pending' AND d.due_at <= ? ORDER BY d.pos LIMIT ?"
     )
     NEXT_DUE_AT = "SELECT min(due_at) FROM delivery INDEXED BY delivery_due WHERE consumer = ? AND state = 'pending'"
@@ -97,8 +101,8 @@ class SqliteOutboxSql(OutboxSql, param="?"):
     CONSUMERS = (
         "SELECT c.name, c.uid, c.registered_at, c.from_pos, "
         "(SELECT count(*) FROM delivery d INDEXED BY delivery_due WHERE d.consumer = c.name AND d.state = 'pending'), "
-        "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside') "
-        "FROM consumer c ORDER BY c.name"
+        "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside'), "
+        "c.topics, c.topics_from FROM consumer c ORDER BY c.name"
     )
     # A scan, but of a table that forgetting keeps to the window's size.
     TOMBSTONE_FORGET = (

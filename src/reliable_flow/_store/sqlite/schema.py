@@ -51,6 +51,43 @@ _RETENTION_ACTION = """CREATE TABLE retention_action(
                 reason TEXT NOT NULL
             )"""
 
+# The producer's v6 (issue 32): topics and subscriptions.  Frozen like every migration.
+_PRODUCER_V6 = (
+    # A consumer's subscription: NULL topics (every name registered before,
+    # or without topics) gets every event; a JSON list of topic names gets
+    # the events of those topics, routed by advance, with each delivery's
+    # prev_seq (NULL: seq - 1).  topics_from: the outbox position after
+    # which its subscription holds (the last event committed before it).
+    "ALTER TABLE consumer ADD COLUMN topics TEXT",
+    "ALTER TABLE consumer ADD COLUMN topics_from INTEGER",
+    "ALTER TABLE delivery ADD COLUMN prev_seq INTEGER",
+    # The seq of each flow's last event routed to each consumer: the
+    # prev_seq of the next one, fixed when that one commits.
+    """CREATE TABLE flow_head(
+                flow_id TEXT NOT NULL,
+                consumer TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                PRIMARY KEY (flow_id, consumer)
+            ) WITHOUT ROWID""",
+    # A subscription change is a registry action, with its topics; SQLite
+    # cannot alter a CHECK constraint, so the table is rebuilt.
+    """CREATE TABLE registry_action_v6(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                at REAL NOT NULL,
+                consumer TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('register','remove','subscribe')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                topics TEXT
+            )""",
+    (
+        "INSERT INTO registry_action_v6(id, at, consumer, action, actor, reason) "
+        "SELECT id, at, consumer, action, actor, reason FROM registry_action"
+    ),
+    "DROP TABLE registry_action",
+    "ALTER TABLE registry_action_v6 RENAME TO registry_action",
+)
+
 PRODUCER = FileKind(
     name="producer",
     application_id=0x52460001,  # "RF" 1
@@ -170,6 +207,8 @@ PRODUCER = FileKind(
         ),
         # v5: who pruned, when and why: one row per prune call.
         (_RETENTION_ACTION,),
+        # v6: topics and subscriptions (issue 32).
+        _PRODUCER_V6,
     ),
 )
 
