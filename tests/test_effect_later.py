@@ -13,6 +13,7 @@ time, real threads and a fake service where it is about what a provider sees.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -236,7 +237,7 @@ def test_starts_are_spread_and_a_wait_writes_one_history_row(make: Callable[...,
         world.clock.t = round(world.clock.t + 0.01, 6)  # a pass every 10 ms
     assert len(calls) == 60 and _most_in_a_window(calls, 1.0) == 20
     assert _most_in_a_window(calls, 1.025) == 20  # the window with its margin: 1 s + 1 s / 20 / 2
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert min(gaps) >= 0.05 - 1e-9  # 1 s / 20, never a burst
     rows = [t for f in flows for t in world.consumer.effect_history(f"r-{f}") if str(t.transition) == "rate_limited"]
     assert len(rows) == 59  # each effect that waited: one row for its wait (the first started at once)
