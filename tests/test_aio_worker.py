@@ -265,18 +265,19 @@ def test_a_rate_limit_puts_effects_off(make: Callable[..., World]) -> None:
     async def call(c: EffectCall) -> None:
         calls.append(world.clock.t)
 
-    world = make(call, rate_limit=(2, 10))
+    world = make(call, rate_limit=(2, 10))  # starts 5 s apart
     keys = world.ask(5)
 
     async def main() -> None:
         consumer = world.consumer()
         executor = AsyncEffectExecutor(consumer, policy=world.policy(), concurrency=4)
-        assert (await executor.run_once()).work == 2 and calls == [T0, T0]
-        assert executor.stats.rate_limited >= 1
-        world.clock.t += 10
-        assert (await executor.run_once()).work == 2
-        world.clock.t += 10
-        assert (await executor.run_once()).work == 1
+        assert (await executor.run_once()).work == 1 and calls == [T0]
+        assert executor.stats.rate_limited == 4  # one wait each, one row each
+        for t in (T0 + 5, T0 + 12.5, T0 + 17.5, T0 + 25):  # never a third in 12.5 s
+            world.clock.t = t
+            assert (await executor.run_once()).work == 1
+        assert calls == [T0, T0 + 5, T0 + 12.5, T0 + 17.5, T0 + 25]
+        assert executor.stats.rate_limited == 4
         metrics = await executor.metrics()
         assert metrics.started == {"call": 5} and metrics.in_flight == {}
         await consumer.close()

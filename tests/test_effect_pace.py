@@ -682,22 +682,32 @@ def test_a_names_concurrency_cap_holds_across_executors(make: Callable[..., Worl
     assert gauge.most == 2  # 2 executors x concurrency 4, yet never more than the cap of 2
 
 
-def test_a_rate_limit_holds_across_executors_and_puts_effects_off(make: Callable[..., World]) -> None:
+def test_a_rate_limit_holds_across_executors_and_spreads_the_starts(make: Callable[..., World]) -> None:
     calls: list[float] = []
-    world = make(lambda c: calls.append(world.clock.t), rate_limit=(2, 10))
+    world = make(lambda c: calls.append(world.clock.t), rate_limit=(2, 10))  # 2 per 10 s: 5 s apart
     keys = world.ask(5)
     first, second = world.executor(owner="a", concurrency=4), world.executor(owner="b", concurrency=4)
-    assert first.run_once().work == 2
+    assert first.run_once().work == 1
     assert second.run_once().work == 0  # the same name's starts, counted from the store
-    assert calls == [T0, T0]
-    waiting = [world.consumer.scheduled_effect(k) for k in keys[2:]]
-    assert [(e.state, e.due_at) for e in waiting] == [("pending", T0 + 10)] * 3  # type: ignore[union-attr]
+    assert calls == [T0]
+    waiting = [world.consumer.scheduled_effect(k) for k in keys[1:]]
+    # put off to the next free start times, one spacing apart: they wake one at a time
+    assert [(e.state, e.due_at) for e in waiting] == [  # type: ignore[union-attr]
+        ("pending", T0 + 5), ("pending", T0 + 10), ("pending", T0 + 15), ("pending", T0 + 20)]
     limited = [t for t in world.consumer.effect_history(keys[2]) if str(t.transition) == "rate_limited"]
     assert [t.due_at for t in limited] == [T0 + 10]
-    world.clock.t += 10
-    assert second.run_once().work == 2 and calls == [T0, T0, T0 + 10, T0 + 10]
-    world.clock.t += 10
-    assert first.run_once().work == 1
+    world.clock.t = T0 + 5
+    assert second.run_once().work == 1 and calls == [T0, T0 + 5]
+    # 5 s apart, and never a third in 12.5 s (the period and half the spacing: room for jitter)
+    world.clock.t = T0 + 10
+    assert second.run_once().work == 0  # the second start was at T0 + 5: a third waits for T0 + 12.5
+    for t in (T0 + 12.5, T0 + 17.5, T0 + 25):
+        world.clock.t = t - 0.001
+        assert second.run_once().work == 0
+        world.clock.t = t
+        assert second.run_once().work == 1 and calls[-1] == t
+    assert calls == [T0, T0 + 5, T0 + 12.5, T0 + 17.5, T0 + 25]
+    assert [str(t.transition) for t in world.consumer.effect_history(keys[2])].count("rate_limited") == 1
     assert world.states(keys) == ["succeeded"] * 5
 
 
@@ -711,21 +721,18 @@ def test_the_executors_metrics_count_starts_waits_heartbeats_and_timeouts(make: 
 
     def call(c: EffectCall) -> None:
         c.heartbeat()
-        if c.flow_id == "F0":  # outlives its timeout, once F1's call is recorded (the clock is shared)
-            deadline = time.monotonic() + 20
-            while executor.stats.outcomes["succeeded"] < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
+        if c.flow_id == "F0":  # outlives its timeout (the clock is shared)
             world.clock.t += 3
             release.wait(20)
 
-    world = make(call, timeout=2, rate_limit=(2, 10))
+    world = make(call, timeout=2, rate_limit=(2, 10))  # F0 starts; F1 and F2 wait for a start
     world.ask(3)
     executor = world.executor(owner="ex", concurrency=4)
     executor.run_once()
     m = executor.metrics()
     assert isinstance(m, ExecutorMetrics)
-    assert (m.concurrency, m.in_flight, m.started, m.rate_limited) == (4, {"call": 1}, {"call": 2}, 1)
-    assert (m.heartbeats, m.timeouts, m.lease_lost) == (2, 1, 0) and m.renewals >= 2
+    assert (m.concurrency, m.in_flight, m.started, m.rate_limited) == (4, {"call": 1}, {"call": 1}, 2)
+    assert (m.heartbeats, m.timeouts, m.lease_lost) == (1, 1, 0) and m.renewals >= 1
     text = prometheus_text([m])
     assert 'reliable_flow_effect_starts_total{consumer="tools",owner="' in text
     assert "reliable_flow_effect_timeouts_total{" in text and text.count("# TYPE reliable_flow_effect_") == 9

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _envelope as envelope
-from ._checks import check_finite, check_optional_count, check_text
+from ._checks import check_finite, check_optional_count, check_seconds, check_text
 from ._core.effects import cancel_in, default_key, schedule_in
 from ._effects import EffectRegistry, check_json_object
 from ._store.effects import EffectUnit, NewEffect
@@ -173,7 +173,7 @@ class ApplyContext:
 
     def schedule(
         self, name: str, payload: dict[str, Any], *, key: str | None = None, deadline: float | None = None,
-        version: int | None = None, ordered: bool = False,
+        version: int | None = None, ordered: bool = False, after: float | None = None, at: float | None = None,
     ) -> str:
         """Schedule the effect ``name`` with ``payload``; returns its idempotency key.
 
@@ -183,7 +183,12 @@ class ApplyContext:
         event's ``meta["expires_at"]``, if any) after which it is never run;
         ``version``: it is superseded, never run, once the flow is applied
         past this seq; ``ordered``: it waits while an earlier ordered effect
-        of the same flow is unresolved.
+        of the same flow is unresolved.  ``after`` (seconds from now, >= 0)
+        or ``at`` (seconds since the epoch), not both, delay it: no executor
+        starts it before that time on its clock (durable: the time is stored
+        with the effect, which until then is ``pending`` and can be cancelled,
+        superseded or expire like any other).  Bad input raises
+        ``ValueError`` naming the argument, and nothing is scheduled.
         """
         envelope.check_name("name", name)
         if self._effects is not None and name not in self._effects:
@@ -199,9 +204,10 @@ class ApplyContext:
         check_optional_count("version", version)
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered must be a bool, got {ordered!r}")
+        due_at = _due_at(self._now, after, at)
         schedule_in(self._unit, NewEffect(
             chosen, name, body, self.event.event_id, self.event.flow_id, self.event.seq,
-            envelope.canonical(self.event.meta), ordered, deadline, version, None, self._now,
+            envelope.canonical(self.event.meta), ordered, deadline, version, None, self._now, due_at,
         ))
         self.scheduled.append(chosen)
         return chosen
@@ -214,6 +220,18 @@ class ApplyContext:
 
 
 Handler = Callable[[ApplyContext], None]
+
+
+def _due_at(now: float, after: object, at: object) -> float | None:
+    """When a delayed effect is first due (None: at once); refuses both, NaN,
+    infinities, bools, non-numbers and negative values, naming the argument."""
+    if after is not None and at is not None:
+        raise ValueError(f"give after or at, not both (got after={after!r}, at={at!r})")
+    if after is not None:
+        return now + check_seconds("after", after, allow_zero=True)
+    if at is not None:
+        return check_seconds("at", at, allow_zero=True)  # epoch seconds; one in the past is due at once
+    return None
 
 
 def _finite(name: str, value: object) -> float:

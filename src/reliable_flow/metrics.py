@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._observe import Observer
@@ -81,7 +81,10 @@ class ConsumerMetrics:
 
     From the file: ``inbox`` rows per state (every state listed), ``blocked``
     rows per reason, ``gaps`` (flows stopped at a missing seq), ``effects``
-    per state (every state listed, ``unknown`` included).
+    per state (every state listed, ``unknown`` included); ``timers``: per
+    effect name, the ``pending`` effects waiting for a time (delayed with
+    ``schedule(after=, at=)``, backing off, or put off by a rate limit) and
+    ``next_due``, the earliest of their due times (seconds since the epoch).
 
     From this process only, None when read from the file alone (nothing of
     it is stored): ``duplicates`` received and ``applied`` events since the
@@ -101,6 +104,8 @@ class ConsumerMetrics:
     applied: int | None = None
     seconds_open: float | None = None
     applied_per_second: float | None = None
+    timers: dict[str, int] = field(default_factory=dict)
+    next_due: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as plain dicts (JSON-able)."""
@@ -165,6 +170,7 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
     the ``observer`` of a live object, its in-process counts too."""
     counts = reads.inbox_counts()
     stored = reads.effect_counts()
+    timers = reads.effect_timers(now)
     name = reads.meta().get("name", "")
     live: dict[str, Any] = {}
     if observer is not None:
@@ -178,6 +184,8 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
         counts.gaps,
         {s.value: stored.get(s.value, 0) for s in EffectState},
         **live,
+        timers={name: n for name, (n, _due) in timers.items()},
+        next_due={name: due for name, (_n, due) in timers.items()},
     )
 
 
@@ -231,6 +239,14 @@ def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
     yield "reliable_flow_flows_at_gap", "gauge", "Flows stopped at a missing seq.", who, m.gaps
     for state, n in m.effects.items():
         yield "reliable_flow_effects", "gauge", "Side effects per state.", {**who, "state": state}, n
+    for name, n in m.timers.items():
+        yield ("reliable_flow_effects_waiting_for_time", "gauge",
+               "Pending effects not due yet (delayed, backing off, rate limited), per name.",
+               {**who, "effect": name}, n)
+    for name, due in m.next_due.items():
+        yield ("reliable_flow_effect_next_due_timestamp_seconds", "gauge",
+               "When the earliest pending effect of a name not due yet is due (epoch seconds).",
+               {**who, "effect": name}, due)
     if m.duplicates is not None:
         yield ("reliable_flow_duplicates_received_total", "counter",
                "Duplicate events received since this process opened the consumer.", who, m.duplicates)

@@ -118,6 +118,8 @@ def claim_changes(effect: ScheduledEffect, chosen: Plan, reason: str | None, pol
     if chosen is Plan.PARK:
         return {"state": _S.UNKNOWN, "reason": reason, "lease_owner": None}
     lease: Changes = {"state": _S.RUNNING, "due_at": claim_until(policy, now), "lease_owner": policy.owner}
+    if effect.reason is not None and effect.reason.startswith(RATE_WAIT):
+        lease["reason"] = None  # its wait for a start is over
     if chosen is Plan.RUN:
         lease["attempts"] = effect.attempts + 1
     elif effect.state is _S.RUNNING:
@@ -139,22 +141,57 @@ _CLAIMED = {Plan.RUN: Transition.CLAIMED, Plan.RECONCILE: Transition.RECONCILING
             Plan.SUPERSEDE: Transition.SUPERSEDED, Plan.PARK: Transition.PARKED}
 
 
+#: The ``reason`` of a pending effect while it waits for a start under its
+#: name's ``rate_limit``: the mark that it already has its ``rate_limited``
+#: history row for this wait (cleared when it is claimed).
+RATE_WAIT = "rate_limited: "
+
+Starts = tuple[int, float | None, float | None]  # in the window: how many, the first, the last
+
+
+def rate_window(rate_limit: tuple[int, float]) -> float:
+    """The window a name's starts are counted in: ``period`` and half the
+    spacing more, so that any ``count + 1`` starts span more than ``period``
+    by a margin that absorbs the jitter between a start and its arrival at
+    the provider (see docs/effects.md, "Rate limits that spread")."""
+    count, period = rate_limit
+    return period + period / count / 2
+
+
+def rate_free_at(rate_limit: tuple[int, float], starts: Starts) -> float | None:
+    """When the next start of a name with ``rate_limit = (count, period)`` may
+    be, given its starts in the last :func:`rate_window` (None: now).  Starts
+    are at least ``period / count`` apart, and at most ``count`` fall in any
+    window of :func:`rate_window` (by start time): the next is due no sooner
+    than the previous plus the spacing, nor, with ``count`` in the window,
+    than the first of them plus the window."""
+    count, period = rate_limit
+    started, first, last = starts
+    free_at = None if last is None else last + period / count
+    if started >= count and first is not None:
+        free_at = max(first + rate_window(rate_limit), free_at or first)
+    return free_at
+
+
 def claim_in(unit: EffectUnit, specs: Mapping[str, EffectSpec], policy: DeliveryPolicy, now: float,
              limit: int) -> tuple[list[Claim], int]:
     """Take up to ``limit`` due effects of these registered names in one
     transaction, oldest due first, each with its plan (:func:`plan`) and its
     history.  A name at its ``concurrency`` cap (claims still leased, across
-    every executor) is left for later; an effect over its name's
-    ``rate_limit`` (starts in the window, from the history) is put off until
-    the first of them leaves the window (``rate_limited``).  Returns the
-    claims and how many effects were put off so."""
+    every executor) is left for later; a call a name's ``rate_limit`` has no
+    start for yet (:func:`rate_free_at`, from the starts in the history) is
+    put off: the effects so put off in one claim get the next free start
+    times, one spacing apart, and an effect writes its ``rate_limited``
+    history row once per wait, not on every claim that puts it off again.
+    Returns the claims and how many effects began a wait."""
     throttled = sorted(n for n, s in specs.items() if s.concurrency is not None or s.rate_limit is not None)
     if throttled:
-        unit.lock_effect_names(throttled)
+        unit.lock_effect_names(throttled)  # PostgreSQL: claimers of a throttled name one at a time
     capped = [n for n in throttled if specs[n].concurrency is not None]
     held = unit.held_effect_counts(capped, now) if capped else {}
     full = {n for n in capped if held.get(n, 0) >= (specs[n].concurrency or 0)}
-    starts = {n: unit.effect_starts(n, now - s.rate_limit[1]) for n, s in specs.items() if s.rate_limit is not None}
+    starts = {n: unit.effect_starts(n, now - rate_window(s.rate_limit)) for n, s in specs.items() if s.rate_limit}
+    put_off: dict[str, int] = {}
     claims: list[Claim] = []
     notes: list[EffectTransition] = []
     for _ in range(len(specs) + limit):  # each round claims, puts off, or closes a name: bounded
@@ -165,14 +202,11 @@ def claim_in(unit: EffectUnit, specs: Mapping[str, EffectSpec], policy: Delivery
             name, spec = effect.name, specs[effect.name]
             if name in full:
                 continue
-            if spec.rate_limit is not None and starts[name][0] >= spec.rate_limit[0]:
-                free_at = (starts[name][1] or now) + spec.rate_limit[1]
-                unit.update_effect(effect.key, {"due_at": free_at}, now)
-                notes.append(note(effect, Transition.RATE_LIMITED, now, policy.owner, (
-                    f"{starts[name][0]} starts of {name!r} in the last {spec.rate_limit[1]:g} s "
-                    f"(rate_limit {spec.rate_limit[0]}): due at {free_at:.3f}"), due_at=free_at))
-                continue
             chosen, reason = plan(effect, spec, now, unit.last_seq(effect.flow_id))
+            free_at = rate_free_at(spec.rate_limit, starts[name]) if spec.rate_limit and chosen is Plan.RUN else None
+            if spec.rate_limit is not None and free_at is not None and free_at > now:
+                _put_off(unit, effect, spec.rate_limit, starts[name], free_at, put_off, notes, policy, now)
+                continue
             changes = owe_failure(effect, spec, claim_changes(effect, chosen, reason, policy, now), now)
             unit.update_effect(effect.key, changes, now)
             if effect.state is _S.RUNNING:  # its executor died, or stopped renewing
@@ -189,12 +223,33 @@ def claim_in(unit: EffectUnit, specs: Mapping[str, EffectSpec], policy: Delivery
                 if held[name] >= spec.concurrency:
                     full.add(name)
             if chosen is Plan.RUN and name in starts:
-                count, first = starts[name]
-                starts[name] = (count + 1, now if first is None else first)
+                count, first, _last = starts[name]
+                starts[name] = (count + 1, now if first is None else first, now)
         if len(due) < wanted or len(claims) >= limit:
             break
     unit.add_transitions(notes)
     return claims, sum(1 for n in notes if n.transition is Transition.RATE_LIMITED)
+
+
+def _put_off(unit: EffectUnit, effect: ScheduledEffect, rate_limit: tuple[int, float], starts: Starts,
+             free_at: float, put_off: dict[str, int], notes: list[EffectTransition], policy: DeliveryPolicy,
+             now: float) -> None:
+    """Put a call off to a free start time of its name: the n-th put off in
+    this claim to the n-th free time, so they wake one at a time; its history
+    row only when this wait begins (its reason is not yet the mark)."""
+    count, period = rate_limit
+    ahead = put_off.get(effect.name, 0)
+    put_off[effect.name] = ahead + 1
+    due_at = free_at + ahead * period / count
+    if effect.reason is not None and effect.reason.startswith(RATE_WAIT):
+        unit.update_effect(effect.key, {"due_at": due_at}, now)  # the same wait: no new row
+        return
+    reason = f"{RATE_WAIT}{effect.name!r} starts at most {count} per {period:g} s, {period / count:g} s apart"
+    unit.update_effect(effect.key, {"due_at": due_at, "reason": reason}, now)
+    notes.append(note(effect, Transition.RATE_LIMITED, now, policy.owner, (
+        f"{starts[0]} starts of {effect.name!r} in the last {rate_window(rate_limit):g} s (rate_limit {count} per "
+        f"{period:g} s, at least "
+        f"{period / count:g} s apart): due at {due_at:.3f}"), due_at=due_at))
 
 
 class Outcome(enum.Enum):
@@ -517,9 +572,11 @@ def schedule_in(unit: EffectUnit, new: NewEffect) -> ScheduledEffect | None:
     conflict, and the apply rolls back."""
     held = unit.add_effect(new)
     if held is None:
-        # Due from its scheduling on (the outbox row's due_at 0 means "at once").
+        # Due from its scheduling on (the outbox row's due_at 0 means "at once"), or from
+        # the time a delayed effect asked for: no claim takes it up before (``due_effects``).
+        due = new.created_at if new.due_at is None else new.due_at
         unit.add_transitions([EffectTransition(new.key, new.name, new.created_at, Transition.SCHEDULED, 0,
-                                               due_at=new.created_at)])
+                                               due_at=due)])
         return None
     same = (held.name, envelope.canonical(held.payload), held.event_id, held.deadline, held.version, held.ordered) == (
         new.name, new.payload, new.event_id, new.deadline, new.version, new.ordered

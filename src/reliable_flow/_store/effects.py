@@ -40,6 +40,8 @@ class NewEffect:
     version: int | None
     fed: bool | None
     created_at: float
+    #: When it may first be taken up (``ctx.schedule(after=, at=)``); None: at once.
+    due_at: float | None = None
 
 
 class EffectReads(Protocol):
@@ -56,6 +58,11 @@ class EffectReads(Protocol):
     def effect_counts(self) -> dict[str, int]:
         """How many effects are in each state (states with none are left out)."""
 
+    def effect_timers(self, now: float) -> dict[str, tuple[int, float]]:
+        """Per name (names with none left out): how many ``pending`` effects
+        are not due before a later time than ``now`` (delayed, backing off or
+        rate limited), and the earliest of their due times."""
+
     def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
         """Recorded operator actions on effects (target ``effect``; for one key
         if given), in order."""
@@ -64,10 +71,10 @@ class EffectReads(Protocol):
         """Every recorded transition of the effect with this key, in the order
         written (empty for an unknown key, or once the effect was pruned)."""
 
-    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
+    def effect_starts(self, name: str, since: float) -> tuple[int, float | None, float | None]:
         """How many calls of effects named ``name`` started (``claimed``
-        transitions) after ``since``, and when the first of them did (None
-        when none did)."""
+        transitions) after ``since``, when the first of them did and when the
+        last did (both None when none did)."""
 
     def held_effect_counts(self, names: Collection[str], now: float) -> dict[str, int]:
         """Per name (of ``names``; names with none left out): effects held

@@ -43,6 +43,7 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
     docs/operations.md for every key).
     """
     snap = snapshot(producer_path, consumer_path)
+    at = time.time() if now is None else now
     prod, cons = snap["producer"], snap["consumer"]
 
     events = [e for entries in prod["outbox"].values() for e in entries]
@@ -115,12 +116,24 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
             "blocked": blocked,
             "gaps": gaps,
             "effects": {"counts": effect_counts, "attention": attention,
-                        "actions": cons["effect_actions"]},
+                        "timers": _timers(outbox, at), "actions": cons["effect_actions"]},
         },
     }
-    _add_operations(report, producer_path, consumer_path, stuck_after, time.time() if now is None else now,
-                    outbox)
+    _add_operations(report, producer_path, consumer_path, stuck_after, at, outbox)
     return report
+
+
+def _timers(outbox: list[ScheduledEffect], now: float) -> list[dict[str, Any]]:
+    """Per effect name, the pending effects not due before a later time than
+    ``now`` (delayed, backing off, rate limited): how many, and the next one."""
+    timers: dict[str, dict[str, Any]] = {}
+    for e in outbox:
+        if e.state is EffectState.PENDING and e.due_at > now:
+            t = timers.setdefault(e.name, {"name": e.name, "waiting": 0, "next_due": e.due_at, "next_key": e.key})
+            t["waiting"] += 1
+            if e.due_at < t["next_due"]:
+                t["next_due"], t["next_key"] = e.due_at, e.key
+    return [timers[n] for n in sorted(timers)]
 
 
 def _add_operations(report: dict[str, Any], producer_path: Location, consumer_path: Location,
@@ -237,6 +250,10 @@ def format_report(report: dict[str, Any]) -> str:
                 keys = ["key", "state", "attempts"] + (["due"] if shows_due(e) else [])
                 lines += _rows([{**e, "state": effect_state(e), "due": when(e["due_at"])}],
                                keys + ["lease_owner", "last_error", "reason"])
+        if effects.get("timers"):
+            lines.append("  effects waiting for a time (delayed, backing off, rate limited):")
+            lines += _rows([{**t, "next_due": when(t["next_due"])} for t in effects["timers"]],
+                           ["name", "waiting", "next_due", "next_key"])
         if effects["actions"]:
             lines.append("  operator actions on effects:")
             lines += _rows(effects["actions"], ["action", "key", "actor", "reason"])

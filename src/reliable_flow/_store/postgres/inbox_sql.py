@@ -126,7 +126,7 @@ class PgInboxSql(InboxSql, param="%s"):
     # Rate limits count the starts (``claimed``) of a name in a window (index
     # effect_history_starts); caps count the claims still leased.
     EFFECT_STARTS = (
-        "SELECT count(*), min(at) FROM effect_history WHERE name = %s AND transition = 'claimed' AND at > %s"
+        "SELECT count(*), min(at), max(at) FROM effect_history WHERE name = %s AND transition = 'claimed' AND at > %s"
     )
     HELD_EFFECTS = (
         "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "

@@ -127,6 +127,7 @@ class InboxRepository(Dialect):
         stored = self._run(self._SQL.ADD_EFFECT, (
             new.key, new.name, new.payload, new.event_id, new.flow_id, new.seq, new.meta, int(new.ordered),
             new.deadline, new.version, None if new.fed is None else int(new.fed), new.created_at, new.created_at,
+            0.0 if new.due_at is None else new.due_at,  # 0: due at once (the column's default)
         ))
         return None if stored else self.effect(new.key)
 
@@ -150,6 +151,9 @@ class InboxRepository(Dialect):
 
     def effect_counts(self) -> dict[str, int]:
         return {str(s): int(n) for s, n in self._rows(self._SQL.EFFECT_COUNTS)}
+
+    def effect_timers(self, now: float) -> dict[str, tuple[int, float]]:
+        return {str(n): (int(count), float(due)) for n, count, due in self._rows(self._SQL.EFFECT_TIMERS, (now,))}
 
     def effect_actions(self, key: str | None = None) -> list[OperatorAction]:
         found = (self._rows(self._SQL.EFFECT_ACTIONS) if key is None
@@ -187,10 +191,10 @@ class InboxRepository(Dialect):
     def effect_history(self, key: str) -> list[EffectTransition]:
         return [rows.effect_transition(r) for r in self._rows(self._SQL.EFFECT_HISTORY, (key,))]
 
-    def effect_starts(self, name: str, since: float) -> tuple[int, float | None]:
+    def effect_starts(self, name: str, since: float) -> tuple[int, float | None, float | None]:
         row = self._one(self._SQL.EFFECT_STARTS, (name, since))
         assert row is not None  # an aggregate: one row always
-        return int(row[0]), None if row[1] is None else float(row[1])
+        return int(row[0]), None if row[1] is None else float(row[1]), None if row[2] is None else float(row[2])
 
     def update_effect(self, key: str, changes: Mapping[str, Any], now: float) -> None:
         columns, values = effect_changes(changes)  # only EFFECT_COLUMNS: safe to name in the text

@@ -226,12 +226,17 @@ class InboxSql(SideSql):
     INBOX_ACTIONS_OF_EVENT = _ACTION + "WHERE event_id = ? OR replacement_event_id = ? ORDER BY id"
     ADD_EFFECT = (
         "INSERT INTO effect_outbox(key, name, payload, event_id, flow_id, seq, meta, ordered, deadline, "
-        "version, fed, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "version, fed, created_at, updated_at, due_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT(key) DO NOTHING"
     )
     EFFECT = f"SELECT {EFFECT_SELECT} FROM effect_outbox WHERE key = ?"
     EFFECT_LIST = f"SELECT {EFFECT_SELECT} FROM effect_outbox {{where}} ORDER BY id"
     EFFECT_COUNTS = "SELECT state, count(*) FROM effect_outbox GROUP BY state ORDER BY state"
+    # Pending effects waiting for a time (delayed, backing off, rate limited), per name.
+    EFFECT_TIMERS = (
+        "SELECT name, count(*), min(due_at) FROM effect_outbox WHERE state = 'pending' AND due_at > ? "
+        "GROUP BY name ORDER BY name"
+    )
     EFFECT_ACTIONS = "SELECT at, key, action, actor, reason FROM effect_action ORDER BY id"
     EFFECT_ACTIONS_OF = "SELECT at, key, action, actor, reason FROM effect_action WHERE key = ? ORDER BY id"
     RECORD_EFFECT_ACTION = "INSERT INTO effect_action(at, key, action, actor, reason) VALUES (?, ?, ?, ?, ?)"

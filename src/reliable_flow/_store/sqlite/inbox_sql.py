@@ -151,7 +151,7 @@ class SqliteInboxSql(InboxSql, param="?"):
     # Rate limits count the starts (``claimed``) of a name in a window (index
     # effect_history_starts); caps count the claims still leased.
     EFFECT_STARTS = (
-        "SELECT count(*), min(at) FROM effect_history INDEXED BY effect_history_starts "
+        "SELECT count(*), min(at), max(at) FROM effect_history INDEXED BY effect_history_starts "
         "WHERE name = ? AND transition = 'claimed' AND at > ?"
     )
     HELD_EFFECTS = (
