@@ -137,3 +137,8 @@ class PgInboxSql(InboxSql, param="%s"):
         "DELETE FROM inbox_tombstone WHERE event_id IN "
         "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
     )
+    # Through the expression index inbox_correlation (v4): the same expression.
+    FLOWS_BY_CORRELATION = (
+        "SELECT DISTINCT flow_id FROM inbox WHERE ((body::jsonb) -> 'meta' ->> 'correlation_id') = %s "
+        "ORDER BY flow_id LIMIT %s"
+    )

@@ -132,6 +132,9 @@ PRODUCER = StoreKind(
                 deliveries INTEGER NOT NULL
             )""",
         ),
+        # v2: the set-aside deliveries, per consumer in commit order, as
+        # SQLite's v5 (the console at scale, issue 31).
+        ("CREATE INDEX delivery_set_aside ON delivery(consumer, pos) WHERE state = 'set_aside'",),
     ),
 )
 
@@ -249,5 +252,17 @@ CONSUMER = StoreKind(
         # v3: a transition's due time as a column (EffectTransition.due_at),
         # as SQLite's v6; NULL for rows written before it.
         ("ALTER TABLE effect_history ADD COLUMN due_at DOUBLE PRECISION",),
+        # v4: the console's indexes, as SQLite's v7 (issue 31, item 5); the
+        # correlation id is an expression over the body (canonical JSON),
+        # indexed by the migration for the rows already stored.
+        (
+            "CREATE INDEX effect_by_name ON effect_outbox(name, id)",
+            "CREATE INDEX effect_by_state_name ON effect_outbox(state, name, id)",
+            "CREATE INDEX effect_by_flow ON effect_outbox(flow_id, id)",
+            (
+                "CREATE INDEX inbox_correlation ON inbox(((body::jsonb) -> 'meta' ->> 'correlation_id'), flow_id) "
+                "WHERE ((body::jsonb) -> 'meta' ->> 'correlation_id') IS NOT NULL"
+            ),
+        ),
     ),
 )
