@@ -25,12 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._envelope import MAX_ID_CHARS
+from .._store import InboxReads, OutboxReads
 from .._tools.attention import attention_items
-from .._tools.drilldown import effect_dict, effect_report, flow_report, opened, when
+from .._tools.drilldown import effect_dict, effect_report_of, flow_report_of, when
 from .._tools.metrics_report import metrics_files
 from .._tools.stores import Location, open_consumer, open_producer, shown
 from ..metrics import prometheus_text
+from ..records import ScheduledEffect
 from ..statuses import EffectState
+from ._reads import Reader
 
 __all__ = ["BadRequest", "Console", "NotFound", "Redact", "Target", "parse_consumer"]
 
@@ -128,6 +131,7 @@ class Console:
         names = [t.name for t in self.targets]
         if len(set(names)) != len(names):
             raise ValueError(f"consumers: a consumer is given twice: {names}")
+        self._readers = {t.name: Reader(producer, t.location) for t in self.targets}
         self.redact = redact
         self.stuck_after = stuck_after
         self._samples: deque[tuple[float, dict[str, int]]] = deque(maxlen=720)
@@ -147,13 +151,13 @@ class Console:
         now = time.time() if now is None else now
         consumers, attention, more, sizes = [], [], False, (0, 0)
         for i, t in enumerate(self.targets):
-            with opened(self.producer, t.location) as (p, c):
-                items, cut = attention_items(p, c, now, self.stuck_after, self.attention_limit)
-                delivery = p.pending_summary(t.name, now, COUNT_CAP)
-                waiting = c.waiting_summary(COUNT_CAP)
-                effects = c.effect_counts(cap=COUNT_CAP)
-                applied = c.applies_recorded()
-                sizes = p.sizes(COUNT_CAP) if i == 0 else sizes
+            def read(p: OutboxReads, c: InboxReads, name: str = t.name, first: bool = i == 0) -> Any:
+                return (*attention_items(p, c, now, self.stuck_after, self.attention_limit),
+                        p.pending_summary(name, now, COUNT_CAP), c.waiting_summary(COUNT_CAP),
+                        c.effect_counts(cap=COUNT_CAP), c.applies_recorded(), p.sizes(COUNT_CAP) if first else None)
+
+            items, cut, delivery, waiting, effects, applied, produced = self._readers[t.name].run(read)
+            sizes = produced or sizes
             unapplied = waiting.pending + waiting.blocked
             consumers.append({
                 "name": t.name, "location": t.shown,
@@ -216,23 +220,26 @@ class Console:
         q = _checked("q", q)
         found: dict[str, set[str]] = {}
         more = False
+
+        def read(p: OutboxReads, c: InboxReads) -> bool:
+            if p.flow_state(q) is not None or c.projection(q) is not None or c.inbox_rows(q):
+                found.setdefault(q, set()).add("flow_id")
+            event = p.find_event(q)
+            if event is not None:
+                found.setdefault(str(json.loads(event.body)["flow_id"]), set()).add("event_id")
+            row = c.inbox_row(q)
+            if row is not None:
+                found.setdefault(row.row().flow_id, set()).add("event_id")
+            effect = c.effect(q)
+            if effect is not None:
+                found.setdefault(effect.flow_id, set()).add("effect_key")
+            correlated = c.flows_by_correlation(q, FOUND_LIMIT + 1)  # an index of the events' meta
+            for flow in correlated[:FOUND_LIMIT]:
+                found.setdefault(flow, set()).add("correlation_id")
+            return len(correlated) > FOUND_LIMIT
+
         for t in self.targets:
-            with opened(self.producer, t.location) as (p, c):
-                if p.flow_state(q) is not None or c.projection(q) is not None or c.inbox_rows(q):
-                    found.setdefault(q, set()).add("flow_id")
-                event = p.find_event(q)
-                if event is not None:
-                    found.setdefault(str(json.loads(event.body)["flow_id"]), set()).add("event_id")
-                row = c.inbox_row(q)
-                if row is not None:
-                    found.setdefault(row.row().flow_id, set()).add("event_id")
-                effect = c.effect(q)
-                if effect is not None:
-                    found.setdefault(effect.flow_id, set()).add("effect_key")
-                correlated = c.flows_by_correlation(q, FOUND_LIMIT + 1)  # an index of the events' meta
-                more = more or len(correlated) > FOUND_LIMIT
-                for flow in correlated[:FOUND_LIMIT]:
-                    found.setdefault(flow, set()).add("correlation_id")
+            more = self._readers[t.name].run(read) or more
         flows = sorted(found)
         return {"q": q, "flows": [{"flow_id": f, "matched": [m for m in MATCHES if m in found[f]]}
                                   for f in flows[:FOUND_LIMIT]], "more": more or len(flows) > FOUND_LIMIT}
@@ -246,12 +253,14 @@ class Console:
         reports, consumers, attention = [], [], []
         events: list[dict[str, Any]] = []
         for t in self.targets:
-            report = flow_report(self.producer, t.location, flow_id, stuck_after=self.stuck_after, now=now)
-            with opened(self.producer, t.location) as (p, c):
-                projection = c.projection(flow_id)
-                stored = {e.key: e for e in c.effect_list(flow_id=flow_id)}
-                if not events:
-                    events = [self._event(p.find_event(e["event_id"]), e) for e in report["producer"]["events"]]
+            def read(p: OutboxReads, c: InboxReads, first: bool = not events) -> Any:
+                report = flow_report_of(p, c, flow_id, stuck_after=self.stuck_after, now=now)
+                bodies = [p.find_event(e["event_id"]) for e in report["producer"]["events"]] if first else []
+                return report, c.projection(flow_id), {e.key: e for e in c.effect_list(flow_id=flow_id)}, bodies
+
+            report, projection, stored, bodies = self._readers[t.name].run(read)
+            if not events:
+                events = [self._event(body, e) for body, e in zip(bodies, report["producer"]["events"])]
             effects = [self._effect(e, stored.get(e["key"])) for e in report["consumer"]["effects"]]
             projection = self._merged(projection, events)
             deliveries = {e["seq"]: e["deliveries"].get(t.name) for e in report["producer"]["events"]}
@@ -324,10 +333,15 @@ class Console:
             after = _checked("after", after)
         if not 1 <= limit <= 500:
             raise BadRequest(f"limit must be between 1 and 500, got {limit}")
-        with opened(self.producer, target.location) as (_, c):
+
+        def read(_: OutboxReads, c: InboxReads) -> list[ScheduledEffect] | None:
             if after is not None and c.effect(after) is None:
-                raise BadRequest(f"after must be the key of an effect (the last of the page before), got {after!r}")
-            page = c.effect_list(state=wanted, name=name, after=after, limit=limit + 1)  # a keyset read
+                return None
+            return c.effect_list(state=wanted, name=name, after=after, limit=limit + 1)  # a keyset read
+
+        page = self._readers[target.name].run(read)
+        if page is None:
+            raise BadRequest(f"after must be the key of an effect (the last of the page before), got {after!r}")
         more, page = len(page) > limit, page[:limit]
         return {"consumer": target.name, "state": state, "name": name, "after": after, "limit": limit,
                 "effects": [self._effect(effect_dict(e), e) for e in page],
@@ -337,13 +351,14 @@ class Console:
         """``inspect --effect``'s report from the consumer that holds ``key``
         (or whose history names it), with its payload and result, redacted."""
         key = _checked("key", key, limit=1024)
+        def read(_: OutboxReads, c: InboxReads) -> tuple[dict[str, Any], ScheduledEffect | None]:
+            return effect_report_of(c, key, stuck_after=self.stuck_after, now=now), c.effect(key)
+
         for t in self.targets:
-            report = effect_report(self.producer, t.location, key, stuck_after=self.stuck_after, now=now)
+            report, stored = self._readers[t.name].run(read)
             cons = report["consumer"]
             if cons["effect"] is None and not cons["history"] and not cons["actions"]:
                 continue
-            with opened(self.producer, t.location) as (_, c):
-                stored = c.effect(key)
             if cons["effect"] is not None:
                 cons["effect"] = self._effect(cons["effect"], stored)
             return report
@@ -355,14 +370,12 @@ class Console:
         """Every recorded operator action, as the stores keep them:
         ``producer`` (deliveries and registry), per consumer (inbox and
         effects); ``log``: all of them, newest first, each with its store."""
-        with opened(self.producer, self.targets[0].location) as (p, _):
-            producer = {"operator_actions": [a.as_dict() for a in p.operator_actions()],
-                        "registry_actions": [a.as_dict() for a in p.registry_actions()]}
-        consumers = {}
-        for t in self.targets:
-            with opened(self.producer, t.location) as (_, c):
-                consumers[t.name] = {"actions": [a.as_dict() for a in c.inbox_actions()],
-                                     "effect_actions": [a.as_dict() for a in c.effect_actions()]}
+        producer = self._readers[self.targets[0].name].run(lambda p, _: {
+            "operator_actions": [a.as_dict() for a in p.operator_actions()],
+            "registry_actions": [a.as_dict() for a in p.registry_actions()]})
+        consumers = {t.name: self._readers[t.name].run(lambda _, c: {
+            "actions": [a.as_dict() for a in c.inbox_actions()],
+            "effect_actions": [a.as_dict() for a in c.effect_actions()]}) for t in self.targets}
         targets = {"operator_actions": "delivery", "registry_actions": "registry", "actions": "inbox",
                    "effect_actions": "effect"}
         log = [{**a, "store": "producer", "target": targets[k]} for k in producer for a in producer[k]]
