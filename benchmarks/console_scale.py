@@ -11,7 +11,7 @@ Build (not timed as a result, only reported): a producer and a consumer
 (SQLite files, or schemas on a private PostgreSQL server started from
 ``tests/pg_cluster.py``) filled through the public API in bulk:
 ``producer.batch()`` of 1,000 advances, ``relay_batch(limit=1000)`` to a
-consumer with ``apply_on_receive=True``, and ``EffectExecutor.run(until_idle=True)``.
+consumer with ``apply_on_receive=True``, and ``EffectExecutor(concurrency=16).run(until_idle=True)``.
 ``--effects`` flows of ``--events / --effects`` events each, every event
 with a ``correlation_id`` in its meta; the last event of each flow schedules
 one effect (``notify`` or ``bill``, alternating); one ``bill`` in 200 fails
@@ -59,8 +59,8 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from common import machine  # noqa: E402
-from reliable_flow import (  # noqa: E402
+from common import machine
+from reliable_flow import (
     ApplyContext,
     Consumer,
     EffectCall,
@@ -71,7 +71,7 @@ from reliable_flow import (  # noqa: E402
     Worker,
     relay_batch,
 )
-from reliable_flow.protocol import Protocol, by_kind, exact, text  # noqa: E402
+from reliable_flow.protocol import Protocol, by_kind, exact, text
 
 RESULTS = os.path.join(HERE, "RESULTS-console.md")
 PAGE_TARGET_MS = 200.0
@@ -124,7 +124,7 @@ def build(p_at: str, c_at: str, events: int, flows: int, fx: Effects) -> float:
     t0 = time.perf_counter()
     per = fx.per_flow
     with Producer(p_at, SCALE) as producer, fx.consumer(c_at) as consumer:
-        executor = EffectExecutor(consumer, fx.registry)
+        executor = EffectExecutor(consumer, fx.registry, concurrency=16)
         done = 0
         order = [(i, seq) for i in range(flows) for seq in range(1, per + 1)]
         for start in range(0, len(order), CHUNK):

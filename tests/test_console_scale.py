@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -223,3 +224,35 @@ def test_stores_written_before_the_console_migrations_upgrade_in_place(at: At) -
         assert [e.key for e in c.effect_list(name="bill", state=None, limit=10)] == [
             "default:c1-1:bill", "default:e0-1:bill", "default:e1-1:bill", "default:e2-1:bill"]
     assert inspect_files(p_at, c_at)["attention"] == before
+
+
+def test_a_reader_keeps_its_stores_open_between_reads_and_lets_them_go(
+        at: At, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reliable_flow.console import _reads
+
+    p_at, c_at = at("producer"), at("consumer")
+    _advance(p_at, c_at, [("a1", {"effect": "notify"})])
+    monkeypatch.setattr(_reads, "IDLE", 0.3)
+    opens: list[str] = []
+    real_open = _reads.open_producer
+
+    def counted(location: Any) -> Any:
+        opens.append(location)
+        return real_open(location)
+
+    monkeypatch.setattr(_reads, "open_producer", counted)
+    reader = _reads.Reader(p_at, c_at)
+    assert [reader.run(lambda p, c: c.flows()) for _ in range(3)] == [["a1"]] * 3
+    assert len(opens) == 1  # kept open between reads
+
+    def broken(p: Any, c: Any) -> None:
+        raise ValueError("a read that fails")
+
+    with pytest.raises(ValueError, match="a read that fails"):
+        reader.run(broken)
+    assert reader.run(lambda p, c: c.flows()) == ["a1"] and len(opens) == 2  # opened again
+    deadline = time.monotonic() + 5
+    while reader._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reader._thread is None  # idle: stores closed, thread ended
+    assert reader.run(lambda p, c: p.flows()) == ["a1"] and len(opens) == 3
