@@ -6,6 +6,7 @@ costs the worker.
     python benchmarks/console_scale.py --events 20000 --effects 2000 --requests 30 --pings 60   # a quick run
     python benchmarks/console_scale.py --engine sqlite          # one engine
     python benchmarks/console_scale.py --write-results          # also write benchmarks/RESULTS-console.md
+    python benchmarks/console_scale.py --write-results --append # ... adding this run's tables to it
 
 Build (not timed as a result, only reported): a producer and a consumer
 (SQLite files, or schemas on a private PostgreSQL server started from
@@ -386,6 +387,8 @@ def main() -> int:
     ap.add_argument("--pings", type=int, default=400)
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="with --write-results: add this run's tables to RESULTS-console.md (another scale or engine)")
     args = ap.parse_args()
     if args.events < args.effects or args.effects < 2:
         ap.error("--events must be at least --effects, and --effects at least 2")
@@ -410,8 +413,12 @@ def main() -> int:
         text_ = report(results, machine(tmp), args, load)
         log(text_)
         if args.write_results:
-            with open(RESULTS, "w") as f:
-                f.write(text_)
+            if args.append and os.path.exists(RESULTS):  # a run's own section, its title left out
+                with open(RESULTS, "a") as f:
+                    f.write("\n---\n\n" + text_.split("\n", 2)[2].lstrip("\n").split("\n", 2)[2])
+            else:
+                with open(RESULTS, "w") as f:
+                    f.write(text_)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     missed = any(pct(s, .95) >= PAGE_TARGET_MS for r in results for s in r.pages.values())

@@ -119,6 +119,18 @@ def test_a_correlation_id_finds_its_flows_through_the_store(at: At, monkeypatch:
     assert "narrow the search" in client.ok("/flows", "q=order-7")
 
 
+def test_a_correlation_id_is_found_whatever_its_characters_and_the_bodies_hold(at: At) -> None:
+    """Quotes, non-ASCII and control characters in the id; a NUL in a payload
+    (which PostgreSQL's jsonb refuses: the index must not make the insert fail)."""
+    p_at, c_at = at("producer"), at("consumer")
+    odd = 'ord"\\é\t\u2028/1'
+    _advance(p_at, c_at, [("n1", {"effect": "notify", "s": "a\x00b"})], meta={"correlation_id": odd})
+    _advance(p_at, c_at, [("n2", {"effect": "notify"})], meta={"correlation_id": odd + "x"})
+    with opened(p_at, c_at) as (_, c):
+        assert c.flows_by_correlation(odd, 10) == ["n1"]
+        assert c.flows_by_correlation(odd + "x", 10) == ["n2"]
+
+
 def _troubles(p_at: str, c_at: str) -> None:
     """Blocked flows (schema 2), dead effects, a flow at a gap and an event set aside."""
     _advance(p_at, c_at, [(f"x{n}", {"effect": "notify"}) for n in range(3)], schema=2)

@@ -51,7 +51,7 @@ def test_a_new_location_is_created_with_its_identity_row(pg_cluster) -> None:
         assert store.location.endswith("#" + schema_of(location))
         with raw(location) as conn:
             row = conn.execute(f'SELECT product, kind, version FROM "{store.schema}".rf_identity').fetchone()
-        assert row == ("reliable_flow", "producer", 1)
+        assert row == ("reliable_flow", "producer", 2)
         assert store.latest.protocol_name() == "orders-v1"
     finally:
         store.close()
@@ -73,7 +73,7 @@ def test_a_newer_schema_is_refused_before_anything_is_written(pg_cluster) -> Non
     PgOutboxStore(location, "p").close()
     with raw(location) as conn:
         conn.execute(f'UPDATE "{schema_of(location)}".rf_identity SET version = 99')
-    with pytest.raises(SchemaTooNew, match="schema version 99; this reliable_flow understands up to 1"):
+    with pytest.raises(SchemaTooNew, match="schema version 99; this reliable_flow understands up to 2"):
         PgOutboxStore(location, "p")
 
 

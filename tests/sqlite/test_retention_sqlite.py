@@ -41,7 +41,7 @@ def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: P
     db.close()
     assert sql_pragma(p_path, "user_version") == 3
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 4
+        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 5
         assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
             ("A1", None), ("A2", None)]
         assert p.admin.prune(3600).events == 1  # A1: no commit time counts as old; A2 is still pending
@@ -67,7 +67,7 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
                          [("A1", 1, "reserved"), ("A2", 2, "confirmed")])
     db.close()
     with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
-        assert sql_pragma(path, "user_version") == CONSUMER.version == 6
+        assert sql_pragma(path, "user_version") == CONSUMER.version == 7
         assert c.admin.prune(100).events == 2  # NULL received_at counts as old; A3 is pending
         assert c.receive(body("A1", "A", 1)).status == "duplicate"
         assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...statuses import Transition
 
-__all__ = ["CONSUMER", "IDENTITY_TABLE", "PRODUCER", "PRODUCT", "StoreKind"]
+__all__ = ["CONSUMER", "CORRELATION_ID", "IDENTITY_TABLE", "PRODUCER", "PRODUCT", "StoreKind"]
 
 PRODUCT = "reliable_flow"
 IDENTITY_TABLE = "rf_identity"
@@ -62,6 +62,20 @@ _EFFECT_HISTORY = """CREATE TABLE effect_history(
                 owner TEXT,
                 detail TEXT
             )""".format(transitions=",".join(f"'{t.value}'" for t in Transition))
+
+# v4 (issue 31): an inbox row's ``meta["correlation_id"]``, as the JSON text
+# of the string (quotes and escapes kept), or NULL.  Read from the body's
+# text with a regular expression, not by parsing it as json / jsonb: a body
+# may hold \u0000, which PostgreSQL's JSON functions refuse to unescape, and
+# an insert must never fail on an index.  The body is the envelope's
+# canonical JSON: keys sorted (``event_id``, ``flow_id``, ``kind`` and then
+# ``meta``: a quote inside those values is escaped, so the first unescaped
+# ``"meta":{`` is the envelope's own), ``meta`` a flat object of strings.
+# Frozen with the migration that indexes it.
+CORRELATION_ID = (
+    r"""substring(body from '"meta":\{(?:"(?:[^"\\]|\\.)*":"(?:[^"\\]|\\.)*",)*"correlation_id":"""
+    r"""("(?:[^"\\]|\\.)*")')"""
+)
 
 PRODUCER = StoreKind(
     name="producer",
@@ -253,15 +267,15 @@ CONSUMER = StoreKind(
         # as SQLite's v6; NULL for rows written before it.
         ("ALTER TABLE effect_history ADD COLUMN due_at DOUBLE PRECISION",),
         # v4: the console's indexes, as SQLite's v7 (issue 31, item 5); the
-        # correlation id is an expression over the body (canonical JSON),
-        # indexed by the migration for the rows already stored.
+        # correlation id is an expression over the body, indexed by the
+        # migration for the rows already stored (CORRELATION_ID).
         (
             "CREATE INDEX effect_by_name ON effect_outbox(name, id)",
             "CREATE INDEX effect_by_state_name ON effect_outbox(state, name, id)",
             "CREATE INDEX effect_by_flow ON effect_outbox(flow_id, id)",
             (
-                "CREATE INDEX inbox_correlation ON inbox(((body::jsonb) -> 'meta' ->> 'correlation_id'), flow_id) "
-                "WHERE ((body::jsonb) -> 'meta' ->> 'correlation_id') IS NOT NULL"
+                f"CREATE INDEX inbox_correlation ON inbox(({CORRELATION_ID}), flow_id) "
+                f"WHERE {CORRELATION_ID} IS NOT NULL"
             ),
         ),
     ),
