@@ -72,9 +72,9 @@ _EFFECT_HISTORY = """CREATE TABLE effect_history(
 # ``meta``: a quote inside those values is escaped, so the first unescaped
 # ``"meta":{`` is the envelope's own), ``meta`` a flat object of strings.
 # Frozen with the migration that indexes it.
-CORRELATION_ID = (
-    r"""substring(body from '"meta":\{(?:"(?:[^"\\]|\\.)*":"(?:[^"\\]|\\.)*",)*"correlation_id":"""
-    r"""("(?:[^"\\]|\\.)*")')"""
+CORRELATION_ID = (  # group 4: the id's string; no "?" in the text (the engine's placeholder is %s)
+    r"""(regexp_match(body, '"meta":\{("([^"\\]|\\.)*":"([^"\\]|\\.)*",)*"correlation_id":"""
+    r"""("([^"\\]|\\.)*")'))[4]"""
 )
 
 PRODUCER = StoreKind(
