@@ -145,7 +145,8 @@ def test_every_page_answers_what_inspect_answers(at: At) -> None:
     assert overview["attention"] == report["attention"]  # the same items, the same order
     assert [a["kind"] for a in overview["attention"]] == ["blocked", "set_aside"]
     (default,) = overview["consumers"]
-    assert default["inspect"]["consumer"]["blocked"] == report["consumer"]["blocked"]
+    assert default["blocked"] == len(report["consumer"]["blocked"]) and overview["attention_more"] is False
+    assert overview["produced"] == {"events": report["producer"]["events"], "flows": report["producer"]["flows"]}
     assert (default["name"], default["undelivered"], default["unapplied"]) == ("default", 2, 2)
     html = client.ok("/")
     assert "unsupported_schema" in html and "set_aside" in html and 'href="/flows/A"' in html
@@ -284,7 +285,7 @@ def test_redact_hides_payloads_everywhere(at: At) -> None:
     ("/effects", "state=bogus", 400, "state must be one of"),
     ("/api/effects", "limit=0", 400, "limit must be between 1 and 500"),
     ("/effects", "limit=-1", 400, "limit must be a whole number"),
-    ("/effects", "after=missing", 400, "after must be the key of an effect on the list"),
+    ("/effects", "after=missing", 400, "after must be the key of an effect (the last of the page before)"),
     ("/effects", "consumer=other", 400, "consumer must be one of ['default']"),
     ("/", "x=1", 400, "unknown query parameter 'x'"),
     ("/nothing", "", 404, "no page '/nothing'"),

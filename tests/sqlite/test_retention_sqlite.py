@@ -41,7 +41,7 @@ def test_a_v3_producer_file_upgrades_and_its_old_events_count_as_old(tmp_path: P
     db.close()
     assert sql_pragma(p_path, "user_version") == 3
     with Producer(p_path, RESERVATION) as p, Consumer(c_path, RESERVATION) as c:
-        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 6  # v5: prunes recorded, v6: topics
+        assert sql_pragma(p_path, "user_version") == PRODUCER.version == 7  # v5: prunes recorded, v6: topics, v7: the set-aside index
         assert sql_rows(p_path, "SELECT event_id, committed_at FROM outbox ORDER BY pos") == [
             ("A1", None), ("A2", None)]
         assert p.admin.prune(3600, actor="ops", reason="retention").events == 1  # A1: no commit time counts as old; A2 is still pending

@@ -51,12 +51,25 @@ class EffectReads(Protocol):
         """The effect with this idempotency key, or None."""
 
     def effect_list(
-        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
+        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None, *,
+        name: str | None = None, after: str | None = None,
     ) -> list[ScheduledEffect]:
-        """Effects in scheduling order, filtered by state and flow, at most ``limit``."""
+        """Effects in scheduling order, filtered by state, flow and name, at
+        most ``limit``; with ``after`` (a key), those scheduled after that
+        effect (none if no effect has that key): a keyset page, which stays
+        put while effects are added.  Each filter, alone or state and name
+        together, reads an index in scheduling order."""
 
-    def effect_counts(self) -> dict[str, int]:
-        """How many effects are in each state (states with none are left out)."""
+    def effect_counts(self, cap: int | None = None) -> dict[str, int]:
+        """How many effects are in each state (states with none are left
+        out); with ``cap``, each counted up to ``cap`` (``cap``: at least)."""
+
+    def attention_effects(self, now: float, unfed_before: float, limit: int) -> list[ScheduledEffect]:
+        """In scheduling order, up to ``limit`` effects that may need a person:
+        dead, unknown, in doubt, running with the lease ended at ``now``,
+        and those owing a step to the producer (``fed`` false) written at
+        or before ``unfed_before`` or whose feeding was refused.  Each kind
+        is read from an index, at most ``limit`` of it."""
 
     def effect_timers(self, now: float) -> dict[str, tuple[int, float]]:
         """Per name (names with none left out): how many ``pending`` effects

@@ -15,7 +15,15 @@ from ..records import AppliedEvent, OperatorAction
 from ..statuses import BlockReason
 from .base import Store
 from .effects import EffectReads, EffectUnit
-from .records import FlowState, InboxCounts, NextRow, PruneStep, StoredRow, Tombstone
+from .records import (
+    FlowState,
+    InboxCounts,
+    NextRow,
+    PruneStep,
+    StoredRow,
+    Tombstone,
+    WaitingSummary,
+)
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
@@ -77,6 +85,27 @@ class InboxReads(EffectReads, Protocol):
     def inbox_counts(self) -> InboxCounts:
         """Rows per state, blocked rows per reason, flows stopped at a gap;
         for metrics, one pass over the inbox."""
+
+    # -- the console's bounded reads (issue 31, item 5): each from an index, never a walk
+
+    def waiting_flows(self, received_before: float, after: str, limit: int) -> list[str]:
+        """Up to ``limit`` flows after ``after`` (in flow order) with a row
+        still waiting that is blocked, or arrived at or before
+        ``received_before`` (or at an unknown time): every flow that may
+        need attention, sorted (``why_waiting`` decides)."""
+
+    def flows_by_correlation(self, correlation_id: str, limit: int) -> list[str]:
+        """Up to ``limit`` flows, sorted, with an inbox row whose event's
+        ``meta["correlation_id"]`` is ``correlation_id``."""
+
+    def waiting_summary(self, cap: int) -> WaitingSummary:
+        """Pending and blocked rows counted (together up to ``cap``), and the
+        earliest arrival among them."""
+
+    def applies_recorded(self) -> int:
+        """How many applies the store has recorded, ever (pruning does not
+        lower it; on PostgreSQL an apply rolled back may count too): read
+        from the last apply record, not counted."""
 
 
 class InboxUnit(InboxReads, EffectUnit, Protocol):

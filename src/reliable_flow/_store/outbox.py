@@ -17,7 +17,16 @@ from ..delivery import Retry
 from ..records import ConsumerEntry, OperatorAction, OutboxEntry
 from ..statuses import DeliveryState
 from .base import Store
-from .records import FlowState, Keep, OutboxCounts, PruneStep, StoredEvent, Tombstone
+from .records import (
+    FlowState,
+    Keep,
+    OutboxCounts,
+    PendingSummary,
+    PruneStep,
+    SetAside,
+    StoredEvent,
+    Tombstone,
+)
 from .watch import Signal
 
 __all__ = ["OutboxReads", "OutboxStore", "OutboxUnit"]
@@ -96,6 +105,19 @@ class OutboxReads(Protocol):
         """Events, flows, bound consumers, and deliveries counted per consumer
         and state (leases judged at ``now``); for metrics, one pass over the
         deliveries."""
+
+    # -- the console's bounded reads (issue 31, item 5): each from an index, never a walk
+
+    def set_aside(self, limit: int) -> list[SetAside]:
+        """Up to ``limit`` set-aside deliveries, by consumer name, then in
+        commit order."""
+
+    def pending_summary(self, consumer: str, now: float, cap: int) -> PendingSummary:
+        """The pending deliveries to ``consumer`` counted up to ``cap``, the
+        leased ones among them (at ``now``), and the oldest one's commit time."""
+
+    def sizes(self, cap: int) -> tuple[int, int]:
+        """Events and flows, each counted up to ``cap`` (``cap``: at least that many)."""
 
 
 class OutboxUnit(OutboxReads, Protocol):

@@ -16,10 +16,13 @@ __all__ = [
     "Keep",
     "NextRow",
     "OutboxCounts",
+    "PendingSummary",
     "PruneStep",
+    "SetAside",
     "StoredEvent",
     "StoredRow",
     "Tombstone",
+    "WaitingSummary",
     "as_flow_dict",
 ]
 
@@ -144,3 +147,39 @@ class InboxCounts:
     by_state: dict[str, int]
     blocked: dict[str, int]
     gaps: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """A delivery set aside (its consumer answered with a conflict): to whom,
+    which event, and the answer."""
+
+    consumer: str
+    event_id: str
+    flow_id: str
+    seq: int
+    last_status: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSummary:
+    """The pending deliveries to one consumer, counted up to a cap (a count
+    equal to the cap means at least that many): ``leased`` among them
+    (claimed by a relay, the lease not ended), and when the oldest of them
+    was committed (None: none pending, or committed before times were kept)."""
+
+    pending: int
+    leased: int
+    oldest_committed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingSummary:
+    """The inbox rows still waiting (pending, blocked), counted together up
+    to a cap (when the two add up to the cap there may be more), and the
+    earliest arrival among those counted (None: none, or all stored before
+    arrival times were kept)."""
+
+    pending: int
+    blocked: int
+    oldest_received_at: float | None

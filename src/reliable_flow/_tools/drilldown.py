@@ -33,10 +33,12 @@ __all__ = [
     "effect_dict",
     "effect_item",
     "effect_report",
+    "effect_report_of",
     "effect_state",
     "event_report",
     "flow_dict",
     "flow_report",
+    "flow_report_of",
     "format_effect_report",
     "format_event_report",
     "format_flow_report",
@@ -195,13 +197,19 @@ def flow_report(producer_path: Location, consumer_path: Location, flow_id: str, 
                 stuck_after: float = DEFAULT_STUCK_AFTER, now: float | None = None) -> dict[str, Any]:
     """One flow on both sides: the producer's flow and its events' delivery state
     per consumer; the consumer's projection, next seq, rows and why it waits."""
-    now = time.time() if now is None else now
     with opened(producer_path, consumer_path) as (p, c):
-        entries = p.outbox(flow_id)
-        produced = as_flow_dict(p.flow_state(flow_id))
-        name = c.meta().get("name")
-        flow = why_waiting(c, flow_id)
-        effects = with_waits(c, c.effect_list(flow_id=flow_id))
+        return flow_report_of(p, c, flow_id, stuck_after=stuck_after, now=now)
+
+
+def flow_report_of(p: OutboxReads, c: InboxReads, flow_id: str, *, stuck_after: float = DEFAULT_STUCK_AFTER,
+                   now: float | None = None) -> dict[str, Any]:
+    """:func:`flow_report` from reads already open (the console's, kept open between pages)."""
+    now = time.time() if now is None else now
+    entries = p.outbox(flow_id)
+    produced = as_flow_dict(p.flow_state(flow_id))
+    name = c.meta().get("name")
+    flow = why_waiting(c, flow_id)
+    effects = with_waits(c, c.effect_list(flow_id=flow_id))
     attention = _set_aside(entries)
     item = consumer_attention(name, flow, now, stuck_after)
     if item is not None:
@@ -263,13 +271,19 @@ def effect_report(producer_path: Location, consumer_path: Location, key: str, *,
     durable history in order (every transition, with time, attempt and
     executor) and the operator actions on it (consumer side; the producer
     is opened only to check the pair)."""
-    now = time.time() if now is None else now
     with opened(producer_path, consumer_path) as (_, c):
-        name = c.meta().get("name")
-        found = c.effect(key)
-        effect = None if found is None else with_waits(c, [found])[0]
-        history = [dataclasses.asdict(t) for t in c.effect_history(key)]
-        actions = [a.as_dict() for a in c.effect_actions(key)]
+        return effect_report_of(c, key, stuck_after=stuck_after, now=now)
+
+
+def effect_report_of(c: InboxReads, key: str, *, stuck_after: float = DEFAULT_STUCK_AFTER,
+                     now: float | None = None) -> dict[str, Any]:
+    """:func:`effect_report` from the consumer's reads already open."""
+    now = time.time() if now is None else now
+    name = c.meta().get("name")
+    found = c.effect(key)
+    effect = None if found is None else with_waits(c, [found])[0]
+    history = [dataclasses.asdict(t) for t in c.effect_history(key)]
+    actions = [a.as_dict() for a in c.effect_actions(key)]
     return {
         "checked_at": now, "stuck_after": stuck_after, "effect_key": key,
         "consumer": {"name": name, "effect": None if effect is None else effect_dict(effect),

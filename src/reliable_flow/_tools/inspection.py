@@ -8,17 +8,14 @@ from dataclasses import asdict
 from typing import Any
 
 from .._core.operate import feedback_refused, why_waiting
-from .._core.owed import unfed_too_long
 from ..records import ScheduledEffect
 from ..statuses import EffectState, FlowWait, InboxState
+from .attention import attention_items
 from .drilldown import (
     DEFAULT_STUCK_AFTER,
     attention_lines,
-    consumer_attention,
-    effect_item,
     effect_state,
     opened,
-    set_aside_attention,
     shows_due,
     when,
 )
@@ -144,10 +141,10 @@ def _add_operations(report: dict[str, Any], producer_path: Location, consumer_pa
     with opened(producer_path, consumer_path) as (p, c):
         registry = [asdict(entry) for entry in p.consumers()]
         registry_actions = [a.as_dict() for a in p.registry_actions()]
-        name = c.meta().get("name")
         flows = sorted(set(c.open_flows()) | {e.flow_id for e in effects if e.waiting_behind})
         waits = [why_waiting(c, flow) for flow in flows]
         actions = [a.as_dict() for a in c.inbox_actions()]
+        attention, _ = attention_items(p, c, now, stuck_after)  # the console's list, read the same way
     prod, cons = report["producer"], report["consumer"]
     prod["registry"], prod["registry_actions"] = registry, registry_actions
     rows = {row.event_id: row for w in waits for row in w.rows}
@@ -163,21 +160,7 @@ def _add_operations(report: dict[str, Any], producer_path: Location, consumer_pa
         for w in waits if w.wait is not FlowWait.IDLE
     ]
     cons["actions"] = actions
-    attention = [item for w in waits if (item := consumer_attention(name, w, now, stuck_after)) is not None]
-    for consumer, d in prod["consumers"].items():
-        attention += [set_aside_attention(consumer, e["flow_id"], e["seq"], e["event_id"], e["last_status"])
-                      for e in d["set_aside"]]
-    attention += [item for e in effects if (item := effect_item(name, e, now)) is not None]
-    attention += [_unfed_item(name, e) for e in effects if unfed_too_long(e, now, stuck_after)]
     report["attention"], report["stuck_after"], report["checked_at"] = attention, stuck_after, now
-
-
-def _unfed_item(name: str | None, e: ScheduledEffect) -> dict[str, Any]:
-    """A finished effect whose step the producer still waits for, too long."""
-    return {"kind": "result_not_fed", "consumer": name, "flow_id": e.flow_id, "seq": e.seq,
-            "event_id": e.event_id, "since": e.updated_at, "reason": None, "effect_key": e.key,
-            "detail": f"effect {e.name!r} ended {e.state.value}; its step is not fed into the producer: is an "
-                      "executor with producer= running for this consumer?"}
 
 
 def _lease(entry: dict[str, Any]) -> str:

@@ -277,10 +277,11 @@ class ConsoleApp:
         if path == "/metrics":
             return HTTPStatus.OK, "text/plain; version=0.0.4", c.metrics_text()
         if path == "/healthz":
-            items = c.healthz()["attention"]
+            health = c.healthz()
+            items = health["attention"]
             status = HTTPStatus.SERVICE_UNAVAILABLE if items else HTTPStatus.OK
             if api:
-                return status, "application/json", _json({"attention": items})
+                return status, "application/json", _json(health)
             return status, "text/html", pages.health_page(base, items)
         if path in ("/", "/api/overview"):
             overview = c.overview()

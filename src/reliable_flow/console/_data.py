@@ -25,17 +25,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._envelope import MAX_ID_CHARS
-from .._tools.drilldown import effect_dict, effect_report, flow_report, opened, when
-from .._tools.inspection import inspect_files
+from .._store import InboxReads, OutboxReads
+from .._tools.attention import attention_items
+from .._tools.drilldown import effect_dict, effect_report_of, flow_report_of, when
 from .._tools.metrics_report import metrics_files
 from .._tools.stores import Location, open_consumer, open_producer, shown
 from ..metrics import prometheus_text
+from ..records import ScheduledEffect
 from ..statuses import EffectState
+from ._reads import Reader
 
 __all__ = ["BadRequest", "Console", "NotFound", "Redact", "Target", "parse_consumer"]
 
 #: ``redact(kind, payload) -> payload``: kind is the event's kind or the effect's name.
 Redact = Callable[[str, Any], Any]
+
+#: Where the overview's counts stop (a count at the cap means at least that
+#: many): counting further would walk the rows; at scale the figures worth
+#: knowing (what waits) are small, the large ones (what is done) are not.
+COUNT_CAP = 10_000
+
+#: At most this many flows found by a search.
+FOUND_LIMIT = 100
 
 #: The keys a search finds a flow by, in the order they are tried.
 MATCHES = ("flow_id", "event_id", "effect_key", "correlation_id")
@@ -120,41 +131,49 @@ class Console:
         names = [t.name for t in self.targets]
         if len(set(names)) != len(names):
             raise ValueError(f"consumers: a consumer is given twice: {names}")
+        self._readers = {t.name: Reader(producer, t.location) for t in self.targets}
         self.redact = redact
         self.stuck_after = stuck_after
         self._samples: deque[tuple[float, dict[str, int]]] = deque(maxlen=720)
+        #: At most this many attention items on the overview and ``/healthz``.
+        self.attention_limit = 100
         self._lock = threading.Lock()
 
     # -- the overview ---------------------------------------------------------------------------
 
     def overview(self, now: float | None = None) -> dict[str, Any]:
-        """Per consumer its ``inspect --json`` report and the figures the
-        overview shows; ``attention``: every consumer's ``inspect`` items in
-        its order (consumers in the order given), an item two reports share
-        (a set-aside event, from the producer) once."""
+        """Per consumer the figures the overview shows, each read from an
+        index (a count stops at ``COUNT_CAP``: that figure means at least);
+        ``attention``: every consumer's ``inspect`` items in its order
+        (consumers in the order given), an item two share (a set-aside
+        event, from the producer) once, at most ``attention_limit`` of them
+        (``attention_more``: the list was cut; ``inspect`` lists them all)."""
         now = time.time() if now is None else now
-        consumers, attention = [], []
-        for t in self.targets:
-            report = inspect_files(self.producer, t.location, stuck_after=self.stuck_after, now=now)
-            p_metrics, c_metrics = metrics_files(self.producer, t.location, now)
-            delivery = p_metrics.consumers.get(t.name)
-            waits = [w["since"] for w in report["consumer"]["waiting"] if w["since"]]
-            inbox = report["consumer"]["inbox"]
+        consumers, attention, more, sizes = [], [], False, (0, 0)
+        for i, t in enumerate(self.targets):
+            def read(p: OutboxReads, c: InboxReads, name: str = t.name, first: bool = i == 0) -> Any:
+                return (*attention_items(p, c, now, self.stuck_after, self.attention_limit),
+                        p.pending_summary(name, now, COUNT_CAP), c.waiting_summary(COUNT_CAP),
+                        c.effect_counts(cap=COUNT_CAP), c.applies_recorded(), p.sizes(COUNT_CAP) if first else None)
+
+            items, cut, delivery, waiting, effects, applied, produced = self._readers[t.name].run(read)
+            sizes = produced or sizes
+            unapplied = waiting.pending + waiting.blocked
             consumers.append({
                 "name": t.name, "location": t.shown,
-                "backlog": (delivery.pending if delivery else 0) + inbox["pending"] + inbox["blocked"],
-                "undelivered": delivery.pending if delivery else 0,
-                "unapplied": inbox["pending"] + inbox["blocked"],
-                "in_flight": (delivery.leased if delivery else 0) + c_metrics.effects.get("running", 0),
-                "oldest_unaccepted_age": delivery.oldest_pending_age if delivery else None,
-                "oldest_unapplied_age": max(0.0, now - min(waits)) if waits else None,
-                "applied": inbox["applied"],
-                "inspect": report,
+                "backlog": delivery.pending + unapplied, "undelivered": delivery.pending, "unapplied": unapplied,
+                "blocked": waiting.blocked, "in_flight": delivery.leased + effects.get("running", 0),
+                "oldest_unaccepted_age": _age(now, delivery.oldest_committed_at),
+                "oldest_unapplied_age": _age(now, waiting.oldest_received_at),
+                "applied": applied, "effects": effects,
             })
-            attention += [item for item in report["attention"] if item not in attention]
+            more = more or cut
+            attention += [item for item in items if item not in attention]
         self._sample(now, {c["name"]: c["applied"] for c in consumers})
         return {"checked_at": now, "stuck_after": self.stuck_after, "producer": self.producer_shown,
-                "consumers": consumers, "attention": attention,
+                "produced": {"events": sizes[0], "flows": sizes[1]}, "count_cap": COUNT_CAP,
+                "consumers": consumers, "attention": attention[:self.attention_limit],
+                "attention_more": more or len(attention) > self.attention_limit,
                 "applied_per_minute": self.applied_per_minute()}
 
     def _sample(self, now: float, applied: dict[str, int]) -> None:
@@ -166,7 +185,7 @@ class Console:
         """Per consumer ``[time, events applied per minute]`` between the
         samples this console took (one per overview, at most one a second;
         the last 720): not stored anywhere, so it starts again with the
-        console.  A prune that removed applied rows counts as 0."""
+        console.  Counted from the applies recorded (a prune lowers nothing)."""
         with self._lock:
             samples = list(self._samples)
         out: dict[str, list[list[float]]] = {t.name: [] for t in self.targets}
@@ -177,8 +196,10 @@ class Console:
         return out
 
     def healthz(self) -> dict[str, Any]:
-        """``{"attention": [...]}``: the overview's list, in ``inspect --json``'s item shape."""
-        return {"attention": self.overview()["attention"]}
+        """``{"attention": [...]}``: the overview's list, in ``inspect --json``'s
+        item shape (and ``"more": true`` when it was cut)."""
+        overview = self.overview()
+        return {"attention": overview["attention"], **({"more": True} if overview["attention_more"] else {})}
 
     def metrics_text(self) -> str:
         """``prometheus_text`` of the producer (once) and every consumer."""
@@ -194,27 +215,34 @@ class Console:
     def find_flows(self, q: str) -> dict[str, Any]:
         """The flows ``q`` names, as a flow id, an event id, an effect key or a
         correlation id (``meta["correlation_id"]`` of an event a consumer
-        received), each once, with what matched."""
+        received), each once, with what matched; at most ``FOUND_LIMIT`` (by
+        flow id; ``more``: there are more)."""
         q = _checked("q", q)
         found: dict[str, set[str]] = {}
+        more = False
+
+        def read(p: OutboxReads, c: InboxReads) -> bool:
+            if p.flow_state(q) is not None or c.projection(q) is not None or c.inbox_rows(q):
+                found.setdefault(q, set()).add("flow_id")
+            event = p.find_event(q)
+            if event is not None:
+                found.setdefault(str(json.loads(event.body)["flow_id"]), set()).add("event_id")
+            row = c.inbox_row(q)
+            if row is not None:
+                found.setdefault(row.row().flow_id, set()).add("event_id")
+            effect = c.effect(q)
+            if effect is not None:
+                found.setdefault(effect.flow_id, set()).add("effect_key")
+            correlated = c.flows_by_correlation(q, FOUND_LIMIT + 1)  # an index of the events' meta
+            for flow in correlated[:FOUND_LIMIT]:
+                found.setdefault(flow, set()).add("correlation_id")
+            return len(correlated) > FOUND_LIMIT
+
         for t in self.targets:
-            with opened(self.producer, t.location) as (p, c):
-                if p.flow_state(q) is not None or c.projection(q) is not None or c.inbox_rows(q):
-                    found.setdefault(q, set()).add("flow_id")
-                event = p.find_event(q)
-                if event is not None:
-                    found.setdefault(str(json.loads(event.body)["flow_id"]), set()).add("event_id")
-                row = c.inbox_row(q)
-                if row is not None:
-                    found.setdefault(row.row().flow_id, set()).add("event_id")
-                effect = c.effect(q)
-                if effect is not None:
-                    found.setdefault(effect.flow_id, set()).add("effect_key")
-                for flow in c.flows():  # a scan: no index on meta yet (issue 31, item 5)
-                    if any(r.entry().meta.get("correlation_id") == q for r in c.inbox_rows(flow)):
-                        found.setdefault(flow, set()).add("correlation_id")
+            more = self._readers[t.name].run(read) or more
+        flows = sorted(found)
         return {"q": q, "flows": [{"flow_id": f, "matched": [m for m in MATCHES if m in found[f]]}
-                                  for f in sorted(found)]}
+                                  for f in flows[:FOUND_LIMIT]], "more": more or len(flows) > FOUND_LIMIT}
 
     def flow(self, flow_id: str, now: float | None = None) -> dict[str, Any]:
         """One flow: per consumer ``inspect --flow``'s report (its ``attention``
@@ -225,12 +253,14 @@ class Console:
         reports, consumers, attention = [], [], []
         events: list[dict[str, Any]] = []
         for t in self.targets:
-            report = flow_report(self.producer, t.location, flow_id, stuck_after=self.stuck_after, now=now)
-            with opened(self.producer, t.location) as (p, c):
-                projection = c.projection(flow_id)
-                stored = {e.key: e for e in c.effect_list(flow_id=flow_id)}
-                if not events:
-                    events = [self._event(p.find_event(e["event_id"]), e) for e in report["producer"]["events"]]
+            def read(p: OutboxReads, c: InboxReads, first: bool = not events) -> Any:
+                report = flow_report_of(p, c, flow_id, stuck_after=self.stuck_after, now=now)
+                bodies = [p.find_event(e["event_id"]) for e in report["producer"]["events"]] if first else []
+                return report, c.projection(flow_id), {e.key: e for e in c.effect_list(flow_id=flow_id)}, bodies
+
+            report, projection, stored, bodies = self._readers[t.name].run(read)
+            if not events:
+                events = [self._event(body, e) for body, e in zip(bodies, report["producer"]["events"])]
             effects = [self._effect(e, stored.get(e["key"])) for e in report["consumer"]["effects"]]
             projection = self._merged(projection, events)
             deliveries = {e["seq"]: e["deliveries"].get(t.name) for e in report["producer"]["events"]}
@@ -287,9 +317,9 @@ class Console:
     def effects(self, *, consumer: str | None = None, state: str | None = None, name: str | None = None,
                 after: str | None = None, limit: int = 50) -> dict[str, Any]:
         """A page of one consumer's effects in scheduling order, filtered by
-        state and name: those after the key ``after`` (keyset: a page stays
-        put while effects are added), at most ``limit``; ``next`` is the
-        ``after`` of the page that follows (None on the last)."""
+        state and name: those after the key ``after`` (keyset, from an index:
+        a page stays put while effects are added), at most ``limit``;
+        ``next`` is the ``after`` of the page that follows (None on the last)."""
         target = self.consumer_named(consumer)
         wanted = None
         if state is not None:
@@ -303,16 +333,16 @@ class Console:
             after = _checked("after", after)
         if not 1 <= limit <= 500:
             raise BadRequest(f"limit must be between 1 and 500, got {limit}")
-        with opened(self.producer, target.location) as (_, c):
-            listed = [e for e in c.effect_list(state=wanted) if name is None or e.name == name]
-        keys = [e.key for e in listed]
-        start = 0
-        if after is not None:
-            if after not in keys:
-                raise BadRequest(f"after must be the key of an effect on the list, got {after!r}")
-            start = keys.index(after) + 1
-        page = listed[start:start + limit]
-        more = start + limit < len(listed)
+
+        def read(_: OutboxReads, c: InboxReads) -> list[ScheduledEffect] | None:
+            if after is not None and c.effect(after) is None:
+                return None
+            return c.effect_list(state=wanted, name=name, after=after, limit=limit + 1)  # a keyset read
+
+        page = self._readers[target.name].run(read)
+        if page is None:
+            raise BadRequest(f"after must be the key of an effect (the last of the page before), got {after!r}")
+        more, page = len(page) > limit, page[:limit]
         return {"consumer": target.name, "state": state, "name": name, "after": after, "limit": limit,
                 "effects": [self._effect(effect_dict(e), e) for e in page],
                 "next": page[-1].key if more and page else None}
@@ -321,13 +351,14 @@ class Console:
         """``inspect --effect``'s report from the consumer that holds ``key``
         (or whose history names it), with its payload and result, redacted."""
         key = _checked("key", key, limit=1024)
+        def read(_: OutboxReads, c: InboxReads) -> tuple[dict[str, Any], ScheduledEffect | None]:
+            return effect_report_of(c, key, stuck_after=self.stuck_after, now=now), c.effect(key)
+
         for t in self.targets:
-            report = effect_report(self.producer, t.location, key, stuck_after=self.stuck_after, now=now)
+            report, stored = self._readers[t.name].run(read)
             cons = report["consumer"]
             if cons["effect"] is None and not cons["history"] and not cons["actions"]:
                 continue
-            with opened(self.producer, t.location) as (_, c):
-                stored = c.effect(key)
             if cons["effect"] is not None:
                 cons["effect"] = self._effect(cons["effect"], stored)
             return report
@@ -339,16 +370,14 @@ class Console:
         """Every recorded operator action, as the stores keep them:
         ``producer`` (deliveries, registry, prunes), per consumer (inbox,
         effects, prunes); ``log``: all of them, newest first, each with its store."""
-        with opened(self.producer, self.targets[0].location) as (p, _):
-            producer = {"operator_actions": [a.as_dict() for a in p.operator_actions()],
-                        "registry_actions": [a.as_dict() for a in p.registry_actions()],
-                        "retention_actions": [a.as_dict() for a in p.retention_actions()]}
-        consumers = {}
-        for t in self.targets:
-            with opened(self.producer, t.location) as (_, c):
-                consumers[t.name] = {"actions": [a.as_dict() for a in c.inbox_actions()],
-                                     "effect_actions": [a.as_dict() for a in c.effect_actions()],
-                                     "retention_actions": [a.as_dict() for a in c.retention_actions()]}
+        producer = self._readers[self.targets[0].name].run(lambda p, _: {
+            "operator_actions": [a.as_dict() for a in p.operator_actions()],
+            "registry_actions": [a.as_dict() for a in p.registry_actions()],
+            "retention_actions": [a.as_dict() for a in p.retention_actions()]})
+        consumers = {t.name: self._readers[t.name].run(lambda _, c: {
+            "actions": [a.as_dict() for a in c.inbox_actions()],
+            "effect_actions": [a.as_dict() for a in c.effect_actions()],
+            "retention_actions": [a.as_dict() for a in c.retention_actions()]}) for t in self.targets}
         targets = {"operator_actions": "delivery", "registry_actions": "registry", "actions": "inbox",
                    "effect_actions": "effect", "retention_actions": "retention"}
         log = [{**a, "store": "producer", "target": targets[k]} for k in producer for a in producer[k]]
@@ -370,6 +399,10 @@ def _checked(field: str, value: str, limit: int = MAX_ID_CHARS) -> str:
     if _CONTROL.search(value) is not None:
         raise BadRequest(f"{field} must not contain control characters")
     return value
+
+
+def _age(now: float, since: float | None) -> float | None:
+    return None if since is None else max(0.0, now - since)
 
 
 def why_sentence(flow: dict[str, Any], deliveries: dict[int, dict[str, Any] | None]) -> str:

@@ -24,25 +24,32 @@ def attention_table(base: str, items: list[dict[str, Any]]) -> Html:
 
 
 def overview_page(base: str, data: dict[str, Any]) -> Html:
+    cap = data["count_cap"]
+
+    def n(count: int) -> str:  # a count stops at the cap: at least that many
+        return f"{count}+" if count >= cap else str(count)
+
     rows = []
     for c in data["consumers"]:
-        effects = c["inspect"]["consumer"]["effects"]["counts"]
-        rows.append([c["name"], c["location"], c["backlog"], c["undelivered"], c["unapplied"], c["in_flight"],
-                     age(c["oldest_unaccepted_age"]), age(c["oldest_unapplied_age"]), c["applied"],
-                     ", ".join(f"{n} {s}" for s, n in effects.items() if n) or "-",
+        rows.append([c["name"], c["location"], n(c["backlog"]), n(c["undelivered"]), n(c["unapplied"]),
+                     n(c["in_flight"]), age(c["oldest_unaccepted_age"]), age(c["oldest_unapplied_age"]), c["applied"],
+                     ", ".join(f"{n(k)} {s}" for s, k in c["effects"].items() if k) or "-",
                      chart(data["applied_per_minute"].get(c["name"], []),
                            label=f"events applied per minute by {c['name']}")])
     attention = data["attention"]
-    produced = data["consumers"][0]["inspect"]["producer"]
+    produced = data["produced"]
+    shown = f"{len(attention)}{'+' if data['attention_more'] else ''}"
+    cut = tag("p", f"The first {len(attention)} are shown; reliable-flow inspect lists every one.",
+              class_="more") if data["attention_more"] else ""
     body = Html(
         tag("p", "producer ", tag("code", data["producer"]), ": ",
-            tag("span", f"{produced['events']} events in {produced['flows']} flows", id="produced"),
+            tag("span", f"{n(produced['events'])} events in {n(produced['flows'])} flows", id="produced"),
             f"; stuck after {data['stuck_after']:g} s; checked ", when(data["checked_at"]))
         + tag("h2", "Consumers")
         + table(["consumer", "location", "backlog", "undelivered", "unapplied", "in flight",
                  "oldest unaccepted", "oldest unapplied", "applied", "effects", "applied per minute"], rows)
-        + tag("h2", f"Needs attention ({len(attention)})", id="attention")
-        + attention_table(base, attention)
+        + tag("h2", f"Needs attention ({shown})", id="attention")
+        + attention_table(base, attention) + cut
         + search_form(base, "")
     )
     return page(base, "Overview", body, refresh_ms=REFRESH_MS, api="/api/overview")
@@ -58,8 +65,9 @@ def flows_page(base: str, data: dict[str, Any] | None) -> Html:
     body = search_form(base, "" if data is None else data["q"])
     if data is not None:
         rows = [[link(base, path_to("/flows/", f["flow_id"]), f["flow_id"]), ", ".join(f["matched"])] for f in data["flows"]]
+        more = tag("p", f"The first {len(rows)} are shown: narrow the search.", class_="more") if data["more"] else ""
         body = Html(body + tag("h2", "Flows found") + table(["flow", "matched by"], rows,
-                                                            empty=f"no flow found for {data['q']!r}"))
+                                                            empty=f"no flow found for {data['q']!r}") + more)
     return page(base, "Flows", body, api=href("", "/api/flows", None if data is None else {"q": data["q"]}))
 
 

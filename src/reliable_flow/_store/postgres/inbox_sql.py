@@ -8,6 +8,7 @@ from __future__ import annotations
 from ...statuses import InboxState
 from ..repository.statements import InboxSql, rendered
 from ..rows import EFFECT_SELECT as _COLUMNS
+from .schema import CORRELATION_ID
 
 __all__ = [
     "DELETE_EFFECTS", "DELETE_EFFECT_RECORDS", "DELETE_ROWS", "EFFECTS_PRUNABLE", "EFFECTS_PRUNABLE_READ", "EFFECT_FOR_UPDATE",
@@ -138,4 +139,11 @@ class PgInboxSql(InboxSql, param="%s"):
     TOMBSTONE_FORGET = (
         "DELETE FROM inbox_tombstone WHERE event_id IN "
         "(SELECT event_id FROM inbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+    )
+    # Through the expression index inbox_correlation (v4): the same
+    # expression, compared with the id's JSON text (to_json writes a string
+    # as the envelope's encoder does: the same escapes, non-ASCII as it is).
+    FLOWS_BY_CORRELATION = (
+        f"SELECT DISTINCT flow_id FROM inbox WHERE {CORRELATION_ID} = to_json(%s::text)::text "
+        "ORDER BY flow_id LIMIT %s"
     )

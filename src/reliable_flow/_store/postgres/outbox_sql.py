@@ -104,6 +104,15 @@ class PgOutboxSql(OutboxSql, param="%s"):
         "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside'), "
         "c.topics, c.topics_from FROM consumer c ORDER BY c.name"
     )
+    # Through the partial index of pending work (delivery_due), as SQLite.
+    PENDING_SUMMARY = (
+        "SELECT count(*), coalesce(sum(CASE WHEN lease_owner IS NOT NULL AND due_at > %s THEN 1 ELSE 0 END), 0) "
+        "FROM (SELECT lease_owner, due_at FROM delivery WHERE consumer = %s AND state = 'pending' LIMIT %s) t"
+    )
+    OLDEST_PENDING = (
+        "SELECT o.committed_at FROM delivery d JOIN outbox o ON o.pos = d.pos "
+        "WHERE d.consumer = %s AND d.state = 'pending' ORDER BY d.pos LIMIT 1"
+    )
     TOMBSTONE_FORGET = (
         "DELETE FROM outbox_tombstone WHERE event_id IN "
         "(SELECT event_id FROM outbox_tombstone WHERE pruned_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"

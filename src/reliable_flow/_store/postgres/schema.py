@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...statuses import Transition
 
-__all__ = ["CONSUMER", "IDENTITY_TABLE", "PRODUCER", "PRODUCT", "StoreKind"]
+__all__ = ["CONSUMER", "CORRELATION_ID", "IDENTITY_TABLE", "PRODUCER", "PRODUCT", "StoreKind"]
 
 PRODUCT = "reliable_flow"
 IDENTITY_TABLE = "rf_identity"
@@ -75,6 +75,20 @@ _EFFECT_HISTORY = """CREATE TABLE effect_history(
                 owner TEXT,
                 detail TEXT
             )""".format(transitions=",".join(f"'{t.value}'" for t in Transition))
+
+# v5 (issue 31): an inbox row's ``meta["correlation_id"]``, as the JSON text
+# of the string (quotes and escapes kept), or NULL.  Read from the body's
+# text with a regular expression, not by parsing it as json / jsonb: a body
+# may hold \u0000, which PostgreSQL's JSON functions refuse to unescape, and
+# an insert must never fail on an index.  The body is the envelope's
+# canonical JSON: keys sorted (``event_id``, ``flow_id``, ``kind`` and then
+# ``meta``: a quote inside those values is escaped, so the first unescaped
+# ``"meta":{`` is the envelope's own), ``meta`` a flat object of strings.
+# Frozen with the migration that indexes it.
+CORRELATION_ID = (  # group 4: the id's string; no "?" in the text (the engine's placeholder is %s)
+    r"""(regexp_match(body, '"meta":\{("([^"\\]|\\.)*":"([^"\\]|\\.)*",)*"correlation_id":"""
+    r"""("([^"\\]|\\.)*")'))[4]"""
+)
 
 PRODUCER = StoreKind(
     name="producer",
@@ -165,6 +179,9 @@ PRODUCER = StoreKind(
             ),
             "ALTER TABLE registry_action ADD COLUMN topics TEXT",
         ),
+        # v4: the set-aside deliveries, per consumer in commit order, as
+        # SQLite's v7 (the console at scale, issue 31).
+        ("CREATE INDEX delivery_set_aside ON delivery(consumer, pos) WHERE state = 'set_aside'",),
     ),
 )
 
@@ -284,5 +301,17 @@ CONSUMER = StoreKind(
         ("ALTER TABLE effect_history ADD COLUMN due_at DOUBLE PRECISION",),
         # v4: who pruned, when and why (one row per prune call), as SQLite's v7.
         (_RETENTION_ACTION,),
+        # v5: the console's indexes, as SQLite's v8 (issue 31, item 5); the
+        # correlation id is an expression over the body, indexed by the
+        # migration for the rows already stored (CORRELATION_ID).
+        (
+            "CREATE INDEX effect_by_name ON effect_outbox(name, id)",
+            "CREATE INDEX effect_by_state_name ON effect_outbox(state, name, id)",
+            "CREATE INDEX effect_by_flow ON effect_outbox(flow_id, id)",
+            (
+                f"CREATE INDEX inbox_correlation ON inbox(({CORRELATION_ID}), flow_id) "
+                f"WHERE {CORRELATION_ID} IS NOT NULL"
+            ),
+        ),
     ),
 )

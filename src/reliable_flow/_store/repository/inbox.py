@@ -20,7 +20,7 @@ from ...records import AppliedEvent, EffectTransition, OperatorAction, Scheduled
 from ...statuses import ActionTarget, BlockReason, EffectState, InboxState
 from .. import rows
 from ..effects import NewEffect
-from ..records import InboxCounts, PruneStep, StoredRow
+from ..records import InboxCounts, PruneStep, StoredRow, WaitingSummary
 from ..shared import effect_changes
 from .dialect import Dialect
 from .statements import InboxSql
@@ -136,21 +136,52 @@ class InboxRepository(Dialect):
         return None if row is None else rows.effect(row)
 
     def effect_list(
-        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None
+        self, state: EffectState | None = None, flow_id: str | None = None, limit: int | None = None, *,
+        name: str | None = None, after: str | None = None,
     ) -> list[ScheduledEffect]:
         where: list[str] = []
         params: list[Any] = []
-        for column, value in (("state", None if state is None else EffectState(state).value), ("flow_id", flow_id)):
+        for column, value in (("state", None if state is None else EffectState(state).value), ("flow_id", flow_id),
+                              ("name", name)):
             if value is not None:
                 where.append(f"{column} = {self._SQL.PARAM}")
                 params.append(value)
+        if after is not None:
+            where.append(self._SQL.EFFECT_AFTER)
+            params.append(after)
         sql = self._SQL.EFFECT_LIST.format(where=("WHERE " + " AND ".join(where)) if where else "")
         if limit is not None:
             sql, params = f"{sql} LIMIT {self._SQL.PARAM}", [*params, limit]
         return [rows.effect(r) for r in self._rows(sql, params)]
 
-    def effect_counts(self) -> dict[str, int]:
-        return {str(s): int(n) for s, n in self._rows(self._SQL.EFFECT_COUNTS)}
+    def effect_counts(self, cap: int | None = None) -> dict[str, int]:
+        if cap is None:
+            return {str(s): int(n) for s, n in self._rows(self._SQL.EFFECT_COUNTS)}
+        counted = {s.value: self._one(self._SQL.EFFECTS_UP_TO, (s.value, cap)) for s in EffectState}
+        return {s: int(row[0]) for s, row in counted.items() if row is not None and row[0]}
+
+    def attention_effects(self, now: float, unfed_before: float, limit: int) -> list[ScheduledEffect]:
+        params = (limit, limit, limit, now, limit, unfed_before, limit, limit)
+        return [rows.effect(r) for r in self._rows(self._SQL.ATTENTION_EFFECTS, params)]
+
+    # -- the console's bounded reads of the inbox (issue 31, item 5)
+
+    def waiting_flows(self, received_before: float, after: str, limit: int) -> list[str]:
+        return [str(r[0]) for r in self._rows(self._SQL.WAITING_FLOWS, (after, received_before, limit))]
+
+    def flows_by_correlation(self, correlation_id: str, limit: int) -> list[str]:
+        return [str(r[0]) for r in self._rows(self._SQL.FLOWS_BY_CORRELATION, (correlation_id, limit))]
+
+    def waiting_summary(self, cap: int) -> WaitingSummary:
+        found = {str(s): (int(n), None if t is None else float(t))
+                 for s, n, t in self._rows(self._SQL.WAITING_SUMMARY, (cap,))}
+        times = [t for _, t in found.values() if t is not None]
+        return WaitingSummary(found.get(InboxState.PENDING.value, (0, None))[0],
+                              found.get(InboxState.BLOCKED.value, (0, None))[0], min(times) if times else None)
+
+    def applies_recorded(self) -> int:
+        row = self._one(self._SQL.APPLIES)
+        return 0 if row is None or row[0] is None else int(row[0])
 
     def effect_timers(self, now: float) -> dict[str, tuple[int, float]]:
         return {str(n): (int(count), float(due)) for n, count, due in self._rows(self._SQL.EFFECT_TIMERS, (now,))}

@@ -19,7 +19,7 @@ from ...delivery import Retry
 from ...records import ConsumerEntry, OperatorAction, OutboxEntry
 from ...statuses import ActionTarget, DeliveryState
 from .. import rows
-from ..records import OutboxCounts, PruneStep
+from ..records import OutboxCounts, PendingSummary, PruneStep, SetAside
 from .dialect import Dialect
 from .statements import OutboxSql
 
@@ -187,3 +187,19 @@ class OutboxRepository(Dialect):
 
     def _record(self, now: float, horizon: float, step: PruneStep) -> None:
         self._run(self._SQL.RECORD_PRUNE, (now, horizon, step.events, step.deliveries))
+
+    # -- the console's bounded reads (issue 31, item 5)
+
+    def set_aside(self, limit: int) -> list[SetAside]:
+        return [SetAside(str(c), str(e), str(f), int(q), None if s is None else str(s))
+                for c, e, f, q, s in self._rows(self._SQL.SET_ASIDE, (limit,))]
+
+    def pending_summary(self, consumer: str, now: float, cap: int) -> PendingSummary:
+        counted = self._one(self._SQL.PENDING_SUMMARY, (now, consumer, cap))
+        oldest = self._one(self._SQL.OLDEST_PENDING, (consumer,))
+        pending, leased = (0, 0) if counted is None else (int(counted[0]), int(counted[1]))
+        return PendingSummary(pending, leased, None if oldest is None or oldest[0] is None else float(oldest[0]))
+
+    def sizes(self, cap: int) -> tuple[int, int]:
+        events, flows = self._one(self._SQL.EVENTS_UP_TO, (cap,)), self._one(self._SQL.FLOWS_UP_TO, (cap,))
+        return (0 if events is None else int(events[0])), (0 if flows is None else int(flows[0]))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ...statuses import DeliveryState, InboxState
+from ...statuses import DeliveryState, EffectState, InboxState
 from ..rows import EFFECT_SELECT
 
 __all__ = ["InboxSql", "OutboxSql", "SideSql", "StatementTable", "rendered"]
@@ -161,6 +161,14 @@ class OutboxSql(SideSql):
     DELIVERY_STATE = (
         "SELECT d.pos, d.state FROM outbox o JOIN delivery d ON d.pos = o.pos WHERE o.event_id = ? AND d.consumer = ?"
     )
+    # The console's bounded reads (issue 31, item 5), each through an index:
+    # set-aside deliveries (delivery_set_aside), counts that stop at a cap.
+    SET_ASIDE = (
+        "SELECT d.consumer, o.event_id, o.flow_id, o.seq, d.last_status FROM delivery d "
+        f"JOIN outbox o ON o.pos = d.pos WHERE d.state = '{_SET_ASIDE}' ORDER BY d.consumer, d.pos LIMIT ?"
+    )
+    EVENTS_UP_TO = "SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT ?) t"
+    FLOWS_UP_TO = "SELECT count(*) FROM (SELECT 1 FROM flow LIMIT ?) t"
     # Each engine's own: how it joins or counts deliveries, its index hints
     # and, for the ``_LOCKED`` reads of a unit, its row locks.
     DELIVERIES: str
@@ -172,9 +180,19 @@ class OutboxSql(SideSql):
     NEXT_DUE_AT: str
     PENDING_FAILURES_LOCKED: str
     DELIVERY_STATE_LOCKED: str
+    # The console's (issue 31): a consumer's pending deliveries counted up to
+    # a cap with the leased among them (lease ends after ``?``; consumer ``?``,
+    # cap ``?``), and the oldest one's commit time (consumer ``?``).
+    PENDING_SUMMARY: str
+    OLDEST_PENDING: str
 
 
 _APPLIED, _SKIPPED, _REPLACED = InboxState.APPLIED.value, InboxState.SKIPPED.value, InboxState.REPLACED.value
+_BLOCKED = InboxState.BLOCKED.value
+_DEAD, _UNKNOWN = EffectState.DEAD.value, EffectState.UNKNOWN.value
+_IN_DOUBT, _RUNNING = EffectState.IN_DOUBT.value, EffectState.RUNNING.value
+#: How the executor's record of a refused feeding begins (core.effects.FEEDBACK_REFUSED).
+FEED_REFUSED = "feedback "
 _ACTION = (
     "SELECT at, event_id, flow_id, seq, action, previous_state, actor, reason, replacement_event_id "
     "FROM consumer_action "
@@ -254,6 +272,34 @@ class InboxSql(SideSql):
         "INSERT INTO app_schema(name, version) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET version = excluded.version"
     )
     RECORD_PRUNE = "INSERT INTO prune_action(at, horizon, events, effect_records, effect_rows) VALUES (?, ?, ?, ?, ?)"
+    # The console's bounded reads (issue 31, item 5), each through an index.
+    # Flows that may need attention: a row still waiting (inbox_open) that is
+    # blocked or arrived long enough ago.
+    WAITING_FLOWS = (
+        "SELECT DISTINCT flow_id FROM inbox WHERE state IN ('pending','blocked') AND flow_id > ? "
+        f"AND (state = '{_BLOCKED}' OR received_at IS NULL OR received_at <= ?) ORDER BY flow_id LIMIT ?"
+    )
+    WAITING_SUMMARY = (
+        "SELECT state, count(*), min(received_at) FROM (SELECT state, received_at FROM inbox "
+        "WHERE state IN ('pending','blocked') LIMIT ?) t GROUP BY state"
+    )
+    APPLIES = "SELECT max(id) FROM effect"
+    EFFECTS_UP_TO = "SELECT count(*) FROM (SELECT 1 FROM effect_outbox WHERE state = ? LIMIT ?) t"
+    #: A keyset page's start: after the effect with key ``?``.
+    EFFECT_AFTER = "id > (SELECT id FROM effect_outbox WHERE key = ?)"
+    # Each kind of effect that may need a person from its own index, at most
+    # ``?`` of each, then together in scheduling order.
+    ATTENTION_EFFECTS = (
+        f"SELECT {EFFECT_SELECT} FROM effect_outbox WHERE id IN ("
+        + " UNION ALL ".join(
+            f"SELECT id FROM (SELECT id FROM effect_outbox WHERE {where} ORDER BY id LIMIT ?) {alias}"
+            for alias, where in (
+                ("d", f"state = '{_DEAD}'"), ("u", f"state = '{_UNKNOWN}'"), ("i", f"state = '{_IN_DOUBT}'"),
+                ("r", f"state = '{_RUNNING}' AND due_at <= ?"),
+                ("f", f"fed = 0 AND (updated_at <= ? OR substr(last_error, 1, {len(FEED_REFUSED)}) = '{FEED_REFUSED}')"),
+            ))
+        + ") ORDER BY id LIMIT ?"
+    )
     # Each engine's own: NULL ordering, index hints, how a list of names is
     # matched (``{names}``), how a block compares NULLs, and the ``_LOCKED``
     # read's row locks.
@@ -265,3 +311,4 @@ class InboxSql(SideSql):
     HELD_EFFECTS: str
     EFFECT_STARTS: str
     UNFED: str
+    FLOWS_BY_CORRELATION: str

@@ -158,6 +158,12 @@ class SqliteInboxSql(InboxSql, param="?"):
         "SELECT name, count(*) FROM effect_outbox WHERE state IN ('running','in_doubt') AND lease_owner IS NOT NULL "
         "AND due_at > ? AND name IN ({names}) GROUP BY name"
     )
+    # Through the expression index inbox_correlation (v7): the same
+    # expression, and the index's own condition, so the planner may use it.
+    FLOWS_BY_CORRELATION = (
+        "SELECT DISTINCT flow_id FROM inbox WHERE json_extract(body, '$.meta.correlation_id') = ? "
+        "AND json_extract(body, '$.meta.correlation_id') IS NOT NULL ORDER BY flow_id LIMIT ?"
+    )
     # Owed feedback: a result, or a failure step (an unknown effect's once due).
     UNFED = (
         f"SELECT {_COLUMNS} FROM effect_outbox INDEXED BY effect_unfed WHERE fed = 0 "

@@ -96,13 +96,22 @@ class SqliteOutboxSql(OutboxSql, param="?"):
     )
     DELIVERIES = _DELIVERIES + "ORDER BY d.pos, d.consumer"
     DELIVERIES_OF_FLOW = _DELIVERIES + "WHERE o.flow_id = ? ORDER BY d.pos, d.consumer"
-    # Pending through the partial index of due work; set-aside rows are few but
-    # not indexed by state, so that count walks the consumer's deliveries.
+    # Pending through the partial index of due work, set aside through its own (v7).
     CONSUMERS = (
         "SELECT c.name, c.uid, c.registered_at, c.from_pos, "
         "(SELECT count(*) FROM delivery d INDEXED BY delivery_due WHERE d.consumer = c.name AND d.state = 'pending'), "
-        "(SELECT count(*) FROM delivery d WHERE d.consumer = c.name AND d.state = 'set_aside'), "
-        "c.topics, c.topics_from FROM consumer c ORDER BY c.name"
+        "(SELECT count(*) FROM delivery d INDEXED BY delivery_set_aside WHERE d.consumer = c.name "
+        "AND d.state = 'set_aside'), c.topics, c.topics_from FROM consumer c ORDER BY c.name"
+    )
+    # The console's (issue 31), through the partial index of due work.
+    PENDING_SUMMARY = (
+        "SELECT count(*), coalesce(sum(CASE WHEN lease_owner IS NOT NULL AND due_at > ? THEN 1 ELSE 0 END), 0) "
+        "FROM (SELECT lease_owner, due_at FROM delivery INDEXED BY delivery_due "
+        "WHERE consumer = ? AND state = 'pending' LIMIT ?) t"
+    )
+    OLDEST_PENDING = (
+        "SELECT o.committed_at FROM delivery d INDEXED BY delivery_due JOIN outbox o ON o.pos = d.pos "
+        "WHERE d.consumer = ? AND d.state = 'pending' ORDER BY d.pos LIMIT 1"
     )
     # A scan, but of a table that forgetting keeps to the window's size.
     TOMBSTONE_FORGET = (

@@ -209,6 +209,9 @@ PRODUCER = FileKind(
         (_RETENTION_ACTION,),
         # v6: topics and subscriptions (issue 32).
         _PRODUCER_V6,
+        # v7: the set-aside deliveries, per consumer in commit order, without
+        # walking every delivery (what needs attention; issue 31).
+        ("CREATE INDEX delivery_set_aside ON delivery(consumer, pos) WHERE state = 'set_aside'",),
     ),
 )
 
@@ -387,5 +390,19 @@ CONSUMER = FileKind(
         ("ALTER TABLE effect_history ADD COLUMN due_at REAL",),
         # v7: who pruned, when and why: one row per prune call.
         (_RETENTION_ACTION,),
+        # v8: the console's pages (issue 31, item 5) read effects a page at a
+        # time by name, by state and name, and by flow, and find flows by
+        # the correlation id in their events' meta: an expression index, so
+        # the rows stored before it are indexed by the migration itself and
+        # nothing on the write path changes.
+        (
+            "CREATE INDEX effect_by_name ON effect_outbox(name, id)",
+            "CREATE INDEX effect_by_state_name ON effect_outbox(state, name, id)",
+            "CREATE INDEX effect_by_flow ON effect_outbox(flow_id, id)",
+            (
+                "CREATE INDEX inbox_correlation ON inbox(json_extract(body, '$.meta.correlation_id'), flow_id) "
+                "WHERE json_extract(body, '$.meta.correlation_id') IS NOT NULL"
+            ),
+        ),
     ),
 )
