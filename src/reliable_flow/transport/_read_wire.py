@@ -50,6 +50,7 @@ __all__ = ["ACTIONS", "KINDS", "READS", "Question", "answer_fields", "call_args"
 READS: tuple[str, ...] = (
     "meta", "meta_value", "projection", "effects", "flows", "projected_flows", "open_flows", "tombstone",
     "inbox_rows", "inbox_row", "inbox_actions", "inbox_counts", "retention_actions", "prunable", "tombstones_before",
+    "waiting_flows", "flows_by_correlation", "waiting_summary", "applies_recorded", "attention_effects",
     "effect", "effect_list", "effect_counts", "effect_timers", "effect_actions", "effect_history", "effect_starts",
     "held_effect_counts", "unfed_effects", "next_effect_due_at",
 )
