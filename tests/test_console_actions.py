@@ -310,3 +310,33 @@ def test_with_a_token_an_action_needs_it_too(at: At) -> None:
     status, headers, _ = op.call("/act/retry", method="POST", headers=bearer,
                                  body=urlencode({**form, "csrf": token.group(1)}).encode())
     assert status == 303 and headers["Location"] == "/actions"
+
+
+def test_a_consumer_is_registered_to_topics_and_resubscribed_from_the_console(at: At) -> None:
+    from reliable_flow import Topic
+    from test_topics import AGENT, KINDS, WHO
+
+    p_at, c_at = at("producer"), at("consumer")
+    declared = [Topic("agent.commands", kinds={"review.requested"}, role="command"),
+                Topic("agent.notifications", kinds={"notification.sent"}),
+                Topic("agent.audit", kinds=set(KINDS))]
+    with Producer(p_at, AGENT, topics=declared) as producer:
+        producer.admin.register_consumer("tools", topics=["agent.commands"], **WHO)
+    Consumer(c_at, AGENT, name="tools").close()
+    op = Operator(make_app(p_at, [c_at], read_only=False))
+    assert 'name="topics"' in op.ok("/act/register") and 'name="topics"' in op.ok("/act/subscribe")
+    path, said = op.act("register", name="audit", topics="agent.audit")
+    assert (path, "of topics agent.audit" in said) == ("/actions", True), said
+    path, said = op.act("subscribe", name="audit", topics="agent.audit, agent.notifications")
+    assert (path, "subscribed to topics agent.audit, agent.notifications" in said) == ("/actions", True), said
+    # refused, each a sentence naming what: nothing recorded
+    assert "agent.nosuch" in op.act("subscribe", name="audit", topics="agent.nosuch")[1]
+    assert "topics" in op.act("subscribe", name="audit", topics=" , ")[1]
+    said = op.act("register", name="second", topics="agent.commands")[1]
+    assert "tools" in said and "second" in said, said
+    with Producer(p_at, AGENT) as producer:
+        assert [(a.action, a.consumer, a.topics) for a in producer.admin.registry_actions()
+                if a.reason == "INC-7: checked"] == [
+            ("register", "audit", ("agent.audit",)), ("subscribe", "audit", ("agent.audit", "agent.notifications"))]
+        assert {c.name: tuple(c.topics or ()) for c in producer.admin.consumers()} == {
+            "tools": ("agent.commands",), "audit": ("agent.audit", "agent.notifications")}

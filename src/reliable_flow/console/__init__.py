@@ -44,7 +44,8 @@ def make_app(producer: Location, consumers: Sequence[Location], *, read_only: bo
     store, and every action route (``/act``...) answers 403.  False: the
     operator actions are offered under ``/act`` (redeliver and skip a
     delivery, skip or replace an inbox event, retry / resolve / cancel /
-    amend an effect, register / remove a consumer, the bulk retry and
+    amend an effect, register / remove a consumer or change its topics
+    (``subscribe``), the bulk retry and
     redeliver, and prune, each bulk one with a dry run), each through the
     same calls as the command line, recorded with the actor and reason the
     form asks for, and their JSON twins under ``/api/act`` (``GET`` for the

@@ -75,6 +75,8 @@ _CONSUMER = Field("consumer", "consumer", "consumer")
 _EVENT = Field("event_id", "event id")
 _KEY = Field("key", "effect key")
 _RESULT = Field("result", "result (a JSON value)", "area", required=False)
+_TOPICS = Field("topics", "topics (names, comma separated)")
+_TOPICS_OPTIONAL = Field("topics", "only these topics (names, comma separated; blank: every event)", required=False)
 
 ACTIONS: dict[str, Action] = {
     "redeliver": Action("Redeliver an event", "put a set-aside or pending event back in line for the consumer, "
@@ -94,9 +96,13 @@ ACTIONS: dict[str, Action] = {
     "amend": Action("Amend an effect", "replace the result of an effect whose feedback was refused (or feed its "
                     "failure step); the executor then feeds it once",
                     (_CONSUMER, _KEY, _RESULT, Field("failure", "feed its failure step instead", "check", False))),
-    "register": Action("Register a consumer", "register a consumer name, so relays deliver to it",
+    "register": Action("Register a consumer", "register a consumer name, so relays deliver to it (with topics: "
+                       "only their events)",
                        (Field("name", "consumer name"),
-                        Field("from_now", "only events committed from now on", "check", False))),
+                        Field("from_now", "only events committed from now on", "check", False), _TOPICS_OPTIONAL)),
+    "subscribe": Action("Change a consumer's topics", "from now on, deliver to the consumer name only the events "
+                        "of these topics (events committed before keep the deliveries they have)",
+                        (Field("name", "consumer name"), _TOPICS)),
     "remove": Action("Remove a consumer", "remove a consumer name and every delivery to it",
                      (Field("name", "consumer name"),)),
 }
@@ -170,6 +176,17 @@ def _json(form: dict[str, str], field: str) -> Any:
         raise Refused(f"{field}: must be a JSON value (e.g. {{\"parcel\": \"P-7\"}}): {exc}") from None
 
 
+def _topics(form: dict[str, str], *, required: bool) -> list[str] | None:
+    """``topics``: names, comma separated (checked by the producer: an unknown one is refused, naming it)."""
+    text = _text(form, "topics", required=required)
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise Refused("topics: must name at least one topic")
+    return names
+
+
 @contextmanager
 def refusals() -> Iterator[None]:
     """The library's refusals and errors as :class:`Refused`, each a sentence."""
@@ -187,10 +204,11 @@ def perform(console: Console, name: str, form: dict[str, str], effects: Any) -> 
     with refusals():
         actor, reason = check_text("actor", form.get("actor", "")), check_text("reason", form.get("reason", ""))
         who = {"actor": actor, "reason": reason}
-        if name in ("register", "remove"):
+        if name in ("register", "remove", "subscribe"):
+            topics = _topics(form, required=name == "subscribe") if name != "remove" else None
             with opened_owner("producer", console.producer) as producer:
                 done = registry_action(producer, name, str(_text(form, "name")), from_now="from_now" in form,
-                                       actor=actor, reason=reason)
+                                       topics=topics, actor=actor, reason=reason)
             return _one(done)
         if name == "prune":
             return _prune(console, form, who)
