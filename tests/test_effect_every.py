@@ -24,26 +24,30 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from children.every_child import registry as child_registry
 from engine_reads import new_location
 from reliable_flow import Consumer, DeliveryPolicy, EffectCall, EffectExecutor, EffectRegistry
 from reliable_flow._core.cron import CronError, parse_cron
 from reliable_flow._tools.cli import main as cli_main
-from reliable_flow.errors import InvalidEnvelope, NotResolvable, ScheduleConflict, UnknownEffect, UnknownSchedule
+from reliable_flow.errors import (
+    InvalidEnvelope,
+    NotResolvable,
+    ScheduleConflict,
+    UnknownEffect,
+    UnknownSchedule,
+)
 from reliable_flow.metrics import prometheus_text
 from reliable_flow.reservation import RESERVATION
 from support import Clock
 
 CHILDREN = Path(__file__).parent / "children"
-sys.path.insert(0, str(CHILDREN))
-from every_child import registry as child_registry  # noqa: E402
-
-T0 = 1_000_000.0  # a multiple of 60 and of 3600? 1e6 / 3600 is not: ticks below are worked out from it
+T0 = 1_000_000.0  # the ticks below are worked out from it (it is no multiple of 60)
 MINUTE = 60.0
 
 

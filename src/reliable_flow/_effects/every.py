@@ -15,7 +15,7 @@ from typing import Any
 from .. import _envelope as envelope
 from .._core.cron import parse_cron, zone
 
-__all__ = ["MISSED", "MIN_INTERVAL", "ScheduleSpec", "declare"]
+__all__ = ["MIN_INTERVAL", "MISSED", "ScheduleSpec", "declare"]
 
 #: What happens to ticks whose time passed while no executor took them.
 MISSED = ("one", "all", "skip")

@@ -15,7 +15,6 @@ from ..records import AppliedEvent, OperatorAction
 from ..statuses import BlockReason
 from .base import Store
 from .effects import EffectReads, EffectUnit
-from .schedules import ScheduleReads, ScheduleUnit
 from .records import (
     FlowState,
     InboxCounts,
@@ -25,6 +24,7 @@ from .records import (
     Tombstone,
     WaitingSummary,
 )
+from .schedules import ScheduleReads, ScheduleUnit
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
