@@ -466,3 +466,8 @@ def test_a_cron_schedule_ticks_on_the_zones_wall_clock(ticks: Ticks) -> None:
     ticks.clock.t = _utc("2026-03-30T06:00")
     executor.run_until_idle()
     assert ticks.calls == [key(_utc(t)) for t in ("2026-03-28T01:30", "2026-03-29T01:00", "2026-03-30T00:30")]
+
+
+def test_the_library_never_imports_croniter() -> None:
+    src = Path(__file__).parents[1] / "src"
+    assert not [p for p in src.rglob("*.py") if "import croniter" in p.read_text() or "from croniter" in p.read_text()]
