@@ -473,3 +473,47 @@ def test_a_cron_schedule_ticks_on_the_zones_wall_clock(ticks: Ticks) -> None:
 def test_the_library_never_imports_croniter() -> None:
     src = Path(__file__).parents[1] / "src"
     assert not [p for p in src.rglob("*.py") if "import croniter" in p.read_text() or "from croniter" in p.read_text()]
+
+
+def test_the_console_shows_the_schedules_and_their_actions(ticks: Ticks, tmp_path: Path, engine: str) -> None:
+    from reliable_flow import Producer
+    from reliable_flow.console import make_app
+    from test_console import Client
+
+    executor = ticks.executor(interval=MINUTE)
+    first = executor.consumer.admin.schedules()[0].next_at
+    executor.consumer.admin.pause_schedule("digest", actor="ops", reason="quiet <b>hours</b>")
+    producer_at = new_location(engine, tmp_path, "producer")
+    Producer(producer_at, RESERVATION).close()
+    client = Client(make_app(producer_at, [f"ticks={ticks.location}"]))
+    [consumer] = client.json("/api/overview")["consumers"]
+    [shown] = consumer["schedules"]
+    assert (shown["schedule"], shown["paused"], shown["next_at"], shown["last_tick"]) == ("digest", True, first, None)
+    html = client.ok("/")
+    assert "Recurring schedules" in html and "every 60 s" in html and "paused" in html
+    log = client.json("/api/actions")["log"]
+    assert [(a["target"], a["action"], a["schedule"]) for a in log] == [("schedule", "pause", "digest")]
+    assert "quiet &lt;b&gt;hours&lt;/b&gt;" in client.ok("/actions")
+
+
+@pytest.mark.parametrize("expression", ["*/7 * * * *", "30 2 * * *", "0,30 1-3 * * 0", "0 8 * * 1-5"])
+def test_the_latest_ticks_of_a_range_are_the_ones_counted_forward(expression: str) -> None:
+    cron = parse_cron(expression, "Europe/Berlin")
+    rng = random.Random(expression)
+    for _ in range(10):
+        first = _utc("2026-03-20T00:00") + rng.uniform(0, 40 * 86_400)
+        last = first + rng.uniform(0, 1.5 * 86_400)
+        forward, at = [], first - 0.001
+        while (at := cron.next_after(at)) <= last:
+            forward.append(at)
+        most = rng.randint(1, 5)
+        latest, older = cron.latest(first, last, most, 10_000)
+        assert latest == forward[-most:] and older == len(forward) - len(latest)
+
+
+def test_a_long_outage_of_a_minute_schedule_counts_its_skipped_ticks_up_to_a_cap(ticks: Ticks) -> None:
+    executor = ticks.executor(cron="* * * * *", missed="one")
+    first = executor.consumer.admin.schedules()[0].next_at
+    ticks.clock.t = first + 30 * 86_400  # a month down
+    assert executor.run_once().work == 1 and ticks.calls == [key(first + 30 * 86_400)]
+    assert executor.consumer.admin.schedules()[0].skipped == 10_000  # at least that many

@@ -161,6 +161,28 @@ class Cron:
             day += _dt.timedelta(days=1)
         raise CronError(f"cron: {self.expression!r} has no tick in {_HORIZON_DAYS} days")
 
+    def latest(self, first: float, last: float, most: int, cap: int) -> tuple[list[float], int]:
+        """Up to ``most`` of the latest ticks in ``[first, last]``, oldest
+        first, and how many older ones there are (counted up to ``cap``):
+        read a day at a time, from ``last`` back."""
+        found: list[float] = []
+        older = 0
+        day = _dt.datetime.fromtimestamp(last, self.tz).date() + _dt.timedelta(days=1)
+        stop = _dt.datetime.fromtimestamp(first, self.tz).date() - _dt.timedelta(days=1)
+        while day >= stop and older < cap:
+            if self._day_matches(day):
+                for at in self._ticks_of(day, reverse=True):
+                    if at < first or older >= cap:
+                        break
+                    if at > last:
+                        continue
+                    if len(found) < most:
+                        found.append(at)
+                    else:
+                        older += 1
+            day -= _dt.timedelta(days=1)
+        return found[::-1], older
+
     def last_at_or_before(self, at_or_before: float) -> float | None:
         """The latest tick at or before ``at_or_before`` (None if none in the horizon)."""
         day = _dt.datetime.fromtimestamp(at_or_before, self.tz).date() + _dt.timedelta(days=1)

@@ -44,6 +44,8 @@ class Ticks(Protocol):
 
     def last_at_or_before(self, at_or_before: float) -> float | None: ...
 
+    def latest(self, first: float, last: float, most: int, cap: int) -> tuple[list[float], int]: ...
+
 
 @dataclass(frozen=True)
 class _Every:
@@ -54,17 +56,27 @@ class _Every:
     def _at(self, k: int) -> float:
         return round(k * self.interval, 3)
 
+    def _index_at_or_before(self, t: float) -> int:
+        k = math.floor(t / self.interval) + 1
+        while self._at(k) > t:
+            k -= 1
+        return k
+
     def next_after(self, after: float) -> float:
-        k = math.floor(after / self.interval)
-        while self._at(k) <= after:
-            k += 1
-        return self._at(k)
+        return self._at(self._index_at_or_before(after) + 1)
 
     def last_at_or_before(self, at_or_before: float) -> float | None:
-        k = math.floor(at_or_before / self.interval) + 1
-        while self._at(k) > at_or_before:
-            k -= 1
-        return self._at(k)
+        return self._at(self._index_at_or_before(at_or_before))
+
+    def latest(self, first: float, last: float, most: int, cap: int) -> tuple[list[float], int]:
+        top = self._index_at_or_before(last)
+        bottom = self._index_at_or_before(first)
+        if self._at(bottom) < first:
+            bottom += 1
+        if top < bottom:
+            return [], 0
+        taken = max(bottom, top - most + 1)
+        return [self._at(k) for k in range(taken, top + 1)], min(taken - bottom, cap)
 
 
 def ticks_of(interval: float | None, cron: str | None, tz: str) -> Ticks:
@@ -73,21 +85,6 @@ def ticks_of(interval: float | None, cron: str | None, tz: str) -> Ticks:
         return _Every(interval)
     assert cron is not None
     return parse_cron(cron, tz)
-
-
-def _latest(ticks: Ticks, first: float, last: float, most: int) -> tuple[list[float], int]:
-    """Up to ``most`` of the latest ticks in ``[first, last]``, oldest first,
-    and how many older ones there were (counted up to :data:`_COUNT_CAP`)."""
-    found: list[float] = []
-    older = 0
-    at = ticks.last_at_or_before(last)
-    while at is not None and at >= first and older < _COUNT_CAP:
-        if len(found) < most:
-            found.append(at)
-        else:
-            older += 1
-        at = ticks.last_at_or_before(at - 0.0005)
-    return found[::-1], older
 
 
 def _definition_changes(stored: EffectSchedule, spec: ScheduleSpec) -> list[str]:
@@ -125,7 +122,7 @@ def declare_in(unit: InboxUnit, specs: Mapping[str, ScheduleSpec], now: float) -
 def _chosen(schedule: EffectSchedule, ticks: Ticks, now: float, next_at: float) -> tuple[list[float], int]:
     """The due ticks a catch-up performs, oldest first, and how many it skips."""
     most = MAX_CATCH_UP if schedule.missed == "all" else 1
-    due, skipped = _latest(ticks, schedule.next_at, now, most)
+    due, skipped = ticks.latest(schedule.next_at, now, most, _COUNT_CAP)
     if schedule.missed == "skip" and due and now - due[-1] > min(ON_TIME, (next_at - due[-1]) / 2):
         return [], skipped + len(due)  # found late: missed, and skip performs none
     return due, skipped
