@@ -152,7 +152,6 @@ class Stepper:
             fire_in(unit, specs, now)  # the due ticks of the schedules made effects, claimable below
             claims, put_off = claim_in(unit, specs, self.policy, now, most)
         self.stats.rate_limited += put_off
-
         taken: list[tuple[ScheduledEffect, Plan]] = []
         for claim in claims:
             if claim.chosen in (Plan.RUN, Plan.RECONCILE):
