@@ -207,13 +207,18 @@ def _indexes(location: str) -> set[str]:
 
 
 def _back_to_previous_version(location: str, side: str) -> None:
-    """The store as the version before the console's migration left it: without its indexes."""
+    """The store as the version before the console's migration left it: without its indexes (and, on
+    the consumer side, without the later migrations' tables: the recurring schedules')."""
     drops = [f"DROP INDEX {name}" for name in _NEW_INDEXES[side]]
+    later = 1
+    if side == "consumer":  # the consumer's console migration is followed by the schedules' (v9 / v6)
+        drops += ["DROP TABLE effect_schedule", "DROP TABLE schedule_action"]
+        later = 2
     if is_pg(location):
-        execute(location, *drops, "UPDATE rf_identity SET version = version - 1")
+        execute(location, *drops, f"UPDATE rf_identity SET version = version - {later}")
     else:
         version = rows(location, "PRAGMA user_version")[0][0]
-        execute(location, *drops, f"PRAGMA user_version = {version - 1}")
+        execute(location, *drops, f"PRAGMA user_version = {version - later}")
 
 
 def test_stores_written_before_the_console_migrations_upgrade_in_place(at: At) -> None:

@@ -39,6 +39,7 @@ SHAPES = {
     ActionTarget.EFFECT: {"at", "key", "action", "actor", "reason"},
     ActionTarget.REGISTRY: {"at", "consumer", "action", "actor", "reason"},
     ActionTarget.RETENTION: {"at", "action", "horizon", "forget_before", "actor", "reason"},
+    ActionTarget.SCHEDULE: {"at", "schedule", "action", "actor", "reason"},
 }
 #: The optional fields each target fills (every other one is None).
 FILLED = {
@@ -47,9 +48,11 @@ FILLED = {
     ActionTarget.EFFECT: {"key"},
     ActionTarget.REGISTRY: {"consumer"},
     ActionTarget.RETENTION: {"horizon", "forget_before"},
+    ActionTarget.SCHEDULE: {"schedule"},
 }
 OPTIONAL = {"event_id", "consumer", "flow_id", "seq", "key", "previous_state", "replacement_event_id", "horizon",
-            "forget_before", "topics"}  # topics: a registry action that named topics (issue 32)
+            "forget_before", "topics",  # topics: a registry action that named topics (issue 32)
+            "schedule"}  # schedule: a recurring schedule's pause / resume / remove (issue 33)
 
 
 def unfilled(record: OperatorAction) -> dict[str, Any]:
@@ -69,7 +72,8 @@ def troubled(engine: str, tmp_path: Path) -> tuple[str, str]:
 
 
 def test_one_frozen_keyword_only_record_with_a_target() -> None:
-    assert [t.value for t in ActionTarget] == ["delivery", "inbox", "effect", "registry", "retention"]
+    assert [t.value for t in ActionTarget] == ["delivery", "inbox", "effect", "registry", "retention",
+                                                 "schedule"]
     assert "ActionTarget" in reliable_flow.statuses.__all__ and "ActionTarget" not in reliable_flow.__all__
     names = [f.name for f in dataclasses.fields(OperatorAction)]
     assert names[:5] == ["at", "target", "action", "actor", "reason"]

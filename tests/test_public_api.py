@@ -66,7 +66,7 @@ PUBLIC_NAMES = [
 # The namespaces (issue 19): every result and record, every error, every status enum.
 RECORD_NAMES = [
     "AdvanceResult", "AppliedEvent", "ApplyResult", "ConsumerEntry", "DeliveryRecord",
-    "DrainResult", "EffectTransition", "ExecutorStats", "InboxEntry", "InboxRow",
+    "DrainResult", "EffectSchedule", "EffectTransition", "ExecutorStats", "InboxEntry", "InboxRow",
     "OperatorAction", "OutboxEntry", "PassResult", "PruneResult", "ReceiveResult",
     "RelayBatchResult", "RelayResult", "ScheduledEffect", "StuckFlow", "WorkerStats",
 ]

@@ -19,6 +19,8 @@ keeps the engine driver's own exception (``sqlite3.Error`` today) chained as
      +-- TopicError (also ValueError)          a topic or subscription refused (unknown, renamed, 2nd commander)
      +-- EffectKeyConflict (also ValueError)   an effect key reused for another effect
      +-- UnknownEffect (also LookupError)      no such effect (name not registered, key not stored)
+     +-- ScheduleConflict (also ValueError)    a schedule name already stored with another definition
+     +-- UnknownSchedule (also LookupError)    no recurring schedule of that name is stored
      +-- LeaseLost                             call.heartbeat() after the executor lost the claim
      +-- SQLiteTooOld                          linked SQLite is older than 3.24
      +-- WrongProcess                          object used after fork()
@@ -48,6 +50,7 @@ __all__ = [
     "ReliableFlowError",
     "RemoteError",
     "SQLiteTooOld",
+    "ScheduleConflict",
     "SchemaTooNew",
     "StorageError",
     "StorageFull",
@@ -58,6 +61,7 @@ __all__ = [
     "UnknownConsumer",
     "UnknownEffect",
     "UnknownEvent",
+    "UnknownSchedule",
     "WrongFile",
     "WrongProcess",
     "WrongThread",
@@ -134,6 +138,18 @@ class EffectKeyConflict(ReliableFlowError, ValueError):
 
 class UnknownEffect(ReliableFlowError, LookupError):
     """An effect name that is not registered, or a key that is not stored."""
+
+
+class ScheduleConflict(ReliableFlowError, ValueError):
+    """A recurring schedule (``EffectRegistry.every``) is declared under a
+    name the consumer's store already holds with another definition (effect,
+    payload, interval or cron, time zone, missed): refused when the executor
+    opens, nothing changed.  An operator's ``remove_schedule`` lets the new
+    definition be recorded by the next executor that opens."""
+
+
+class UnknownSchedule(ReliableFlowError, LookupError):
+    """No recurring schedule of that name is stored in the consumer's store."""
 
 
 class LeaseLost(ReliableFlowError):

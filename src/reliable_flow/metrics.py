@@ -84,7 +84,10 @@ class ConsumerMetrics:
     per state (every state listed, ``unknown`` included); ``timers``: per
     effect name, the ``pending`` effects waiting for a time (delayed with
     ``schedule(after=, at=)``, backing off, or put off by a rate limit) and
-    ``next_due``, the earliest of their due times (seconds since the epoch).
+    ``next_due``, the earliest of their due times (seconds since the epoch);
+    ``schedules``: per recurring schedule (``EffectRegistry.every``), its
+    ``next_at`` and ``last_tick`` (epoch seconds; ``last_tick`` None before
+    the first), ``paused`` and ``skipped`` (missed ticks not performed).
 
     From this process only, None when read from the file alone (nothing of
     it is stored): ``duplicates`` received and ``applied`` events since the
@@ -106,6 +109,7 @@ class ConsumerMetrics:
     applied_per_second: float | None = None
     timers: dict[str, int] = field(default_factory=dict)
     next_due: dict[str, float] = field(default_factory=dict)
+    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as plain dicts (JSON-able)."""
@@ -186,6 +190,8 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
         **live,
         timers={name: n for name, (n, _due) in timers.items()},
         next_due={name: due for name, (_n, due) in timers.items()},
+        schedules={s.schedule: {"next_at": s.next_at, "last_tick": s.last_tick, "paused": s.paused,
+                                "skipped": s.skipped} for s in reads.schedules()},
     )
 
 
@@ -230,6 +236,26 @@ def _producer_samples(m: ProducerMetrics) -> Iterator[_Sample]:
                    {"consumer": consumer}, d.oldest_pending_age)
 
 
+def _schedule_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
+    """Each recurring schedule's next and last tick, paused state and skipped ticks."""
+    who = {"consumer": m.consumer}
+    for name, s in m.schedules.items():
+        yield ("reliable_flow_schedule_next_tick_timestamp_seconds", "gauge",
+               "When a recurring schedule next ticks (epoch seconds).", {**who, "schedule": name}, s["next_at"])
+    for name, s in m.schedules.items():
+        if s["last_tick"] is not None:
+            yield ("reliable_flow_schedule_last_tick_timestamp_seconds", "gauge",
+                   "The time of a recurring schedule's latest tick made an effect (epoch seconds).",
+                   {**who, "schedule": name}, s["last_tick"])
+    for name, s in m.schedules.items():
+        yield ("reliable_flow_schedule_paused", "gauge", "1 while an operator paused the recurring schedule.",
+               {**who, "schedule": name}, 1 if s["paused"] else 0)
+    for name, s in m.schedules.items():
+        yield ("reliable_flow_schedule_skipped_ticks", "gauge",
+               "Missed ticks of a recurring schedule that were not performed (missed one / skip / past the all bound).",
+               {**who, "schedule": name}, s["skipped"])
+
+
 def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
     who = {"consumer": m.consumer}
     for state, n in m.inbox.items():
@@ -247,6 +273,7 @@ def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
         yield ("reliable_flow_effect_next_due_timestamp_seconds", "gauge",
                "When the earliest pending effect of a name not due yet is due (epoch seconds).",
                {**who, "effect": name}, due)
+    yield from _schedule_samples(m)
     if m.duplicates is not None:
         yield ("reliable_flow_duplicates_received_total", "counter",
                "Duplicate events received since this process opened the consumer.", who, m.duplicates)

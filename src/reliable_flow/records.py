@@ -55,6 +55,7 @@ __all__ = [
     "ConsumerEntry",
     "DeliveryRecord",
     "DrainResult",
+    "EffectSchedule",
     "EffectTransition",
     "ExecutorStats",
     "InboxEntry",
@@ -224,6 +225,8 @@ class OperatorAction:
       ``forget_after``).  Recorded in the prune's first transaction, so no
       row is removed without it; what each transaction removed is in the
       store's ``prune_action`` table.
+    - ``schedule`` (``pause`` / ``resume`` / ``remove``): ``schedule``, the
+      recurring schedule's name.
 
     ``previous_state`` of a delivery is given in the value ``redeliver`` /
     ``skip`` return and is None in ``operator_actions()`` listings (it is
@@ -247,6 +250,7 @@ class OperatorAction:
     horizon: float | None = None
     forget_before: float | None = None
     topics: tuple[str, ...] | None = None
+    schedule: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields its ``target`` fills, by name, as every JSON output
@@ -269,6 +273,7 @@ _ACTION_FIELDS: dict[ActionTarget, tuple[str, ...]] = {
     ActionTarget.EFFECT: ("at", "key", "action", "actor", "reason"),
     ActionTarget.REGISTRY: ("at", "consumer", "action", "actor", "reason"),
     ActionTarget.RETENTION: ("at", "action", "horizon", "forget_before", "actor", "reason"),
+    ActionTarget.SCHEDULE: ("at", "schedule", "action", "actor", "reason"),
 }
 
 
@@ -335,6 +340,53 @@ class ScheduledEffect:
     updated_at: float
     waiting_behind: str | None = None
     waiting_behind_state: EffectState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectSchedule:
+    """A recurring effect schedule as the consumer's store holds it (see
+    ``EffectRegistry.every`` and ``Consumer.schedules``).
+
+    ``schedule``: its name (what identifies it); ``name``: the registered
+    effect each tick performs, with ``payload``; ``interval`` (seconds) or
+    ``cron`` with ``tz``; ``missed``: ``one``, ``all`` or ``skip``.
+    ``next_at``: the next tick's time (epoch seconds; while ``paused``, the
+    first tick after the pause is lifted is worked out then);
+    ``last_tick``: the time of the latest tick made an effect (None before
+    the first); ``skipped``: how many ticks were missed and not performed
+    (``missed="one"`` / ``"skip"``, or past the ``"all"`` bound).  Each
+    tick is an ordinary effect with the key ``schedule:<schedule>:<tick>``
+    (:meth:`tick_key`).
+    """
+
+    schedule: str
+    name: str
+    payload: dict[str, Any]
+    interval: float | None
+    cron: str | None
+    tz: str
+    missed: str
+    paused: bool
+    next_at: float
+    last_tick: float | None
+    skipped: int
+    created_at: float
+    updated_at: float
+
+    def tick_key(self, tick: float) -> str:
+        """The idempotency key of the effect the tick at ``tick`` becomes."""
+        return tick_key(self.schedule, tick)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields by name (what ``inspect --json`` shows)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def tick_key(schedule: str, tick: float) -> str:
+    """``schedule:<schedule>:<tick>``: the tick's time in epoch seconds, to
+    the millisecond, trailing zeros left out (``schedule:digest:1733126400``)."""
+    text = f"{round(tick, 3):.3f}".rstrip("0").rstrip(".")
+    return f"schedule:{schedule}:{text}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,7 +139,9 @@ class ActionTarget(_StrEnum):
     in the producer's registry (``producer.admin`` ``register_consumer`` /
     ``remove_consumer``, or a relay registering one).  ``retention``: a
     ``prune`` of either side (``producer.admin.prune`` /
-    ``consumer.admin.prune``).
+    ``consumer.admin.prune``).  ``schedule``: a recurring effect schedule
+    (``consumer.admin`` ``pause_schedule`` / ``resume_schedule`` /
+    ``remove_schedule``).
     """
 
     DELIVERY = "delivery"
@@ -147,6 +149,7 @@ class ActionTarget(_StrEnum):
     EFFECT = "effect"
     REGISTRY = "registry"
     RETENTION = "retention"
+    SCHEDULE = "schedule"
 
 
 class EffectState(_StrEnum):

@@ -73,7 +73,7 @@ def test_snapshot_reads_postgres_and_mixed_pairs_as_it_reads_files(
     got = snapshot(*pair)
     assert set(got["producer"]) == {"protocol", "flows", "outbox", "operator_actions"}
     assert set(got["consumer"]) == {"protocol", "name", "projections", "inbox", "effects", "effect_outbox",
-                                    "effect_actions"}
+                                    "effect_actions", "schedules", "schedule_actions"}
     assert _stable(got) == _stable(snapshot(*sqlite_pair))
     assert snapshot(*pair) == got  # read only: a second look sees the same
 

@@ -17,6 +17,7 @@ from .. import _envelope as envelope
 from .._checks import check_text
 from .._core.admin import amend_in, effect_action_in
 from .._core.operate import replace_in, skip_in
+from .._core.schedules import schedule_action_in
 from .._effects import EffectRegistry, check_json_value
 from .._effects.feedstep import RemoteTarget, check_feedback
 from .._observe import CONSUMER, operator_action
@@ -25,7 +26,7 @@ from .._retention import DEFAULT_PRUNE_BATCH, prune_older_than
 from .._store import InboxStore
 from ..errors import UnknownEffect
 from ..protocol import Protocol as FlowProtocol
-from ..records import OperatorAction, PruneResult
+from ..records import EffectSchedule, OperatorAction, PruneResult
 
 __all__ = ["ConsumerAdmin"]
 
@@ -48,8 +49,9 @@ class ConsumerAdmin:
     """A consumer's operator actions, as ``consumer.admin``: move a flow past
     an accepted event that cannot be applied (:meth:`skip_event`,
     :meth:`replace_event`), act on effects (:meth:`retry_effect`,
-    :meth:`resolve_effect`, :meth:`cancel_effect`, :meth:`amend_effect`) and retention
-    (:meth:`prune`).  Every action is recorded (:meth:`operator_actions`,
+    :meth:`resolve_effect`, :meth:`cancel_effect`, :meth:`amend_effect`), recurring
+    schedules (:meth:`pause_schedule`, :meth:`resume_schedule`,
+    :meth:`remove_schedule`) and retention (:meth:`prune`).  Every action is recorded (:meth:`operator_actions`,
     :meth:`effect_actions`), stamped with the consumer's ``clock``; none is
     ever taken automatically.  What to look at first: ``consumer.stuck``,
     ``consumer.event``, ``consumer.scheduled_effects``."""
@@ -204,6 +206,46 @@ class ConsumerAdmin:
         """Recorded operator actions on effects (target ``effect``; for one key
         if given), oldest first."""
         return self._store.latest.effect_actions(key)
+
+    # -- recurring schedules ----------------------------------------------------------
+
+    def schedules(self) -> list[EffectSchedule]:
+        """Every recurring schedule the store holds (``EffectRegistry.every``,
+        recorded when an executor opened), by name: its next and last tick,
+        whether it is paused, how many missed ticks it skipped."""
+        return self._store.latest.schedules()
+
+    def pause_schedule(self, name: str, *, actor: str, reason: str) -> OperatorAction:
+        """Stop a schedule's ticks; recorded.  No tick is made while it is
+        paused, and the ticks whose time passes meanwhile are never
+        performed (paused, not missed).  Raises :class:`UnknownSchedule` for
+        a name not stored and :class:`NotResolvable` if already paused."""
+        return self._schedule_action("pause", name, actor, reason)
+
+    def resume_schedule(self, name: str, *, actor: str, reason: str) -> OperatorAction:
+        """Let a paused schedule tick again from its first tick after now;
+        recorded.  :class:`NotResolvable` if it is not paused."""
+        return self._schedule_action("resume", name, actor, reason)
+
+    def remove_schedule(self, name: str, *, actor: str, reason: str) -> OperatorAction:
+        """Delete a schedule from the store; recorded.  The effects its ticks
+        made stay.  An executor whose registry still declares it records it
+        again when it opens, with that definition: the way to change a
+        schedule's definition (remove, then deploy the new one); to stop one
+        the code still declares, pause it."""
+        return self._schedule_action("remove", name, actor, reason)
+
+    def schedule_actions(self, name: str | None = None) -> list[OperatorAction]:
+        """Recorded pauses, resumes and removals (target ``schedule``; for one
+        schedule if given), oldest first."""
+        return self._store.latest.schedule_actions(name)
+
+    def _schedule_action(self, action: str, name: str, actor: str, reason: str) -> OperatorAction:
+        name, actor, reason = check_text("name", name), check_text("actor", actor), check_text("reason", reason)
+        with self._store.write() as unit:
+            record = schedule_action_in(unit, action, name, actor, reason, self._consumer.clock())
+        operator_action(CONSUMER, record, self._consumer.name, schedule=name)
+        return record
 
     # -- retention ------------------------------------------------------------------
 

@@ -92,6 +92,13 @@ class EffectExecutor:
         #: The step both faces drive (every decision's I/O of a step); only
         #: on the thread that owns the consumer's store.
         self.stepper = Stepper(consumer, registry, self.policy, target, concurrency, loop)
+        # The registry's recurring schedules, recorded in the consumer's store
+        # (ScheduleConflict: a name stored with another definition).
+        try:
+            self.stepper.declare_schedules()
+        except BaseException:
+            self.stepper.flights.close()
+            raise
         self.stats: ExecutorStats = self.stepper.stats
         self._loop = Loop()
         self._running = False  # inside run(): a stop or signal ends run_once after the call in progress

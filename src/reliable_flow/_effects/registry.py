@@ -32,7 +32,8 @@ from typing import Any
 
 from .. import _envelope as envelope
 from .._checks import check_count, check_optional_count, check_seconds
-from ..errors import InvalidEnvelope, LeaseLost
+from ..errors import InvalidEnvelope, LeaseLost, UnknownEffect
+from .every import ScheduleSpec, declare
 
 __all__ = [
     "EffectCall",
@@ -45,6 +46,7 @@ __all__ = [
     "OutcomeUnknown",
     "PermanentFailure",
     "RetryLater",
+    "ScheduleSpec",
     "check_json_object",
     "check_json_value",
 ]
@@ -252,6 +254,7 @@ class EffectRegistry:
     """The registry of effects, by name."""
 
     _specs: dict[str, EffectSpec] = field(default_factory=dict)
+    _schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
 
     def register(
         self, name: str, run: Run, *, reconcile: Reconcile | None = None, idempotent: bool = False,
@@ -304,6 +307,53 @@ class EffectRegistry:
                           None if timeout is None else float(timeout), limit)
         self._specs[name] = spec
         return spec
+
+    def every(
+        self, name: str, payload: Mapping[str, Any] | None = None, *, interval: float | None = None,
+        cron: str | None = None, tz: str = "UTC", missed: str = "one", schedule: str | None = None,
+    ) -> ScheduleSpec:
+        """Declare a recurring effect: the registered effect ``name`` with
+        ``payload`` (a JSON object; default ``{}``) on every tick, each tick
+        performed exactly once in effect across executors and crashes.
+
+        Exactly one of ``interval`` (seconds, at least 0.001: ticks at the
+        multiples of ``interval`` since the Unix epoch, so ``interval=3600``
+        ticks on the hour, UTC) and ``cron`` (five fields, ``"0 8 * * 1-5"``,
+        matched on the wall clock of ``tz``, an IANA time zone name; see
+        docs/effects.md for daylight-saving changes).
+
+        ``missed``: a tick is missed when its time passed while no executor
+        took it (every executor down, or paused): ``"one"`` (the default)
+        performs the latest missed tick, ``"all"`` every missed tick (the
+        latest 100 at most; older ones are counted as skipped), ``"skip"``
+        none (the next tick only).  ``schedule``: the schedule's name, what
+        identifies it (default: ``name``); one registry declares a name once.
+
+        The consumer's store records the schedule when an executor with this
+        registry opens; the same name stored with another definition is
+        refused there (:class:`~reliable_flow.errors.ScheduleConflict`)
+        until an operator removes it (``consumer.admin.remove_schedule``).
+        Each tick becomes an effect keyed ``schedule:<schedule>:<tick epoch
+        seconds>``, of flow ``schedule:<schedule>``.
+
+        Bad input raises an error naming the argument (``interval``, ``cron``
+        and its field, ``tz``, ``missed``, ``payload``, ``schedule``) and
+        nothing is declared.
+        """
+        envelope.check_name("name", name)
+        if name not in self._specs:
+            raise UnknownEffect(f"effect {name!r} is not registered: register it before its schedule")
+        text = check_json_object("payload", {} if payload is None else payload)
+        spec = declare(name, text, interval, cron, tz, missed, schedule)
+        if spec.schedule in self._schedules:
+            raise ValueError(f"schedule {spec.schedule!r} is already declared in this registry")
+        self._schedules[spec.schedule] = spec
+        return spec
+
+    @property
+    def schedules(self) -> dict[str, ScheduleSpec]:
+        """The recurring schedules declared here (:meth:`every`), by schedule name."""
+        return dict(self._schedules)
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs

@@ -30,6 +30,7 @@ from .._core.effects import (
     renew_in,
     time_out_in,
 )
+from .._core.schedules import declare_in, fire_in
 from .._loop import CANNOT_HEAL
 from .._observe import EXECUTOR, INFO, WARNING, fields, log
 from ..crash import crash_point
@@ -105,6 +106,16 @@ class Stepper:
         done = wake_in is None and (not more or taken >= limit or stopping() or self.flights.free <= 0)
         return Step(work=recorded + taken, taken=taken, wake_in=wake_in, done=done)
 
+    def declare_schedules(self) -> list[str]:
+        """Record the registry's recurring schedules not stored yet (one
+        transaction; a name stored with another definition raises
+        ``ScheduleConflict`` and nothing is recorded); the names recorded."""
+        declared = self.effects.schedules
+        if not declared:
+            return []
+        with self.consumer.store.write() as unit:
+            return declare_in(unit, declared, self.policy.clock())
+
     def wake_in(self) -> float | None:
         """Seconds until the calls in flight need tending (a renewal, a
         timeout; looked at every 0.1 s at least), or None when no call is
@@ -138,6 +149,7 @@ class Stepper:
         now = self.policy.clock()
         specs = {name: self._spec_of(name) for name in self.effects}
         with self.consumer.store.write() as unit:
+            fire_in(unit, specs, now)  # the due ticks of the schedules made effects, claimable below
             claims, put_off = claim_in(unit, specs, self.policy, now, most)
         self.stats.rate_limited += put_off
         taken: list[tuple[ScheduledEffect, Plan]] = []

@@ -24,11 +24,12 @@ from .records import (
     Tombstone,
     WaitingSummary,
 )
+from .schedules import ScheduleReads, ScheduleUnit
 
 __all__ = ["InboxReads", "InboxStore", "InboxUnit"]
 
 
-class InboxReads(EffectReads, Protocol):
+class InboxReads(EffectReads, ScheduleReads, Protocol):
     """Reads of the consumer side; inside :meth:`InboxStore.read` they share one snapshot."""
 
     def meta(self) -> dict[str, str]:
@@ -108,7 +109,7 @@ class InboxReads(EffectReads, Protocol):
         from the last apply record, not counted."""
 
 
-class InboxUnit(InboxReads, EffectUnit, Protocol):
+class InboxUnit(InboxReads, EffectUnit, ScheduleUnit, Protocol):
     """One write transaction on the consumer side: all of it commits, or none."""
 
     def add_meta(self, key: str, value: str) -> str:

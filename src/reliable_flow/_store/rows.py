@@ -14,6 +14,7 @@ from ..records import (
     AppliedEvent,
     ConsumerEntry,
     DeliveryRecord,
+    EffectSchedule,
     EffectTransition,
     OperatorAction,
     OutboxEntry,
@@ -26,8 +27,8 @@ from .shared import delivery_summary
 __all__ = [
     "consumer_entry", "delivery_action", "delivery_counts", "effect", "effect_action", "effect_record",
     "effect_transition", "flow_state",
-    "inbox_action", "inbox_counts", "outbox_entries", "projection", "registry_action", "stored_event", "stored_row",
-    "tombstone",
+    "inbox_action", "inbox_counts", "outbox_entries", "projection", "registry_action", "schedule", "schedule_action",
+    "stored_event", "stored_row", "tombstone",
 ]
 
 Row = Sequence[Any]
@@ -148,6 +149,26 @@ def effect_action(row: Row) -> OperatorAction:
     """``(at, key, action, actor, reason)``."""
     return OperatorAction(at=float(row[0]), target=ActionTarget.EFFECT, key=row[1], action=row[2], actor=row[3],
                           reason=row[4])
+
+
+#: The columns :func:`schedule` maps, in order.
+SCHEDULE_SELECT = ("schedule, name, payload, interval_seconds, cron, tz, missed, paused, next_at, last_tick, "
+                   "skipped, created_at, updated_at")
+
+
+def schedule(row: Row) -> EffectSchedule:
+    """A row of :data:`SCHEDULE_SELECT`."""
+    return EffectSchedule(
+        schedule=row[0], name=row[1], payload=json.loads(row[2]), interval=None if row[3] is None else float(row[3]),
+        cron=row[4], tz=row[5], missed=row[6], paused=bool(row[7]), next_at=float(row[8]),
+        last_tick=None if row[9] is None else float(row[9]), skipped=int(row[10]), created_at=float(row[11]),
+        updated_at=float(row[12]))
+
+
+def schedule_action(row: Row) -> OperatorAction:
+    """``(at, schedule, action, actor, reason)``."""
+    return OperatorAction(at=float(row[0]), target=ActionTarget.SCHEDULE, schedule=row[1], action=row[2],
+                          actor=row[3], reason=row[4])
 
 
 def effect_transition(row: Row) -> EffectTransition:

@@ -114,6 +114,8 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
             "gaps": gaps,
             "effects": {"counts": effect_counts, "attention": attention,
                         "timers": _timers(outbox, at), "actions": cons["effect_actions"]},
+            "schedules": cons.get("schedules", []),
+            "schedule_actions": cons.get("schedule_actions", []),
         },
     }
     _add_operations(report, producer_path, consumer_path, stuck_after, at, outbox)
@@ -240,6 +242,16 @@ def format_report(report: dict[str, Any]) -> str:
         if effects["actions"]:
             lines.append("  operator actions on effects:")
             lines += _rows(effects["actions"], ["action", "key", "actor", "reason"])
+    if c.get("schedules"):
+        lines.append("  recurring schedules (last and next tick; paused ones make no tick):")
+        lines += _rows([{**s, "every": s["cron"] + f" ({s['tz']})" if s["cron"] else f"{s['interval']:g} s",
+                         "state": "paused" if s["paused"] else "active", "last_tick": when(s["last_tick"]),
+                         "next_tick": when(s["next_at"])}
+                        for s in c["schedules"]],
+                       ["schedule", "name", "every", "state", "last_tick", "next_tick", "missed", "skipped"])
+    if c.get("schedule_actions"):
+        lines.append("  operator actions on schedules:")
+        lines += _rows(c["schedule_actions"], ["action", "schedule", "actor", "reason"])
     if c.get("actions"):
         lines.append("  operator actions (skip / replace):")
         lines += _rows(c["actions"], ["action", "event_id", "replacement_event_id", "actor", "reason"])

@@ -95,6 +95,25 @@ def effect_action(consumer: Any, action: str, key: str, *, actor: str, reason: s
     raise ValueError(f"action must be retry, resolve, amend or cancel, got {action!r}")
 
 
+def schedule_action(consumer: Any, action: str, name: str, *, actor: str, reason: str) -> Done:
+    """``pause`` / ``resume`` / ``remove`` the recurring schedule ``name``."""
+    if getattr(consumer, "act_remotely", None) is not None:
+        raise ValueError("schedule actions act on the consumer's own store (a SQLite file or a postgresql:// "
+                         "location), not through a bridge")
+    who = {"actor": actor, "reason": reason}
+    if action == "pause":
+        return consumer.admin.pause_schedule(name, **who), f"schedule {name!r} is paused: no tick until resumed"
+    if action == "resume":
+        record = consumer.admin.resume_schedule(name, **who)
+        stored = next((s for s in consumer.admin.schedules() if s.schedule == name), None)
+        after = "" if stored is None else f", next tick at {stored.next_at:.3f}"
+        return record, f"schedule {name!r} is resumed{after}"
+    if action == "remove":
+        return consumer.admin.remove_schedule(name, **who), (
+            f"schedule {name!r} is removed (an executor declaring it records it again when it opens)")
+    raise ValueError(f"action must be pause, resume or remove, got {action!r}")
+
+
 def delivery_action(producer: Any, action: str, consumer: str, event_id: str, *, actor: str, reason: str) -> Done:
     """``redeliver`` / ``skip`` the event ``event_id`` for the consumer named ``consumer``."""
     if action not in ("redeliver", "skip"):

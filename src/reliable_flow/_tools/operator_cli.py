@@ -7,6 +7,8 @@ of the Python API, each recorded with ``--actor`` and ``--reason``.
   ``amend`` check the result against the effect's ``Feedback``
   (``--effects``) and the producer's protocol (``--producer``) before
   anything is recorded;
+* ``schedule pause|resume|remove CONSUMER_DB NAME``: ``consumer.admin.pause_schedule``
+  / ``resume_schedule`` / ``remove_schedule`` (a recurring effect schedule);
 * ``delivery redeliver|skip PRODUCER_DB CONSUMER_NAME EVENT_ID``:
   ``producer.admin.redeliver`` / ``skip``;
 * ``inbox skip|replace CONSUMER_DB EVENT_ID``: ``consumer.admin.skip_event`` /
@@ -51,6 +53,7 @@ from .operator_actions import (
     inbox_action,
     prune_action,
     registry_action,
+    schedule_action,
     store_kind,
     would_prune,
 )
@@ -98,7 +101,7 @@ def _action(group: Any, name: str, help_text: str, store: str, *targets: tuple[s
 
 
 def add_operator_commands(sub: Any) -> None:
-    """Register the ``effect``, ``delivery``, ``inbox``, ``registry`` and ``retention`` commands on ``sub``."""
+    """Register the ``effect``, ``schedule``, ``delivery``, ``inbox``, ``registry`` and ``retention`` commands on ``sub``."""
     effect = sub.add_parser("effect", help="retry / resolve / cancel an effect (recorded operator actions)",
                             description="Operator actions on a consumer's effect outbox.")
     actions = effect.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -118,6 +121,14 @@ def add_operator_commands(sub: Any) -> None:
                         help="feed its failure step (Feedback on_failure) instead; it becomes cancelled")
     _checks(amend, required=True)
 
+    schedule = sub.add_parser("schedule", help="pause / resume / remove a recurring effect schedule (recorded)",
+                              description="Operator actions on a consumer's recurring effect schedules.")
+    actions = schedule.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _action(actions, "pause", "stop a schedule's ticks until it is resumed", "CONSUMER_DB", ("name", "NAME"))
+    _action(actions, "resume", "let a paused schedule tick again from its next tick", "CONSUMER_DB",
+            ("name", "NAME"))
+    _action(actions, "remove", "delete a schedule (an executor declaring it records it again when it opens)",
+            "CONSUMER_DB", ("name", "NAME"))
     delivery = sub.add_parser("delivery", help="redeliver / skip an event for one consumer (recorded)",
                               description="Operator actions on a producer's deliveries to one consumer.")
     actions = delivery.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -267,6 +278,11 @@ def _effect(args: argparse.Namespace) -> tuple[OperatorAction, str]:
         return effect_action(consumer, args.action, args.key, **who)
 
 
+def _schedule(args: argparse.Namespace) -> tuple[OperatorAction, str]:
+    with _opened(args, "consumer") as consumer:
+        return schedule_action(consumer, args.action, args.name, actor=args.actor, reason=args.reason)
+
+
 def _delivery(args: argparse.Namespace) -> tuple[OperatorAction, str]:
     with _opened(args, "producer") as producer:
         return delivery_action(producer, args.action, args.consumer, args.event_id, actor=args.actor,
@@ -312,7 +328,7 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 
 _GROUPS: dict[str, Callable[[argparse.Namespace], tuple[OperatorAction, str]]] = {
-    "effect": _effect, "delivery": _delivery, "inbox": _inbox, "registry": _registry, "retention": _retention,
+    "effect": _effect, "schedule": _schedule, "delivery": _delivery, "inbox": _inbox, "registry": _registry, "retention": _retention,
 }
 
 #: Exit 2: a store that cannot be opened (missing, wrong kind, another

@@ -57,6 +57,8 @@ def snapshot(producer_location: Location, consumer_location: Location) -> dict[s
                 "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},
                 "effect_outbox": [asdict(e) for e in with_waits(view, view.effect_list())],
                 "effect_actions": [a.as_dict() for a in view.effect_actions()],
+                "schedules": [s.as_dict() for s in view.schedules()],
+                "schedule_actions": [a.as_dict() for a in view.schedule_actions()],
             }
     finally:
         consumer.close()

@@ -154,9 +154,10 @@ class Console:
             def read(p: OutboxReads, c: InboxReads, name: str = t.name, first: bool = i == 0) -> Any:
                 return (*attention_items(p, c, now, self.stuck_after, self.attention_limit),
                         p.pending_summary(name, now, COUNT_CAP), c.waiting_summary(COUNT_CAP),
-                        c.effect_counts(cap=COUNT_CAP), c.applies_recorded(), p.sizes(COUNT_CAP) if first else None)
+                        c.effect_counts(cap=COUNT_CAP), c.applies_recorded(), p.sizes(COUNT_CAP) if first else None,
+                        c.schedules())
 
-            items, cut, delivery, waiting, effects, applied, produced = self._readers[t.name].run(read)
+            items, cut, delivery, waiting, effects, applied, produced, schedules = self._readers[t.name].run(read)
             sizes = produced or sizes
             unapplied = waiting.pending + waiting.blocked
             consumers.append({
@@ -166,6 +167,7 @@ class Console:
                 "oldest_unaccepted_age": _age(now, delivery.oldest_committed_at),
                 "oldest_unapplied_age": _age(now, waiting.oldest_received_at),
                 "applied": applied, "effects": effects,
+                "schedules": [{k: v for k, v in s.as_dict().items() if k != "payload"} for s in schedules],
             })
             more = more or cut
             attention += [item for item in items if item not in attention]
@@ -377,9 +379,10 @@ class Console:
         consumers = {t.name: self._readers[t.name].run(lambda _, c: {
             "actions": [a.as_dict() for a in c.inbox_actions()],
             "effect_actions": [a.as_dict() for a in c.effect_actions()],
-            "retention_actions": [a.as_dict() for a in c.retention_actions()]}) for t in self.targets}
+            "retention_actions": [a.as_dict() for a in c.retention_actions()],
+            "schedule_actions": [a.as_dict() for a in c.schedule_actions()]}) for t in self.targets}
         targets = {"operator_actions": "delivery", "registry_actions": "registry", "actions": "inbox",
-                   "effect_actions": "effect", "retention_actions": "retention"}
+                   "effect_actions": "effect", "retention_actions": "retention", "schedule_actions": "schedule"}
         log = [{**a, "store": "producer", "target": targets[k]} for k in producer for a in producer[k]]
         log += [{**a, "store": f"consumer {n}", "target": targets[k]} for n, d in consumers.items() for k in d
                 for a in d[k]]

@@ -48,11 +48,24 @@ def overview_page(base: str, data: dict[str, Any]) -> Html:
         + tag("h2", "Consumers")
         + table(["consumer", "location", "backlog", "undelivered", "unapplied", "in flight",
                  "oldest unaccepted", "oldest unapplied", "applied", "effects", "applied per minute"], rows)
+        + _schedules(data["consumers"])
         + tag("h2", f"Needs attention ({shown})", id="attention")
         + attention_table(base, attention) + cut
         + search_form(base, "")
     )
     return page(base, "Overview", body, refresh_ms=REFRESH_MS, api="/api/overview")
+
+
+def _schedules(consumers: list[dict[str, Any]]) -> Html:
+    """The recurring schedules of every consumer (none: nothing shown)."""
+    rows = [[c["name"], s["schedule"], s["name"], f"{s['cron']} ({s['tz']})" if s["cron"] else f"every {s['interval']:g} s",
+             "paused" if s["paused"] else "active", when(s["last_tick"]), when(s["next_at"]), s["missed"], s["skipped"]]
+            for c in consumers for s in c.get("schedules", [])]
+    if not rows:
+        return Html("")
+    return Html(tag("h2", "Recurring schedules", id="schedules")
+                + table(["consumer", "schedule", "effect", "ticks", "state", "last tick", "next tick", "missed",
+                         "skipped"], rows))
 
 
 def search_form(base: str, q: str) -> Html:
@@ -181,7 +194,7 @@ def _horizon(action: dict[str, Any]) -> str | None:
 
 def actions_page(base: str, data: dict[str, Any], read_only: bool = True) -> Html:
     rows = [[when(a.get("at")), a["store"], a.get("target"), a.get("action"), a.get("actor"),
-             a.get("event_id") or a.get("key") or a.get("consumer") or _horizon(a), a.get("reason")]
+             a.get("event_id") or a.get("key") or a.get("consumer") or a.get("schedule") or _horizon(a), a.get("reason")]
             for a in data["log"]]
     mode = "read only: this console changes nothing" if read_only else "actions allowed: see "
     body = Html(tag("p", "Every operator action the stores record, newest first (", mode,

@@ -52,7 +52,7 @@ READS: tuple[str, ...] = (
     "inbox_rows", "inbox_row", "inbox_actions", "inbox_counts", "retention_actions", "prunable", "tombstones_before",
     "waiting_flows", "flows_by_correlation", "waiting_summary", "applies_recorded", "attention_effects",
     "effect", "effect_list", "effect_counts", "effect_timers", "effect_actions", "effect_history", "effect_starts",
-    "held_effect_counts", "unfed_effects", "next_effect_due_at",
+    "held_effect_counts", "unfed_effects", "next_effect_due_at", "schedules", "schedule", "schedule_actions",
 )
 #: The operator actions a bridge runs when allowed, with their arguments
 #: beside ``actor`` and ``reason`` (names and types).

@@ -185,6 +185,32 @@ PRODUCER = StoreKind(
     ),
 )
 
+# Recurring effect schedules: one row per schedule name (issue 33, item 2).
+_SCHEDULE_TABLE = """CREATE TABLE effect_schedule(
+                schedule TEXT COLLATE "C" PRIMARY KEY,
+                name TEXT COLLATE "C" NOT NULL,
+                payload TEXT NOT NULL,
+                interval_seconds DOUBLE PRECISION,
+                cron TEXT,
+                tz TEXT NOT NULL,
+                missed TEXT NOT NULL CHECK (missed IN ('one','all','skip')),
+                paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+                next_at DOUBLE PRECISION NOT NULL,
+                last_tick DOUBLE PRECISION,
+                skipped INTEGER NOT NULL DEFAULT 0,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                CHECK ((interval_seconds IS NULL) <> (cron IS NULL))
+            )"""
+_SCHEDULE_ACTION = """CREATE TABLE schedule_action(
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                at DOUBLE PRECISION NOT NULL,
+                schedule TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('pause','resume','remove')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )"""
+
 CONSUMER = StoreKind(
     name="consumer",
     migrations=(
@@ -313,5 +339,7 @@ CONSUMER = StoreKind(
                 f"WHERE {CORRELATION_ID} IS NOT NULL"
             ),
         ),
+        # v6: recurring effect schedules and their operator actions, as SQLite's v9.
+        (_SCHEDULE_TABLE, _SCHEDULE_ACTION),
     ),
 )

@@ -22,13 +22,13 @@ from .. import rows
 from ..effects import NewEffect
 from ..records import InboxCounts, PruneStep, StoredRow, WaitingSummary
 from ..shared import effect_changes
-from .dialect import Dialect
+from .schedules import ScheduleRepository
 from .statements import InboxSql
 
 __all__ = ["InboxRepository"]
 
 
-class InboxRepository(Dialect):
+class InboxRepository(ScheduleRepository):
     """The consumer side's reads and writes that need no engine of their own."""
 
     _SQL: ClassVar[type[InboxSql]]
@@ -114,8 +114,10 @@ class InboxRepository(Dialect):
                       (action.at, action.key, action.action, action.actor, action.reason))
         elif action.target is ActionTarget.RETENTION:
             self._record_retention(action)
+        elif action.target is ActionTarget.SCHEDULE:
+            self._record_schedule_action(action)
         else:
-            raise ValueError(f"a consumer records inbox, effect and retention actions, "
+            raise ValueError(f"a consumer records inbox, effect, retention and schedule actions, "
                              f"not {action.target.value!r} ones")
 
     def inbox_actions(self, event_id: str | None = None) -> list[OperatorAction]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ...statuses import DeliveryState, EffectState, InboxState
-from ..rows import EFFECT_SELECT
+from ..rows import EFFECT_SELECT, SCHEDULE_SELECT
 
 __all__ = ["InboxSql", "OutboxSql", "SideSql", "StatementTable", "rendered"]
 
@@ -300,6 +300,27 @@ class InboxSql(SideSql):
             ))
         + ") ORDER BY id LIMIT ?"
     )
+    # Recurring effect schedules (issue 33, item 2): a small table, read whole.
+    SCHEDULES = f"SELECT {SCHEDULE_SELECT} FROM effect_schedule ORDER BY schedule"
+    SCHEDULE = f"SELECT {SCHEDULE_SELECT} FROM effect_schedule WHERE schedule = ?"
+    DUE_SCHEDULES = (
+        f"SELECT {SCHEDULE_SELECT} FROM effect_schedule WHERE paused = 0 AND next_at <= ? ORDER BY next_at, schedule"
+    )
+    ADD_SCHEDULE = (
+        "INSERT INTO effect_schedule(schedule, name, payload, interval_seconds, cron, tz, missed, next_at, "
+        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(schedule) DO NOTHING"
+    )
+    #: Move a schedule on from the next tick it was read with (``?``): no
+    #: row touched when another unit moved it first.
+    ADVANCE_SCHEDULE = (
+        "UPDATE effect_schedule SET next_at = ?, last_tick = coalesce(?, last_tick), skipped = skipped + ?, "
+        "updated_at = ? WHERE schedule = ? AND next_at = ? AND paused = 0"
+    )
+    PAUSE_SCHEDULE = "UPDATE effect_schedule SET paused = ?, next_at = ?, updated_at = ? WHERE schedule = ?"
+    REMOVE_SCHEDULE = "DELETE FROM effect_schedule WHERE schedule = ?"
+    SCHEDULE_ACTIONS = "SELECT at, schedule, action, actor, reason FROM schedule_action ORDER BY id"
+    SCHEDULE_ACTIONS_OF = "SELECT at, schedule, action, actor, reason FROM schedule_action WHERE schedule = ? ORDER BY id"
+    RECORD_SCHEDULE_ACTION = "INSERT INTO schedule_action(at, schedule, action, actor, reason) VALUES (?, ?, ?, ?, ?)"
     # Each engine's own: NULL ordering, index hints, how a list of names is
     # matched (``{names}``), how a block compares NULLs, and the ``_LOCKED``
     # read's row locks.

@@ -227,6 +227,32 @@ _EFFECT_HISTORY = """CREATE TABLE effect_history(
                 detail TEXT
             )""".format(transitions=",".join(f"'{t.value}'" for t in Transition))
 
+# Recurring effect schedules: one row per schedule name (issue 33, item 2).
+_SCHEDULE_TABLE = """CREATE TABLE effect_schedule(
+                schedule TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                payload TEXT NOT NULL,
+                interval_seconds {real},
+                cron TEXT,
+                tz TEXT NOT NULL,
+                missed TEXT NOT NULL CHECK (missed IN ('one','all','skip')),
+                paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+                next_at {real} NOT NULL,
+                last_tick {real},
+                skipped INTEGER NOT NULL DEFAULT 0,
+                created_at {real} NOT NULL,
+                updated_at {real} NOT NULL,
+                CHECK ((interval_seconds IS NULL) <> (cron IS NULL))
+            )"""
+_SCHEDULE_ACTION = """CREATE TABLE schedule_action(
+                id {id},
+                at {real} NOT NULL,
+                schedule TEXT NOT NULL,
+                action TEXT NOT NULL CHECK (action IN ('pause','resume','remove')),
+                actor TEXT NOT NULL,
+                reason TEXT NOT NULL
+            )"""
+
 CONSUMER = FileKind(
     name="consumer",
     application_id=0x52460002,  # "RF" 2
@@ -404,5 +430,9 @@ CONSUMER = FileKind(
                 "WHERE json_extract(body, '$.meta.correlation_id') IS NOT NULL"
             ),
         ),
+        # v9: recurring effect schedules (issue 33, item 2) and the
+        # operator's pauses, resumes and removals of them.
+        (_SCHEDULE_TABLE.format(real="REAL"), _SCHEDULE_ACTION.format(id="INTEGER PRIMARY KEY AUTOINCREMENT",
+                                                                         real="REAL")),
     ),
 )
