@@ -205,6 +205,14 @@ def test_inspect_and_the_metrics_show_the_next_due_times(make: Callable[..., Wor
         {"name": "follow_up", "waiting": 2, "next_due": T0 + DAY, "next_key": "follow-T1"}]
     shown = format_report(report)
     assert "effects waiting for a time" in shown and "follow-T1" in shown
+    # the console's overview: the same timers, per consumer
+    from reliable_flow.console._data import Console
+    from reliable_flow.console._pages import overview_page
+
+    overview = Console(world.producer.location, [world.location], redact=None, stuck_after=300).overview(T0 + 60)
+    assert overview["consumers"][0]["timers"] == [{"name": "follow_up", "waiting": 2, "next_due": T0 + DAY}]
+    page = str(overview_page("", overview))
+    assert "Effects waiting for a time" in page and "follow_up" in page
     world.clock.t = T0 + DAY + 60  # both due: no timer left
     assert world.consumer.metrics().timers == {}
 

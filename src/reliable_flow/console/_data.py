@@ -155,9 +155,10 @@ class Console:
                 return (*attention_items(p, c, now, self.stuck_after, self.attention_limit),
                         p.pending_summary(name, now, COUNT_CAP), c.waiting_summary(COUNT_CAP),
                         c.effect_counts(cap=COUNT_CAP), c.applies_recorded(), p.sizes(COUNT_CAP) if first else None,
-                        c.schedules())
+                        c.schedules(), c.effect_timers(now))
 
-            items, cut, delivery, waiting, effects, applied, produced, schedules = self._readers[t.name].run(read)
+            items, cut, delivery, waiting, effects, applied, produced, schedules, timers = \
+                self._readers[t.name].run(read)
             sizes = produced or sizes
             unapplied = waiting.pending + waiting.blocked
             consumers.append({
@@ -168,6 +169,7 @@ class Console:
                 "oldest_unapplied_age": _age(now, waiting.oldest_received_at),
                 "applied": applied, "effects": effects,
                 "schedules": [{k: v for k, v in s.as_dict().items() if k != "payload"} for s in schedules],
+                "timers": [{"name": n, "waiting": k, "next_due": due} for n, (k, due) in sorted(timers.items())],
             })
             more = more or cut
             attention += [item for item in items if item not in attention]

@@ -48,12 +48,22 @@ def overview_page(base: str, data: dict[str, Any]) -> Html:
         + tag("h2", "Consumers")
         + table(["consumer", "location", "backlog", "undelivered", "unapplied", "in flight",
                  "oldest unaccepted", "oldest unapplied", "applied", "effects", "applied per minute"], rows)
-        + _schedules(data["consumers"])
+        + _timers(data["consumers"]) + _schedules(data["consumers"])
         + tag("h2", f"Needs attention ({shown})", id="attention")
         + attention_table(base, attention) + cut
         + search_form(base, "")
     )
     return page(base, "Overview", body, refresh_ms=REFRESH_MS, api="/api/overview")
+
+
+def _timers(consumers: list[dict[str, Any]]) -> Html:
+    """Per consumer and effect name, the pending effects not due yet (delayed, backing off or rate
+    limited) and the earliest due time, as ``inspect`` lists them (none: nothing shown)."""
+    rows = [[c["name"], t["name"], t["waiting"], when(t["next_due"])] for c in consumers for t in c.get("timers", [])]
+    if not rows:
+        return Html("")
+    return Html(tag("h2", "Effects waiting for a time", id="timers")
+                + table(["consumer", "effect", "waiting", "next due"], rows))
 
 
 def _schedules(consumers: list[dict[str, Any]]) -> Html:
