@@ -5,6 +5,7 @@ costs the worker.
     python benchmarks/console_scale.py                          # both engines, 1,000,000 events, 100,000 effects
     python benchmarks/console_scale.py --events 20000 --effects 2000 --requests 30 --pings 60   # a quick run
     python benchmarks/console_scale.py --engine sqlite          # one engine
+    python benchmarks/console_scale.py --engine postgres --build-procs 2   # build in 2 processes
     python benchmarks/console_scale.py --write-results          # also write benchmarks/RESULTS-console.md
     python benchmarks/console_scale.py --write-results --append # ... adding this run's tables to it
 
@@ -17,6 +18,11 @@ consumer with ``apply_on_receive=True``, and ``EffectExecutor(concurrency=16).ru
 with a ``correlation_id`` in its meta; the last event of each flow schedules
 one effect (``notify`` or ``bill``, alternating); one ``bill`` in 200 fails
 for good (dead: the attention list is longer than the overview shows).
+The build logs the seconds spent advancing, relaying and executing.  On
+PostgreSQL the private server runs the build phase with
+``full_page_writes=off`` and a larger WAL allowance (``BUILD_SETTINGS``),
+then is vacuumed, checkpointed and restarted with its durable settings
+before anything is measured.
 
 Then a ``Worker`` (its own thread, ``idle_sleep=0.01``) and an
 ``EffectExecutor`` (its own thread, concurrency 4) run, the main thread
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import os
 import random
 import shutil
@@ -120,27 +127,61 @@ class Effects:
         return Consumer(location, SCALE, handlers=(self.handler,), effects=self.registry, apply_on_receive=True)
 
 
-def build(p_at: str, c_at: str, events: int, flows: int, fx: Effects) -> float:
-    """Fill both stores; seconds taken."""
+def build(p_at: str, c_at: str, events: int, flows: int, fx: Effects, procs: int = 1) -> float:
+    """Fill both stores; seconds taken.  ``procs`` > 1: after a first chunk
+    (which creates the stores and registers the consumer), that many
+    processes each advance, relay and execute a disjoint range of flows
+    (relays and executors of one consumer may run side by side); a last
+    relay and executor pass then drains whatever is left."""
     t0 = time.perf_counter()
     per = fx.per_flow
+    if procs <= 1:
+        _build_range(p_at, c_at, 0, flows, per)
+        return time.perf_counter() - t0
+    first = max(1, min(flows, CHUNK // per))
+    _build_range(p_at, c_at, 0, first, per)
+    step = -(-(flows - first) // procs)
+    ranges = [(p_at, c_at, lo, min(flows, lo + step), per) for lo in range(first, flows, step)]
+    with multiprocessing.get_context("spawn").Pool(len(ranges)) as pool:
+        pool.starmap(_build_range, ranges)
+    with Producer(p_at, SCALE) as producer, fx.consumer(c_at) as consumer:
+        while not relay_batch(producer, consumer, limit=CHUNK).idle:
+            pass
+        executor = EffectExecutor(consumer, fx.registry, concurrency=16)
+        executor.run(until_idle=True, handle_signals=False, limit=500, idle_sleep=0.0)
+        executor.close()
+    return time.perf_counter() - t0
+
+
+def _build_range(p_at: str, c_at: str, lo: int, hi: int, per: int) -> None:
+    """Flows ``lo`` to ``hi`` (excluded): advanced in batches of CHUNK events,
+    relayed and their effects executed after each batch."""
+    t0 = time.perf_counter()
+    fx = Effects(per)
+    spent = {"advance": 0.0, "relay": 0.0, "execute": 0.0}
     with Producer(p_at, SCALE) as producer, fx.consumer(c_at) as consumer:
         executor = EffectExecutor(consumer, fx.registry, concurrency=16)
         done = 0
-        order = [(i, seq) for i in range(flows) for seq in range(1, per + 1)]
+        order = [(i, seq) for i in range(lo, hi) for seq in range(1, per + 1)]
         for start in range(0, len(order), CHUNK):
+            t = time.perf_counter()
             with producer.batch() as batch:
                 for i, seq in order[start:start + CHUNK]:
                     batch.advance(f"{flow_id(i)}-{seq}", flow_id(i), expected_seq=seq - 1, kind="step",
                                   payload={"n": str(seq)}, meta={"correlation_id": f"order-{i // 3}"})
+            spent["advance"] += time.perf_counter() - t
+            t = time.perf_counter()
             while not relay_batch(producer, consumer, limit=CHUNK, register=True).idle:
                 pass
+            spent["relay"] += time.perf_counter() - t
+            t = time.perf_counter()
             executor.run(until_idle=True, handle_signals=False, limit=500, idle_sleep=0.0)
+            spent["execute"] += time.perf_counter() - t
             done += min(CHUNK, len(order) - start)
-            if done % 100_000 < CHUNK:
-                log(f"    built {done:,} / {events:,} events ({time.perf_counter() - t0:.0f} s)")
+            if done % 100_000 < CHUNK or done == len(order):
+                log(f"    flows {lo:,}-{hi:,}: built {done:,} / {len(order):,} events ({time.perf_counter() - t0:.0f} s: "
+                    + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()) + ")")
         executor.close()
-    return time.perf_counter() - t0
 
 
 class Running(threading.Thread):
@@ -208,11 +249,14 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
 
 
-def measure(engine: str, p_at: str, c_at: str, args: argparse.Namespace, flows: int, fx: Effects) -> Result:
+def measure(engine: str, p_at: str, c_at: str, args: argparse.Namespace, flows: int, fx: Effects,
+            after_build: Any = None) -> Result:
     res = Result(engine, args.events, args.effects)
     log(f"[{engine}] building {args.events:,} events, {flows:,} effects ...")
-    res.build_s = build(p_at, c_at, args.events, flows, fx)
+    res.build_s = build(p_at, c_at, args.events, flows, fx, args.build_procs)
     log(f"[{engine}] built in {res.build_s:.0f} s")
+    if after_build is not None:
+        after_build()
     threads = [Running("worker", p_at, c_at, fx), Running("executor", p_at, c_at, fx)]
     for t in threads:
         t.start()
@@ -344,6 +388,63 @@ def load_pg_cluster() -> Any:
     return module
 
 
+#: The private server's settings for the build phase only (bulk loading, as
+#: PostgreSQL's "Populating a Database" advises); measured with them reset.
+#: Not ``fsync=off``: the library refuses such a server (StorageError on
+#: opening), and it sets ``synchronous_commit=on`` per session when the
+#: server has it off, so neither can shorten the build.
+BUILD_SETTINGS = {"full_page_writes": "off", "max_wal_size": "'4GB'", "checkpoint_timeout": "'30min'"}
+DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
+BUILD_NOTE = ("**PostgreSQL build phase:** the private server runs with `full_page_writes=off`, `max_wal_size=4GB` "
+              "and `checkpoint_timeout=30min` while the stores are filled (through the same public API; `fsync` "
+              "and `synchronous_commit` stay on: the library refuses a server without them); then "
+              "`VACUUM ANALYZE`, `CHECKPOINT`, the settings reset and the server restarted: **everything "
+              "measured runs with the durable settings** (`fsync`, `synchronous_commit`, `full_page_writes` "
+              "checked `on` with `SHOW` after the restart).")
+
+
+def pg_check_built(cluster: Any, events: int) -> None:
+    """Every event in the producer's outbox and the consumer's inbox (a
+    build in several processes leaves none out); the tables' sizes logged."""
+    import psycopg
+
+    with psycopg.connect(cluster.dsn("rf_console"), autocommit=True) as conn:
+        counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                  for t in ("producer.outbox", "consumer.inbox")}
+        sizes = conn.execute(
+            "SELECT n.nspname || '.' || c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r' "
+            "AND n.nspname IN ('producer', 'consumer') ORDER BY 2 DESC LIMIT 6").fetchall()
+    log("[postgres] built: " + ", ".join(f"{t} {n:,} rows" for t, n in counts.items()) + "; largest: "
+        + ", ".join(f"{t} {b / 2**20:.0f} MB" for t, b in sizes))
+    if any(n != events for n in counts.values()):
+        raise RuntimeError(f"the build left events out: {counts}, expected {events:,} each")
+
+
+def pg_build_settings(cluster: Any, fast: bool) -> None:
+    """``fast``: the bulk-load settings, reloaded; else reset to the durable
+    ones, the database vacuumed and checkpointed, and the server restarted."""
+    import psycopg
+
+    admin = cluster.dsn("postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for name, value in BUILD_SETTINGS.items():
+            conn.execute(f"ALTER SYSTEM SET {name} = {value}" if fast else f"ALTER SYSTEM RESET {name}")
+        conn.execute("SELECT pg_reload_conf()")
+    if fast:
+        return
+    t0 = time.perf_counter()
+    with psycopg.connect(cluster.dsn("rf_console"), autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+    cluster.restart()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        now = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in DURABLE}
+    if any(value != "on" for value in now.values()):
+        raise RuntimeError(f"the server did not come back with the durable settings: {now}")
+    log(f"[postgres] vacuumed, checkpointed, restarted with {now} in {time.perf_counter() - t0:.0f} s")
+
+
 def report(results: list[Result], facts: dict[str, str], args: argparse.Namespace, load: str) -> str:
     lines = ["# The operator console at scale", "",
              "Generated by `python benchmarks/console_scale.py --write-results` — do not edit by hand; re-run to "
@@ -351,6 +452,7 @@ def report(results: list[Result], facts: dict[str, str], args: argparse.Namespac
              f"**Machine:** {facts['platform']}; {facts['cpu']} (**shared with other jobs during the run**; "
              f"load average {load}); {facts['python']}; SQLite {facts['sqlite']}; filesystem {facts['filesystem']}.",
              "", f"**Date:** {facts['date']}. Command: `python benchmarks/console_scale.py {' '.join(sys.argv[1:])}`.",
+             *(["", BUILD_NOTE] if any(r.engine == "postgres" for r in results) else []),
              "", "## Page times (worker, executor and pings running)", "",
              f"{args.requests} requests per page, back to back over HTTP to `reliable-flow console` (its own "
              "process, a threaded server). Target: p95 under 200 ms.", "",
@@ -386,6 +488,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--pings", type=int, default=400)
     ap.add_argument("--tmp", default=None)
+    ap.add_argument("--build-procs", type=int, default=1,
+                    help="build in this many processes over disjoint ranges of flows (the rows are the same)")
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="with --write-results: add this run's tables to RESULTS-console.md (another scale or engine)")
@@ -405,8 +509,11 @@ def main() -> int:
             cluster.start()
             try:
                 cluster.create_database("rf_console")
+                pg_build_settings(cluster, fast=True)
                 results.append(measure("postgres", cluster.dsn("rf_console", schema="producer"),
-                                       cluster.dsn("rf_console", schema="consumer"), args, flows, fx))
+                                       cluster.dsn("rf_console", schema="consumer"), args, flows, fx,
+                                       after_build=lambda: (pg_check_built(cluster, args.events),
+                                                            pg_build_settings(cluster, fast=False))))
             finally:
                 cluster.destroy()
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
