@@ -60,5 +60,10 @@ class AsyncConsumerAdmin(_Admin):
     amend_effect = awaited(ConsumerAdmin.amend_effect, "``producer``, if given, is a sync "
                            "``Producer``: it is used on the consumer's thread.")
     effect_actions = awaited(ConsumerAdmin.effect_actions)
+    schedules = awaited(ConsumerAdmin.schedules)
+    pause_schedule = awaited(ConsumerAdmin.pause_schedule)
+    resume_schedule = awaited(ConsumerAdmin.resume_schedule)
+    remove_schedule = awaited(ConsumerAdmin.remove_schedule)
+    schedule_actions = awaited(ConsumerAdmin.schedule_actions)
     prune = awaited(ConsumerAdmin.prune, _PRUNE)
     retention_actions = awaited(ConsumerAdmin.retention_actions)
