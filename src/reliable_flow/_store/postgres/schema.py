@@ -313,5 +313,14 @@ CONSUMER = StoreKind(
                 f"WHERE {CORRELATION_ID} IS NOT NULL"
             ),
         ),
+        (
+            # v6 (issue 32, item 5): a ``latest`` consumer's ``superseded``
+            # rows, as SQLite's v9 (here the CHECK is replaced in place).
+            "ALTER TABLE inbox DROP CONSTRAINT inbox_state_check",
+            (
+                "ALTER TABLE inbox ADD CONSTRAINT inbox_state_check CHECK (state IN "
+                "('pending','blocked','applied','skipped','replaced','superseded'))"
+            ),
+        ),
     ),
 )
