@@ -19,7 +19,8 @@ from ..records import ApplyResult, DrainResult
 from ..statuses import ApplyStatus, BlockReason, DrainStop
 from . import order
 
-__all__ = ["ApplyRules", "Committed", "Draining", "Source", "apply_arrived", "apply_event", "apply_in", "drain_in"]
+__all__ = ["ApplyRules", "Committed", "Draining", "Source", "apply_arrived", "apply_event", "apply_in", "drain_in",
+           "unordered_apply_in"]
 
 #: What an apply outcome is about, for the face to log it with: the event
 #: applied or blocked (a dict), the body of the row waiting after a gap (a
@@ -59,10 +60,10 @@ def apply_in(
     ``known`` is the flow's state as left by the previous step of the same
     transaction, which holds the write lock, so it cannot be stale; the new
     one is returned after an apply.  A ``latest`` or ``any`` consumer's
-    step is :func:`.order.unordered_apply_in`'s.
+    step is :func:`unordered_apply_in`'s.
     """
     if rules.order != order.STRICT:
-        return order.unordered_apply_in(unit, rules, flow_id, known)
+        return unordered_apply_in(unit, rules, flow_id, known)
     protocol = rules.protocol
     if known is None:
         stored, row = unit.flow_and_next_row(flow_id)
@@ -85,6 +86,33 @@ def apply_in(
         seq = found_seq
     event = json.loads(body)
     result, state = apply_event(unit, rules, known, seq, event_id, event, body)
+    return result, state, event
+
+
+def unordered_apply_in(
+    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None,
+) -> tuple[ApplyResult, FlowState | None, Source]:
+    """One apply step of a ``latest`` or ``any`` consumer inside ``unit``
+    (the rules: :mod:`.order`), as :func:`apply_in`, never a gap: a
+    ``latest`` consumer applies the flow's newest waiting row if it is newer
+    than the projection (setting every older waiting row aside as
+    superseded), an ``any`` consumer its oldest pending row."""
+    if known is None:
+        known = unit.flow_state(flow_id) or FlowState(rules.protocol.initial, 0, {})
+    if rules.order == order.LATEST:
+        row = unit.newest_waiting(flow_id)
+        if row is not None and row[0] <= known.seq:
+            unit.supersede(flow_id, known.seq + 1, order.superseded_detail(known.seq))
+            row = None
+    else:
+        row = unit.oldest_pending(flow_id)
+    if row is None:
+        return ApplyResult(ApplyStatus.IDLE, flow_id, known.seq + 1), known, None
+    seq, event_id, body = row
+    event = json.loads(body)
+    result, state = apply_event(unit, rules, known, seq, event_id, event, body)
+    if result.status == ApplyStatus.APPLIED and rules.order == order.LATEST:
+        unit.supersede(flow_id, seq, order.superseded_detail(seq))
     return result, state, event
 
 

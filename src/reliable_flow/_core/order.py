@@ -3,6 +3,9 @@
 
 - ``strict`` (the default): a flow's events apply in the flow's order, each
   once; a missing one is a gap (``_core/apply.py``, unchanged).
+The apply step of a ``latest`` or ``any`` consumer is
+``_core.apply.unordered_apply_in``, with these rules.
+
 - ``latest``: an event applies only when its seq is newer than the flow's
   projection (``last_seq``), as a snapshot of the producer's state at that
   seq: the steps between are not needed, so the protocol's transition
@@ -24,22 +27,17 @@ newer event arrives (the blocked one is then superseded).
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._envelope import Envelope
 from .._store import FlowState, InboxUnit
 from ..errors import WrongFile
 from ..protocol import PayloadError, Protocol, Rejected
-from ..records import ApplyResult
-from ..statuses import ApplyStatus, BlockReason
-
-if TYPE_CHECKING:  # apply imports this module
-    from .apply import ApplyRules, Source
+from ..statuses import BlockReason
 
 __all__ = [
     "ANY", "LATEST", "ORDERS", "ORDER_META", "STRICT", "after", "applies_on_arrival", "check_order", "held_order_in",
-    "late_arrival_in", "superseded_detail", "unordered_apply_in", "unordered_data",
+    "late_arrival_in", "superseded_detail", "unordered_data",
 ]
 
 STRICT, LATEST, ANY = "strict", "latest", "any"
@@ -120,30 +118,3 @@ def after(order: str, known: FlowState, seq: int, kind: str, new_data: dict[str,
     if order == ANY and seq < known.seq:
         return FlowState(known.state, known.seq, new_data)
     return FlowState(kind, seq, new_data)
-
-
-def unordered_apply_in(
-    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None,
-) -> tuple[ApplyResult, FlowState | None, Source]:
-    """One apply step of a ``latest`` or ``any`` consumer inside ``unit``:
-    as :func:`~reliable_flow._core.apply.apply_in`, never a gap."""
-    from .apply import apply_event
-
-    order = rules.order
-    if known is None:
-        known = unit.flow_state(flow_id) or FlowState(rules.protocol.initial, 0, {})
-    if order == LATEST:
-        row = unit.newest_waiting(flow_id)
-        if row is not None and row[0] <= known.seq:
-            unit.supersede(flow_id, known.seq + 1, superseded_detail(known.seq))
-            row = None
-    else:
-        row = unit.oldest_pending(flow_id)
-    if row is None:
-        return ApplyResult(ApplyStatus.IDLE, flow_id, known.seq + 1), known, None
-    seq, event_id, body = row
-    event = json.loads(body)
-    result, state = apply_event(unit, rules, known, seq, event_id, event, body)
-    if result.status == ApplyStatus.APPLIED and order == LATEST:
-        unit.supersede(flow_id, seq, superseded_detail(seq))
-    return result, state, event

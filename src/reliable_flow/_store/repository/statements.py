@@ -188,7 +188,7 @@ class OutboxSql(SideSql):
 
 
 _APPLIED, _SKIPPED, _REPLACED = InboxState.APPLIED.value, InboxState.SKIPPED.value, InboxState.REPLACED.value
-_BLOCKED, _SUPERSEDED = InboxState.BLOCKED.value, InboxState.SUPERSEDED.value
+_BLOCKED = InboxState.BLOCKED.value
 _DEAD, _UNKNOWN = EffectState.DEAD.value, EffectState.UNKNOWN.value
 _IN_DOUBT, _RUNNING = EffectState.IN_DOUBT.value, EffectState.RUNNING.value
 #: How the executor's record of a refused feeding begins (core.effects.FEEDBACK_REFUSED).
@@ -249,7 +249,7 @@ class InboxSql(SideSql):
         "AND live = 1 ORDER BY seq LIMIT 1"
     )
     SUPERSEDE = (
-        f"UPDATE inbox SET state = '{_SUPERSEDED}', reason = NULL, detail = ? "
+        "UPDATE inbox SET state = 'superseded', reason = NULL, detail = ? "
         "WHERE flow_id = ? AND seq < ? AND state IN ('pending','blocked') AND live = 1"
     )
     RECORD_INBOX_ACTION = (
