@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._core.order import ORDER_META, STRICT
 from ._observe import Observer
 from ._store.inbox import InboxReads
 from ._store.outbox import OutboxReads
@@ -85,6 +86,11 @@ class ConsumerMetrics:
     effect name, the ``pending`` effects waiting for a time (delayed with
     ``schedule(after=, at=)``, backing off, or put off by a rate limit) and
     ``next_due``, the earliest of their due times (seconds since the epoch).
+    ``order``: the consumer's own order (``strict``, ``latest``, ``any``;
+    docs/operations.md); ``inbox["superseded"]`` counts the events a
+    ``latest`` consumer set aside because a newer one applied, and
+    ``gaps`` is always 0 for a ``latest`` or ``any`` consumer (it never
+    waits for a missing seq).
 
     From this process only, None when read from the file alone (nothing of
     it is stored): ``duplicates`` received and ``applied`` events since the
@@ -106,6 +112,7 @@ class ConsumerMetrics:
     applied_per_second: float | None = None
     timers: dict[str, int] = field(default_factory=dict)
     next_due: dict[str, float] = field(default_factory=dict)
+    order: str = "strict"
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as plain dicts (JSON-able)."""
@@ -171,7 +178,8 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
     counts = reads.inbox_counts()
     stored = reads.effect_counts()
     timers = reads.effect_timers(now)
-    name = reads.meta().get("name", "")
+    meta = reads.meta()
+    name, order = meta.get("name", ""), meta.get(ORDER_META, STRICT)
     live: dict[str, Any] = {}
     if observer is not None:
         seconds = observer.seconds_open()
@@ -181,11 +189,12 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
         now, name,
         {s.value: counts.by_state.get(s.value, 0) for s in InboxState},
         dict(sorted(counts.blocked.items())),
-        counts.gaps,
+        counts.gaps if order == STRICT else 0,
         {s.value: stored.get(s.value, 0) for s in EffectState},
         **live,
         timers={name: n for name, (n, _due) in timers.items()},
         next_due={name: due for name, (_n, due) in timers.items()},
+        order=order,
     )
 
 
@@ -232,6 +241,8 @@ def _producer_samples(m: ProducerMetrics) -> Iterator[_Sample]:
 
 def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
     who = {"consumer": m.consumer}
+    yield ("reliable_flow_consumer_order", "gauge", "The consumer's own order (strict, latest, any): 1 for its own.",
+           {**who, "order": m.order}, 1)
     for state, n in m.inbox.items():
         yield "reliable_flow_inbox_rows", "gauge", "Inbox rows per state.", {**who, "state": state}, n
     for reason, n in m.blocked.items():

@@ -245,8 +245,8 @@ class Committed:
 def drain_in(unit: InboxUnit, rules: ApplyRules, flows: Sequence[str], start: Draining, limit: int,
              batch_size: int) -> Committed:
     """Apply each flow's next steps from ``start`` on, in ``unit``, until
-    ``batch_size`` applies: a flow ends at a gap, a block, idle or ``limit``
-    applies.  Nothing it returns counts until the unit commits, so a unit
+    ``batch_size`` applies: a flow ends at a gap, a block (an ``any``
+    consumer's goes on past it), idle or ``limit`` applies.  Nothing it returns counts until the unit commits, so a unit
     run again after an abort starts again from ``start``."""
     i, flow_applied, flow_last = start.at, start.applied, start.last
     done, finished, outcomes = 0, {}, []
@@ -261,6 +261,8 @@ def drain_in(unit: InboxUnit, rules: ApplyRules, flows: Sequence[str], start: Dr
             if flow_applied < limit:
                 continue
             stop = DrainStop.LIMIT
+        elif flow_last.status == ApplyStatus.BLOCKED and rules.order == order.ANY:
+            continue  # an any consumer's other events do not wait behind a blocked one (no longer pending)
         else:
             stop = DrainStop(flow_last.status.value)
         finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)
