@@ -178,7 +178,8 @@ def _check(stores: dict[str, str], n_flows: int, killed: Counter[str]) -> None:
             mine = {e for evs in planned.values() for _, e, k in evs if k in kinds}
             delivered = {e.event_id for e in outbox if name in e.deliveries}
             assert delivered == mine, name  # routing: each event for it, and only those
-            assert all(e.deliveries[name].state == "accepted" for e in outbox if name in e.deliveries), name
+            states = {e.event_id: e.deliveries[name] for e in outbox if name in e.deliveries}
+            assert all(d.state == "accepted" for d in states.values()), (name, states)
     for name, order in child.ORDERS.items():
         kinds = {k for t in child.TOPICS if t.name in child.SUBSCRIPTIONS[name] for k in t.kinds}
         with child.open_consumer(stores, name) as c:

@@ -18,7 +18,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,7 +27,7 @@ from reliable_flow import Consumer, Producer, Protocol, Worker
 
 redis = import_redis()
 
-from reliable_flow.transport.redis import Bridge, RedisReceiver  # noqa: E402
+from reliable_flow.transport.redis import Bridge, RedisReceiver
 
 pytestmark = pytest.mark.redis
 
