@@ -111,7 +111,7 @@ def produce(stores: dict[str, str], n_flows: int, steps: int, rng: random.Random
                 if seq > steps:
                     break
                 p.advance(event_id(flow, seq), flow, expected_seq=seq - 1, kind=kind_of(flow, seq), payload={"n": seq})
-            time.sleep(rng.uniform(0, 0.15))
+            time.sleep(rng.uniform(0, 0.4))
 
 
 def push_shuffled(p: Producer, consumer: Consumer, rng: random.Random) -> None:
