@@ -14,6 +14,7 @@ from reliable_flow import Consumer, Producer, Protocol, relay
 from reliable_flow.aio import AsyncConsumer
 from reliable_flow.errors import WrongFile
 from reliable_flow.metrics import prometheus_text
+from reliable_flow._tools.inspection import format_report, inspect_files
 from support import envelope
 
 #: The reservation's steps, each event carrying the state it leads to (a
@@ -176,3 +177,23 @@ def test_an_async_consumer_takes_the_order(new_store: Any) -> None:
             return [a.seq for a in await c.applied("F")]
 
     assert asyncio.run(main()) == [3]
+
+
+def test_inspect_names_the_order_and_explains_its_states(new_store: Any) -> None:
+    p_at, c_at = new_store("p"), new_store("c")
+    with Producer(p_at, RESERVATION) as p, Consumer(c_at, RESERVATION, order="latest") as c:
+        p.admin.register_consumer("default", actor="ops", reason="test")
+        for seq, kind in enumerate(("reserved", "confirmed", "released"), start=1):
+            p.advance(f"E{seq}", "F", expected_seq=seq - 1, kind=kind, payload={"amount": 3})
+        bodies = [b for _, b in p.store.latest.next_due("default", float("inf"), 10)]
+        assert len(bodies) == 3
+        for body in reversed(bodies):  # newest first
+            c.accept(body)
+        c.process_all()
+    report = inspect_files(p_at, c_at, stuck_after=0)
+    assert (report["consumer"]["order"], report["consumer"]["inbox"]["superseded"]) == ("latest", 2)
+    assert report["consumer"]["gaps"] == []
+    text = format_report(report)
+    assert "consumer 'default' (reservation, order latest): 1 flows;" in text
+    assert "2 superseded" in text
+    assert "order latest: only an event newer than its flow's projection applies" in text

@@ -234,13 +234,16 @@ def _run(engine: str, tmp_path: Path, kills: int, n_flows: int) -> None:
     seed = chosen_seed()
     print(f"order kill campaign on {engine}: {kills} kills, seed {seed} (RELIABLE_FLOW_SEED={seed} to replay)")
     stores = _prepare(engine, tmp_path)
+    started = time.monotonic()
     killed = _campaign(stores, kills, seed, n_flows, KILL_DELAY[engine])
     done = _progress(stores)
-    print(f"  under kills: {done}")
+    print(f"  under kills ({time.monotonic() - started:.1f} s): {done}")
     # The kills landed on work in progress: the producer committed and the
     # consumers applied most of the plan while being killed.
     assert done["committed"] >= n_flows * STEPS // 3 and done["applied"] >= done["committed"] // 3, done
+    started = time.monotonic()
     _finish(stores, n_flows)
+    print(f"  finished in {time.monotonic() - started:.1f} s")
     _check(stores, n_flows, killed)
 
 

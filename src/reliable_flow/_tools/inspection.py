@@ -220,7 +220,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines += _registry_lines(p)
     inbox = c["inbox"]
     lines.append(
-        f"consumer {c['name']!r} ({c['protocol']}, order {c['order']}): {c['flows']} flows; inbox "
+        f"consumer {c['name']!r} ({c['protocol']}{'' if c['order'] == 'strict' else ', order ' + c['order']}): "
+        f"{c['flows']} flows; inbox "
         f"{inbox['pending']} pending, {inbox['blocked']} blocked, {inbox['applied']} applied"
         + "".join(f", {inbox[s]} {s}" for s in ("skipped", "replaced", "superseded") if inbox.get(s))
     )
