@@ -28,9 +28,9 @@ itself relays, applies and executes everything left, then checks:
 * the campaign did what it is for: each role was killed, some price event
   was superseded and some ``stats`` flow applied out of order.
 
-Default: 30 kills on SQLite, 20 on PostgreSQL (under a minute each on two
+Default: 30 kills on SQLite, 15 on PostgreSQL (under a minute each on two
 cores); ``RELIABLE_FLOW_KILLS=N`` sets the SQLite count (PostgreSQL's is
-2/3 of it); ``RELIABLE_FLOW_SOAK=1`` runs 400 kills over more flows
+half of it); ``RELIABLE_FLOW_SOAK=1`` runs 400 kills over more flows
 (SQLite; ``RELIABLE_FLOW_KILLS`` sets that count too).  The
 seed is printed; ``RELIABLE_FLOW_SEED=<seed>`` replays the same choices
 (the kill moments are timing-dependent).
@@ -59,7 +59,7 @@ from support import CHILDREN, child_env, chosen_seed, kill_count
 
 CHILD = CHILDREN / "order_kill_child.py"
 ROLES = ("producer", "worker", "executor")
-DEFAULT_KILLS, POSTGRES_KILLS, SOAK_KILLS = 30, 20, 400
+DEFAULT_KILLS, POSTGRES_KILLS, SOAK_KILLS = 30, 15, 400
 FLOWS, STEPS, SOAK_FLOWS = 8, 20, 30
 KILL_DELAY = {"sqlite": (0.05, 0.7), "postgres": (0.1, 0.9)}  # seconds after the children are ready
 READY_WAIT = 30.0  # seconds a child may take to open its stores before the test fails
