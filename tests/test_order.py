@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from reliable_flow import Consumer, Producer, Protocol, relay
+from reliable_flow._tools.inspection import format_report, inspect_files
 from reliable_flow.aio import AsyncConsumer
 from reliable_flow.errors import WrongFile
 from reliable_flow.metrics import prometheus_text
-from reliable_flow._tools.inspection import format_report, inspect_files
 from support import envelope
 
 #: The reservation's steps, each event carrying the state it leads to (a
