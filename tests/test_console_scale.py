@@ -212,8 +212,8 @@ def _back_to_previous_version(location: str, side: str) -> None:
     drops = [f"DROP INDEX {name}" for name in _NEW_INDEXES[side]]
     later = 1
     if side == "consumer":  # the consumer's console migration is followed by the schedules' (v9 / v6)
-        drops += ["DROP TABLE effect_schedule", "DROP TABLE schedule_action"]
-        later = 2
+        drops += ["DROP TABLE effect_schedule", "DROP TABLE schedule_action"]  # and superseded's (v10 / v7),
+        later = 3  # which can run again as it is
     if is_pg(location):
         execute(location, *drops, f"UPDATE rf_identity SET version = version - {later}")
     else:

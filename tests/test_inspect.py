@@ -56,7 +56,7 @@ def test_json_report_is_machine_readable(at: At) -> None:
         {"flow_id": "A", "event_id": "A2", "seq": 2, "reason": "unsupported_schema", "meta": {}}
     ]
     assert report["consumer"]["gaps"] == [{"flow_id": "B", "missing_seq": 2, "waiting": [3], "meta": [{}]}]
-    assert report["consumer"]["inbox"] == {"pending": 1, "blocked": 1, "applied": 3, "skipped": 0, "replaced": 0}
+    assert report["consumer"]["inbox"] == {"pending": 1, "blocked": 1, "applied": 3, "skipped": 0, "replaced": 0, "superseded": 0}
 
 
 def test_wrong_or_missing_files_are_a_clear_error(at: At) -> None:

@@ -169,7 +169,7 @@ def test_a_full_inbox_still_lets_the_next_step_in_and_applies_it(new_store: Any)
         assert c.receive(envelope("B2", "B", 2)).applied is False  # fills the inbox
         r = c.receive(A1)  # A's next step: let in, and applied at once
         assert (r.status, r.applied) == ("accepted", True)
-        assert c.metrics().inbox == {"pending": 1, "blocked": 0, "applied": 1, "skipped": 0, "replaced": 0}
+        assert c.metrics().inbox == {"pending": 1, "blocked": 0, "applied": 1, "skipped": 0, "replaced": 0, "superseded": 0}
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._core.order import ORDER_META, STRICT
 from ._observe import Observer
 from ._store.inbox import InboxReads
 from ._store.outbox import OutboxReads
@@ -88,6 +89,11 @@ class ConsumerMetrics:
     ``schedules``: per recurring schedule (``EffectRegistry.every``), its
     ``next_at`` and ``last_tick`` (epoch seconds; ``last_tick`` None before
     the first), ``paused`` and ``skipped`` (missed ticks not performed).
+    ``order``: the consumer's own order (``strict``, ``latest``, ``any``;
+    docs/operations.md); ``inbox["superseded"]`` counts the events a
+    ``latest`` consumer set aside because a newer one applied, and
+    ``gaps`` is always 0 for a ``latest`` or ``any`` consumer (it never
+    waits for a missing seq).
 
     From this process only, None when read from the file alone (nothing of
     it is stored): ``duplicates`` received and ``applied`` events since the
@@ -110,6 +116,7 @@ class ConsumerMetrics:
     timers: dict[str, int] = field(default_factory=dict)
     next_due: dict[str, float] = field(default_factory=dict)
     schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    order: str = "strict"
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as plain dicts (JSON-able)."""
@@ -175,7 +182,8 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
     counts = reads.inbox_counts()
     stored = reads.effect_counts()
     timers = reads.effect_timers(now)
-    name = reads.meta().get("name", "")
+    meta = reads.meta()
+    name, order = meta.get("name", ""), meta.get(ORDER_META, STRICT)
     live: dict[str, Any] = {}
     if observer is not None:
         seconds = observer.seconds_open()
@@ -185,13 +193,14 @@ def consumer_metrics(reads: InboxReads, now: float, observer: Observer | None = 
         now, name,
         {s.value: counts.by_state.get(s.value, 0) for s in InboxState},
         dict(sorted(counts.blocked.items())),
-        counts.gaps,
+        counts.gaps if order == STRICT else 0,
         {s.value: stored.get(s.value, 0) for s in EffectState},
         **live,
         timers={name: n for name, (n, _due) in timers.items()},
         next_due={name: due for name, (_n, due) in timers.items()},
         schedules={s.schedule: {"next_at": s.next_at, "last_tick": s.last_tick, "paused": s.paused,
                                 "skipped": s.skipped} for s in reads.schedules()},
+        order=order,
     )
 
 
@@ -258,6 +267,8 @@ def _schedule_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
 
 def _consumer_samples(m: ConsumerMetrics) -> Iterator[_Sample]:
     who = {"consumer": m.consumer}
+    yield ("reliable_flow_consumer_order", "gauge", "The consumer's own order (strict, latest, any): 1 for its own.",
+           {**who, "order": m.order}, 1)
     for state, n in m.inbox.items():
         yield "reliable_flow_inbox_rows", "gauge", "Inbox rows per state.", {**who, "state": state}, n
     for reason, n in m.blocked.items():

@@ -102,7 +102,10 @@ class InboxState(_StrEnum):
 
     ``skipped`` / ``replaced``: an operator moved the flow past the event, or
     put a corrected event in its place (recorded, never automatic; see
-    ``consumer.admin.skip_event`` / ``replace_event``).
+    ``consumer.admin.skip_event`` / ``replace_event``).  ``superseded``: a
+    ``latest`` consumer (``Consumer(order="latest")``) applied a newer event
+    of the flow, so this one is never applied (its ``detail`` says by which
+    seq); automatic, and as done as an applied row.
     """
 
     PENDING = "pending"
@@ -110,6 +113,7 @@ class InboxState(_StrEnum):
     APPLIED = "applied"
     SKIPPED = "skipped"
     REPLACED = "replaced"
+    SUPERSEDED = "superseded"
 
 
 class DeliveryState(_StrEnum):

@@ -67,7 +67,7 @@ def test_a_v3_consumer_file_upgrades_and_its_old_rows_can_be_pruned(tmp_path: Pa
                          [("A1", 1, "reserved"), ("A2", 2, "confirmed")])
     db.close()
     with Consumer(path, RESERVATION, clock=Clock(1000.0)) as c:
-        assert sql_pragma(path, "user_version") == CONSUMER.version == 9  # v7: prunes recorded, v8: the console's indexes, v9: schedules
+        assert sql_pragma(path, "user_version") == CONSUMER.version == 10  # v7: prunes recorded, v8: the console's indexes, v9: schedules, v10: superseded
         assert c.admin.prune(100, actor="ops", reason="retention").events == 2  # NULL received_at counts as old; A3 is pending
         assert c.receive(body("A1", "A", 1)).status == "duplicate"
         assert c.receive(body("A2", "A", 2, amount=4)).status == "id_conflict"

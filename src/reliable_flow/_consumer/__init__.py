@@ -19,6 +19,7 @@ from .._core.conflicts import rerun_on_conflict
 from .._core.effects import with_waits
 from .._core.identity import PROTOCOL_PATH, other_path_note, protocol_path_in
 from .._core.operate import why_waiting
+from .._core.order import ORDER_META, STRICT, check_order, held_order_in
 from .._effects import EffectRegistry
 from .._handlers import AppSchema, Handler
 from .._observe import CONSUMER, Observer
@@ -92,6 +93,18 @@ class Consumer:
     pending and ``apply_next`` / ``process_all`` decide, as without the
     mode.  See docs/guarantees.md, "Receive and apply in one commit".
 
+    ``order``: this consumer's own order of applying a flow's events
+    (docs/topics.md, "Each consumer's own order"), fixed when its inbox is
+    first opened (a reopen with another order raises ``WrongFile`` naming
+    both, nothing changed).  ``"strict"`` (the default): each event once,
+    in the flow's order, a missing one reported as a gap.  ``"latest"``: an
+    event applies only when its seq is newer than the flow's projection, as
+    a snapshot (the steps between are not needed, nor the protocol's
+    transition check); an older one is stored ``superseded`` ("superseded
+    by seq N"), never applied, never waited for; no gaps.  ``"any"``: each
+    event once, on arrival, in any order (the handlers' work must be
+    commutative); ``last_seq`` is the highest seq applied; no gaps.
+
     Operator work (skip or replace an event, retry / resolve / cancel an
     effect, prune) is on :attr:`admin`, a :class:`~reliable_flow.ConsumerAdmin`.
     """
@@ -110,11 +123,13 @@ class Consumer:
         app_schema: AppSchema | None = None,
         clock: Callable[[], float] = time.time,
         apply_on_receive: bool = False,
+        order: str = STRICT,
     ) -> None:
         if not isinstance(protocol, Protocol):
             raise TypeError(f"protocol must be a reliable_flow Protocol, got {type(protocol).__name__}")
         check_optional_count("max_inbox", max_inbox)
         check_flag("apply_on_receive", apply_on_receive)
+        self.order: str = check_order(order)
         self.protocol = protocol
         self.max_inbox = max_inbox
         if schemas is None:
@@ -151,13 +166,16 @@ class Consumer:
             raise TypeError("clock must be a function returning seconds")
         self.effect_registry = effects
         self.clock = clock
-        self._rules = ApplyRules(protocol, chosen, tuple(handlers), effects, self._name, clock)
+        self._rules = ApplyRules(protocol, chosen, tuple(handlers), effects, self._name, clock, self.order)
         self.apply_on_receive = apply_on_receive
         self._on_arrival = self._rules if apply_on_receive else None
         self._observed = Observer()  # in-process counts (metrics) and logs
-        self._receiving = Receiving(self._store, self._name, max_inbox, clock, self._observed)
+        self._receiving = Receiving(self._store, self._name, max_inbox, clock, self._observed, self.order)
         self._admin = ConsumerAdmin(self)
         try:
+            if info.get(ORDER_META) != self.order:  # recorded once, or refused
+                with self._store.write() as unit:
+                    held_order_in(unit, self.order, self._store.location)
             self._record_protocol_path(info.get(PROTOCOL_PATH))
             if app_schema is not None:
                 self._migrate_app(app_schema)

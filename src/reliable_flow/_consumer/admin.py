@@ -254,7 +254,7 @@ class ConsumerAdmin:
         batch_size: int = DEFAULT_PRUNE_BATCH, limit: int | None = None, forget_after: float | None = None,
     ) -> PruneResult:
         """Remove inbox rows received more than ``older_than`` seconds before
-        ``now`` (default: ``clock()``) that are applied, skipped or replaced,
+        ``now`` (default: ``clock()``) that are applied, skipped, replaced or superseded,
         with their effect records, and finished effect-outbox rows
         (succeeded, expired, superseded, cancelled; fed when feedback was
         asked) last written before then.

@@ -32,8 +32,9 @@ class Receiving:
     consumer's own :class:`~reliable_flow._observe.Observer`."""
 
     def __init__(self, store: InboxStore, name: str, max_inbox: int | None, clock: Callable[[], float],
-                 observed: Observer) -> None:
+                 observed: Observer, order: str = "strict") -> None:
         self.store, self.name, self.max_inbox, self.clock, self.observed = store, name, max_inbox, clock, observed
+        self.order = order
 
     def one(self, envelope_in: dict[str, Any] | str | bytes, arrival: ApplyRules | None) -> ReceiveResult:
         """Receive one event (applying it on arrival when ``arrival`` is given)."""
@@ -42,7 +43,7 @@ class Receiving:
 
         def once() -> ReceiveResult:
             with store.write() as unit:
-                return receive_in(unit, env, self.max_inbox, store.location, self.clock(), arrival)
+                return receive_in(unit, env, self.max_inbox, store.location, self.clock(), arrival, self.order)
 
         result = rerun_on_conflict(once)
         if result.status == ReceiveStatus.ACCEPTED:
@@ -61,7 +62,8 @@ class Receiving:
 
         def once() -> list[ReceiveResult]:
             with store.write() as unit:
-                return receive_many_in(unit, parsed, self.max_inbox, store.location, self.clock(), arrival)
+                return receive_many_in(unit, parsed, self.max_inbox, store.location, self.clock(), arrival,
+                                       self.order)
 
         results = rerun_on_conflict(once)
         if any(r.status == ReceiveStatus.ACCEPTED for r in results):

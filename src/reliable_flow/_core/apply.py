@@ -17,8 +17,10 @@ from ..crash import crash_point
 from ..protocol import PayloadError, Protocol, Rejected
 from ..records import ApplyResult, DrainResult
 from ..statuses import ApplyStatus, BlockReason, DrainStop
+from . import order
 
-__all__ = ["ApplyRules", "Committed", "Draining", "Source", "apply_arrived", "apply_in", "drain_in"]
+__all__ = ["ApplyRules", "Committed", "Draining", "Source", "apply_arrived", "apply_event", "apply_in", "drain_in",
+           "unordered_apply_in"]
 
 #: What an apply outcome is about, for the face to log it with: the event
 #: applied or blocked (a dict), the body of the row waiting after a gap (a
@@ -38,6 +40,7 @@ class ApplyRules:
     effects: EffectRegistry | None = None
     consumer: str = "default"
     clock: Callable[[], float] | None = None
+    order: str = order.STRICT
 
 
 def _handle(unit: InboxUnit, rules: ApplyRules, event: Event, previous: str, new_state: str,
@@ -56,9 +59,12 @@ def apply_in(
 
     ``known`` is the flow's state as left by the previous step of the same
     transaction, which holds the write lock, so it cannot be stale; the new
-    one is returned after an apply.
+    one is returned after an apply.  A ``latest`` or ``any`` consumer's
+    step is :func:`unordered_apply_in`'s.
     """
-    protocol, schemas = rules.protocol, rules.schemas
+    if rules.order != order.STRICT:
+        return unordered_apply_in(unit, rules, flow_id, known)
+    protocol = rules.protocol
     if known is None:
         stored, row = unit.flow_and_next_row(flow_id)
         known = stored or FlowState(protocol.initial, 0, {})
@@ -79,36 +85,83 @@ def apply_in(
             return ApplyResult(ApplyStatus.GAP, flow_id, missing, detail=detail), known, body
         seq = found_seq
     event = json.loads(body)
+    result, state = apply_event(unit, rules, known, seq, event_id, event, body)
+    return result, state, event
+
+
+def unordered_apply_in(
+    unit: InboxUnit, rules: ApplyRules, flow_id: str, known: FlowState | None,
+) -> tuple[ApplyResult, FlowState | None, Source]:
+    """One apply step of a ``latest`` or ``any`` consumer inside ``unit``
+    (the rules: :mod:`.order`), as :func:`apply_in`, never a gap: a
+    ``latest`` consumer applies the flow's newest waiting row if it is newer
+    than the projection (setting every older waiting row aside as
+    superseded), an ``any`` consumer its oldest pending row."""
+    if known is None:
+        known = unit.flow_state(flow_id) or FlowState(rules.protocol.initial, 0, {})
+    if rules.order == order.LATEST:
+        row = unit.newest_waiting(flow_id)
+        if row is not None and row[0] <= known.seq:
+            unit.supersede(flow_id, known.seq + 1, order.superseded_detail(known.seq))
+            row = None
+    else:
+        row = unit.oldest_pending(flow_id)
+    if row is None:
+        return ApplyResult(ApplyStatus.IDLE, flow_id, known.seq + 1), known, None
+    seq, event_id, body = row
+    event = json.loads(body)
+    result, state = apply_event(unit, rules, known, seq, event_id, event, body)
+    if result.status == ApplyStatus.APPLIED and rules.order == order.LATEST:
+        unit.supersede(flow_id, seq, order.superseded_detail(seq))
+    return result, state, event
+
+
+def apply_event(
+    unit: InboxUnit, rules: ApplyRules, known: FlowState, seq: int, event_id: str, event: dict[str, Any],
+    body: str,
+) -> tuple[ApplyResult, FlowState]:
+    """Apply the stored event ``event_id`` (at ``seq``, parsed as ``event``)
+    onto the flow's state ``known``, or block it: the outcome and the
+    flow's state after it.  The protocol's transition check is made in the
+    ``strict`` order only (:mod:`.order`)."""
+    flow_id = event["flow_id"]
     try:
-        if event["schema"] not in schemas:
+        if event["schema"] not in rules.schemas:
             raise Rejected(
                 BlockReason.UNSUPPORTED_SCHEMA,
-                f"schema {event['schema']} is not decoded by this consumer (decodes {sorted(schemas)})",
+                f"schema {event['schema']} is not decoded by this consumer (decodes {sorted(rules.schemas)})",
             )
-        new_data = protocol.next_data(known.state, known.data, event["kind"], event["schema"], event["payload"])
+        new_data = _next_data(rules, known, event["kind"], event["schema"], event["payload"])
     except Rejected as rejected:
         unit.block(event_id, rejected.reason, rejected.detail, _now(rules))
-        return ApplyResult(
-            ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail
-        ), known, event
-    new_state = event["kind"]
-    view = protocol.view(new_state, new_data)
+        return ApplyResult(ApplyStatus.BLOCKED, flow_id, seq, event_id, rejected.reason, rejected.detail), known
+    new = order.after(rules.order, known, seq, event["kind"], new_data)
+    view = rules.protocol.view(new.state, new_data)
+    applied = ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id)
     if not rules.handlers:
-        _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
-        return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data), event
+        _write_applied(unit, flow_id, new, seq, event_id, event["kind"], view)
+        return applied, new
     try:
         # Under a nested step: a handler's payload error must leave nothing
         # of this apply behind, only the block.
         with unit.step():
-            _write_applied(unit, flow_id, seq, event_id, new_state, new_data, view)
+            _write_applied(unit, flow_id, new, seq, event_id, event["kind"], view)
             _handle(unit, rules, Event(event_id, flow_id, seq, event["kind"], event["schema"], event["payload"],
-                                       event.get("meta", {}), body), known.state, new_state, new_data)
+                                       event.get("meta", {}), body), known.state, new.state, new_data)
     except PayloadError as exc:
         unit.block(event_id, BlockReason.INVALID_PAYLOAD, str(exc), _now(rules))
         return ApplyResult(
             ApplyStatus.BLOCKED, flow_id, seq, event_id, BlockReason.INVALID_PAYLOAD, str(exc)
-        ), known, event
-    return ApplyResult(ApplyStatus.APPLIED, flow_id, seq, event_id), FlowState(new_state, seq, new_data), event
+        ), known
+    return applied, new
+
+
+def _next_data(rules: ApplyRules, known: FlowState, kind: str, schema: int, payload: Any) -> dict[str, Any]:
+    """The flow's data after the step (:class:`Rejected` if it may not be
+    taken): in the flow's order, or out of it (:func:`.order.unordered_data`)."""
+    if rules.order == order.STRICT:
+        return rules.protocol.next_data(known.state, known.data, kind, schema, payload)
+    return order.unordered_data(rules.protocol, known, kind, schema, payload)
 
 
 def _now(rules: ApplyRules) -> float | None:
@@ -120,45 +173,48 @@ _APPLY_POINTS = ("apply.after_projection", "apply.after_effect")
 _ARRIVAL_POINTS = ("receive_apply.after_projection", "receive_apply.after_effect")
 
 
-def _write_applied(unit: InboxUnit, flow_id: str, seq: int, event_id: str, new_state: str,
-                   new_data: dict[str, Any], view: dict[str, Any],
-                   points: tuple[str, str] = _APPLY_POINTS) -> None:
-    unit.put_projection(flow_id, new_state, seq, envelope.canonical(new_data), envelope.canonical(view))
+def _write_applied(unit: InboxUnit, flow_id: str, new: FlowState, seq: int, event_id: str, kind: str,
+                   view: dict[str, Any], points: tuple[str, str] = _APPLY_POINTS) -> None:
+    """The flow's projection as ``new`` and the applied event's record (at
+    its own ``seq``: in the ``any`` order it may be below the projection's)."""
+    unit.put_projection(flow_id, new.state, new.seq, envelope.canonical(new.data), envelope.canonical(view))
     crash_point(points[0])
-    unit.record_applied(event_id, flow_id, seq, new_state)
+    unit.record_applied(event_id, flow_id, seq, kind)
     crash_point(points[1])
 
 
 def apply_arrived(unit: InboxUnit, rules: ApplyRules, env: Envelope) -> bool:
     """Apply the event that receive just stored, in the same transaction,
-    when it is exactly its flow's next step and applies cleanly: projection,
-    effect record and the row's ``applied`` mark, as ``apply_next`` would
-    write them.  Anything else (a gap before it, a block: unknown schema,
-    rejected step, payload error in a handler) writes nothing here and
-    returns False: the row stays pending and ``apply_next`` decides later,
-    exactly as without this mode."""
+    when the consumer's order lets it apply now (:func:`.order.applies_on_arrival`:
+    in the ``strict`` order, exactly its flow's next step) and it applies
+    cleanly: projection, effect record and the row's ``applied`` mark, as
+    ``apply_next`` would write them.  Anything else (a gap before it, a
+    block: unknown schema, rejected step, payload error in a handler)
+    writes nothing here and returns False: the row stays pending and
+    ``apply_next`` decides later, exactly as without this mode."""
     known = unit.flow_state(env.flow_id)
     last = 0 if known is None else known.seq
-    if not env.previous <= last < env.seq or env.schema not in rules.schemas:
+    if not order.applies_on_arrival(rules.order, env, last) or env.schema not in rules.schemas:
         return False
-    protocol = rules.protocol
     if known is None:
-        known = FlowState(protocol.initial, 0, {})
+        known = FlowState(rules.protocol.initial, 0, {})
     try:
-        new_data = protocol.next_data(known.state, known.data, env.kind, env.schema, env.payload)
+        new_data = _next_data(rules, known, env.kind, env.schema, env.payload)
     except Rejected:
         return False
-    new_state = env.kind
-    view = protocol.view(new_state, new_data)
+    new = order.after(rules.order, known, env.seq, env.kind, new_data)
+    view = rules.protocol.view(new.state, new_data)
     if not rules.handlers:
-        _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
+        _write_applied(unit, env.flow_id, new, env.seq, env.event_id, env.kind, view, _ARRIVAL_POINTS)
     else:
         try:
             with unit.step():
-                _write_applied(unit, env.flow_id, env.seq, env.event_id, new_state, new_data, view, _ARRIVAL_POINTS)
-                _handle(unit, rules, env, known.state, new_state, new_data)  # the Envelope is the Event
+                _write_applied(unit, env.flow_id, new, env.seq, env.event_id, env.kind, view, _ARRIVAL_POINTS)
+                _handle(unit, rules, env, known.state, new.state, new_data)  # the Envelope is the Event
         except PayloadError:
             return False
+    if rules.order == order.LATEST:
+        unit.supersede(env.flow_id, env.seq, order.superseded_detail(env.seq))
     return True
 
 
@@ -189,8 +245,8 @@ class Committed:
 def drain_in(unit: InboxUnit, rules: ApplyRules, flows: Sequence[str], start: Draining, limit: int,
              batch_size: int) -> Committed:
     """Apply each flow's next steps from ``start`` on, in ``unit``, until
-    ``batch_size`` applies: a flow ends at a gap, a block, idle or ``limit``
-    applies.  Nothing it returns counts until the unit commits, so a unit
+    ``batch_size`` applies: a flow ends at a gap, a block (an ``any``
+    consumer's goes on past it), idle or ``limit`` applies.  Nothing it returns counts until the unit commits, so a unit
     run again after an abort starts again from ``start``."""
     i, flow_applied, flow_last = start.at, start.applied, start.last
     done, finished, outcomes = 0, {}, []
@@ -205,6 +261,8 @@ def drain_in(unit: InboxUnit, rules: ApplyRules, flows: Sequence[str], start: Dr
             if flow_applied < limit:
                 continue
             stop = DrainStop.LIMIT
+        elif flow_last.status == ApplyStatus.BLOCKED and rules.order == order.ANY:
+            continue  # an any consumer's other events do not wait behind a blocked one (no longer pending)
         else:
             stop = DrainStop(flow_last.status.value)
         finished[flow] = DrainResult(flow, flow_applied, stop, flow_last)

@@ -16,6 +16,7 @@ from ..protocol import Protocol
 from ..records import ConsumerEntry, InboxRow, OperatorAction, ScheduledEffect, StuckFlow
 from ..statuses import ActionTarget, EffectState, FlowWait, InboxState
 from .effects import FAILED, FEEDBACK_REFUSED, waiting_behind
+from .order import ORDER_META, STRICT
 
 __all__ = [
     "effect_attention", "feedback_refused", "needs_attention", "refused_names", "register_in", "remove_in",
@@ -29,14 +30,23 @@ _WAITING = (InboxState.PENDING, InboxState.BLOCKED)
 
 
 def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
-    """What ``flow_id`` waits for, from one snapshot of the consumer's store."""
+    """What ``flow_id`` waits for, from one snapshot of the consumer's store.
+
+    A ``latest`` or ``any`` consumer (:mod:`.order`) never waits at a gap:
+    its flow is blocked (a blocked row of it waits for an operator), ready
+    (a pending row waits for the next apply) or idle."""
     projection = reads.projection(flow_id)
     state = None if projection is None else str(projection["state"])
     last_seq = 0 if projection is None else int(projection["last_seq"])
     next_seq = last_seq + 1
-    stored = reads.inbox_rows(flow_id, next_seq)
+    unordered = (reads.meta_value(ORDER_META) or STRICT) != STRICT
+    stored = reads.inbox_rows(flow_id, 1 if unordered else next_seq)
     rows = tuple(r.row() for r in stored)
     live = [r for r in rows if r.state is not InboxState.REPLACED]
+    if unordered:
+        rows = tuple(r for r in rows if r.state in _WAITING)
+        blocked = [r for r in rows if r.state is InboxState.BLOCKED]
+        live = blocked[-1:] or list(rows[:1])
     # A subscriber to some topics: its next row may be past next_seq, its
     # delivery's prev_seq saying which event of the flow comes before it.
     prev = {r.event_id: envelope.previous(r.body) for r in stored}
@@ -56,7 +66,7 @@ def why_waiting(reads: InboxReads, flow_id: str) -> StuckFlow:
         return stuck(FlowWait.IDLE)
     first = live[0]
     first_prev = prev[first.event_id]
-    if first.seq == next_seq or (first_prev is not None and first_prev <= last_seq):
+    if unordered or first.seq == next_seq or (first_prev is not None and first_prev <= last_seq):
         if first.state is InboxState.BLOCKED:
             since = first.blocked_at if first.blocked_at is not None else first.received_at
             return stuck(FlowWait.BLOCKED, since, first)

@@ -11,13 +11,14 @@ from ..crash import crash_point
 from ..records import ReceiveResult
 from ..statuses import ReceiveStatus
 from .apply import ApplyRules, apply_arrived
+from .order import LATEST, STRICT, late_arrival_in, superseded_detail
 
 __all__ = ["receive_in", "receive_many_in"]
 
 
 def receive_in(
     unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None = None,
-    apply: ApplyRules | None = None,
+    apply: ApplyRules | None = None, order: str = STRICT,
 ) -> ReceiveResult:
     """Decide and write one receive inside ``unit``'s transaction; a stored
     row is stamped as received at ``now``.  With ``apply`` (the
@@ -27,17 +28,23 @@ def receive_in(
 
     Answers ``refused`` (having written nothing) when ``max_inbox``
     unapplied rows are held and the event is not its flow's next step.
+
+    ``order`` is the consumer's (:mod:`.order`): a new event at or before
+    the flow's last applied seq is a ``sequence_conflict`` in the
+    ``strict`` order, stored ``superseded`` in the ``latest`` order
+    (``accepted``, with the reason as its detail), and stored to apply in
+    the ``any`` order.
     """
     # The common case first: a new event is stored by one statement; only
     # when a unique key refused it do we look at why.
     if max_inbox is None and unit.insert_new(env, now):
         return _stored(unit, env, apply)
-    return _refused(unit, env, max_inbox, location, now, apply)
+    return _refused(unit, env, max_inbox, location, now, apply, order)
 
 
 def receive_many_in(
     unit: InboxUnit, envs: Sequence[Envelope], max_inbox: int | None, location: str, now: float | None = None,
-    apply: ApplyRules | None = None,
+    apply: ApplyRules | None = None, order: str = STRICT,
 ) -> list[ReceiveResult]:
     """:func:`receive_in` of each event in order, inside ``unit``'s transaction.
 
@@ -51,9 +58,9 @@ def receive_many_in(
     the stored state refused already)."""
     if (len(envs) < 2 or max_inbox is not None
             or (apply is not None and apply.handlers) or not _independent(envs)):
-        return [receive_in(unit, env, max_inbox, location, now, apply) for env in envs]
+        return [receive_in(unit, env, max_inbox, location, now, apply, order) for env in envs]
     stored = unit.insert_new_many(envs, now)
-    return [_stored(unit, env, apply) if ok else _refused(unit, env, None, location, now, apply)
+    return [_stored(unit, env, apply) if ok else _refused(unit, env, None, location, now, apply, order)
             for env, ok in zip(envs, stored)]
 
 
@@ -65,7 +72,7 @@ def _independent(envs: Sequence[Envelope]) -> bool:
 
 def _refused(
     unit: InboxUnit, env: Envelope, max_inbox: int | None, location: str, now: float | None,
-    apply: ApplyRules | None,
+    apply: ApplyRules | None, order: str = STRICT,
 ) -> ReceiveResult:
     """Why the event is not new (or, with ``max_inbox``, whether there is
     room for it), storing it when it is new after all."""
@@ -92,7 +99,11 @@ def _refused(
             ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,
             f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other!r}",
         )
-    if env.seq <= unit.last_seq(env.flow_id):
+    last = unit.last_seq(env.flow_id)
+    if order == LATEST and late_arrival_in(unit, order, env, last, now):
+        crash_point("receive.after_inbox_insert")
+        return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq, superseded_detail(last))
+    if env.seq <= last and order == STRICT:
         # Every seq up to last_seq was held by a row; none is left, so it was pruned.
         return ReceiveResult(
             ReceiveStatus.SEQUENCE_CONFLICT, env.event_id, env.flow_id, env.seq,

@@ -148,6 +148,18 @@ class InboxUnit(InboxReads, EffectUnit, ScheduleUnit, Protocol):
         """``flow_state(flow_id)`` and then ``next_row(flow_id, its last seq +
         1)``: an apply asks both, and an engine may answer them in one statement."""
 
+    def newest_waiting(self, flow_id: str) -> NextRow | None:
+        """The flow's row still waiting (pending or blocked) with the highest
+        seq, holding its slot, or None (what a ``latest`` consumer applies)."""
+
+    def oldest_pending(self, flow_id: str) -> NextRow | None:
+        """The flow's pending row with the lowest seq, holding its slot, or
+        None (what an ``any`` consumer applies next)."""
+
+    def supersede(self, flow_id: str, below: int, detail: str) -> int:
+        """Mark the flow's rows still waiting (pending or blocked) with a seq
+        below ``below`` superseded, with ``detail`` (reason cleared); how many."""
+
     def block(self, event_id: str, reason: BlockReason, detail: str | None = None,
               now: float | None = None) -> None:
         """Mark the row blocked for ``reason`` with ``detail`` (writing nothing

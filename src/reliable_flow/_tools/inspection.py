@@ -74,6 +74,8 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
             if row["state"] == "blocked":
                 blocked.append({"flow_id": flow_id, "event_id": row["event_id"], "seq": row["seq"],
                                 "reason": row["reason"], "meta": row.get("meta", {})})
+        if cons.get("order", "strict") != "strict":
+            continue  # a latest or any consumer never waits for a missing seq
         projection = cons["projections"].get(flow_id)
         next_seq = (projection["last_seq"] if projection else 0) + 1
         present = {row["seq"] for row in rows}
@@ -108,6 +110,7 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
         "consumer": {
             "protocol": cons["protocol"],
             "name": cons["name"],
+            "order": cons.get("order", "strict"),
             "flows": len(cons["inbox"]),
             "inbox": counts,
             "blocked": blocked,
@@ -120,6 +123,16 @@ def inspect_files(producer_path: Location, consumer_path: Location, *,
     }
     _add_operations(report, producer_path, consumer_path, stuck_after, at, outbox)
     return report
+
+
+#: What each order's states mean, for the report (docs/operations.md, "Each consumer's own order").
+ORDER_STATES = {
+    "strict": "each event applied once, in its flow's order; a missing one is a gap",
+    "latest": ("only an event newer than its flow's projection applies (a snapshot); an older one is "
+               "superseded, never applied, never waited for; no gaps"),
+    "any": ("each event applied once, on arrival, in any order; last_seq is the highest seq applied; "
+            "no gaps"),
+}
 
 
 def _timers(outbox: list[ScheduledEffect], now: float) -> list[dict[str, Any]]:
@@ -209,10 +222,12 @@ def format_report(report: dict[str, Any]) -> str:
     lines += _registry_lines(p)
     inbox = c["inbox"]
     lines.append(
-        f"consumer {c['name']!r} ({c['protocol']}): {c['flows']} flows; inbox {inbox['pending']} pending, "
-        f"{inbox['blocked']} blocked, {inbox['applied']} applied"
-        + "".join(f", {inbox[s]} {s}" for s in ("skipped", "replaced") if inbox.get(s))
+        f"consumer {c['name']!r} ({c['protocol']}{'' if c['order'] == 'strict' else ', order ' + c['order']}): "
+        f"{c['flows']} flows; inbox "
+        f"{inbox['pending']} pending, {inbox['blocked']} blocked, {inbox['applied']} applied"
+        + "".join(f", {inbox[s]} {s}" for s in ("skipped", "replaced", "superseded") if inbox.get(s))
     )
+    lines.append(f"  order {c['order']}: {ORDER_STATES[c['order']]}")
     if c["blocked"]:
         lines.append("  blocked (the flow stops here until fixed or upgraded):")
         lines += _rows(c["blocked"], ["flow_id", "seq", "event_id", "reason"] + _with_meta(c["blocked"]))

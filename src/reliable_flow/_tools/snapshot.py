@@ -52,6 +52,7 @@ def snapshot(producer_location: Location, consumer_location: Location) -> dict[s
             out["consumer"] = {
                 "protocol": meta.get("protocol"),
                 "name": meta.get("name"),
+                "order": meta.get("order", "strict"),  # each consumer's own order (issue 32)
                 "projections": {f: view.projection(f) for f in flows},
                 "inbox": {f: [asdict(row.entry()) for row in view.inbox_rows(f)] for f in flows},
                 "effects": {f: [asdict(e) for e in view.effects(f)] for f in flows},

@@ -81,7 +81,7 @@ INBOX_PRUNABLE_READ = (
     "SELECT i.arrival, i.event_id, i.flow_id, i.seq, i.body FROM inbox i "
     "JOIN projection p ON p.flow_id = i.flow_id "
     "WHERE i.arrival < coalesce((SELECT arrival FROM inbox WHERE received_at > %s ORDER BY arrival LIMIT 1), %s) "
-    "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.arrival LIMIT %s"
+    "AND i.state IN ('applied','skipped','replaced','superseded') AND i.seq <= p.last_seq ORDER BY i.arrival LIMIT %s"
 )
 INBOX_PRUNABLE = INBOX_PRUNABLE_READ + " FOR UPDATE OF i SKIP LOCKED"
 

@@ -341,5 +341,14 @@ CONSUMER = StoreKind(
         ),
         # v6: recurring effect schedules and their operator actions, as SQLite's v9.
         (_SCHEDULE_TABLE, _SCHEDULE_ACTION),
+        (
+            # v7 (issue 32, item 5): a ``latest`` consumer's ``superseded``
+            # rows, as SQLite's v10 (here the CHECK is replaced in place).
+            "ALTER TABLE inbox DROP CONSTRAINT inbox_state_check",
+            (
+                "ALTER TABLE inbox ADD CONSTRAINT inbox_state_check CHECK (state IN "
+                "('pending','blocked','applied','skipped','replaced','superseded'))"
+            ),
+        ),
     ),
 )

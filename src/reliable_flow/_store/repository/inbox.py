@@ -20,7 +20,7 @@ from ...records import AppliedEvent, EffectTransition, OperatorAction, Scheduled
 from ...statuses import ActionTarget, BlockReason, EffectState, InboxState
 from .. import rows
 from ..effects import NewEffect
-from ..records import InboxCounts, PruneStep, StoredRow, WaitingSummary
+from ..records import InboxCounts, NextRow, PruneStep, StoredRow, WaitingSummary
 from ..shared import effect_changes
 from .schedules import ScheduleRepository
 from .statements import InboxSql
@@ -95,6 +95,17 @@ class InboxRepository(ScheduleRepository):
         """The event's one effect record, and its inbox row marked applied."""
         self._send(self._SQL.RECORD_EFFECT, (event_id, flow_id, seq, kind))
         self._send(self._SQL.MARK_APPLIED, (event_id,))
+
+    def newest_waiting(self, flow_id: str) -> NextRow | None:
+        row = self._one(self._SQL.NEWEST_WAITING, (flow_id,))
+        return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
+
+    def oldest_pending(self, flow_id: str) -> NextRow | None:
+        row = self._one(self._SQL.OLDEST_PENDING, (flow_id,))
+        return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
+
+    def supersede(self, flow_id: str, below: int, detail: str) -> int:
+        return self._run(self._SQL.SUPERSEDE, (detail, flow_id, below))
 
     def set_skipped(self, event_id: str) -> None:
         self._run(self._SQL.SET_SKIPPED, (event_id,))

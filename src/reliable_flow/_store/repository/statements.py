@@ -236,6 +236,22 @@ class InboxSql(SideSql):
     MARK_APPLIED = f"UPDATE inbox SET state = '{_APPLIED}', reason = NULL, detail = NULL WHERE event_id = ?"
     SET_SKIPPED = f"UPDATE inbox SET state = '{_SKIPPED}' WHERE event_id = ?"
     SET_REPLACED = f"UPDATE inbox SET state = '{_REPLACED}', live = NULL WHERE event_id = ?"
+    # Each consumer's own order (issue 32, item 5): a ``latest`` consumer's
+    # newest row still waiting, an ``any`` consumer's oldest pending row,
+    # and the waiting rows below a seq set aside as superseded (its detail
+    # says by which seq).
+    NEWEST_WAITING = (
+        "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND state IN ('pending','blocked') "
+        "AND live = 1 ORDER BY seq DESC LIMIT 1"
+    )
+    OLDEST_PENDING = (
+        "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND state IN ('pending') "
+        "AND live = 1 ORDER BY seq LIMIT 1"
+    )
+    SUPERSEDE = (
+        "UPDATE inbox SET state = 'superseded', reason = NULL, detail = ? "
+        "WHERE flow_id = ? AND seq < ? AND state IN ('pending','blocked') AND live = 1"
+    )
     RECORD_INBOX_ACTION = (
         "INSERT INTO consumer_action(at, event_id, flow_id, seq, action, previous_state, actor, reason, "
         "replacement_event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"

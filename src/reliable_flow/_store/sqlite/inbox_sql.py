@@ -101,7 +101,7 @@ INBOX_PRUNABLE = (
     "JOIN projection p ON p.flow_id = i.flow_id "
     "WHERE i.rowid < coalesce((SELECT rowid FROM inbox WHERE received_at > ? ORDER BY rowid LIMIT 1), "
     "9223372036854775807) "
-    "AND i.state IN ('applied','skipped','replaced') AND i.seq <= p.last_seq ORDER BY i.rowid LIMIT ?"
+    "AND i.state IN ('applied','skipped','replaced','superseded') AND i.seq <= p.last_seq ORDER BY i.rowid LIMIT ?"
 )
 
 # Finished effect-outbox rows (final, and fed when feedback was asked for),

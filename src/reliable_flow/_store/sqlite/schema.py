@@ -434,5 +434,38 @@ CONSUMER = FileKind(
         # operator's pauses, resumes and removals of them.
         (_SCHEDULE_TABLE.format(real="REAL"), _SCHEDULE_ACTION.format(id="INTEGER PRIMARY KEY AUTOINCREMENT",
                                                                          real="REAL")),
+        (
+            # v10 (issue 32, item 5): each consumer's own order.  A ``latest``
+            # consumer sets an older arrival aside as ``superseded`` (its
+            # detail says by which seq).  SQLite cannot alter a CHECK
+            # constraint, so the inbox is rebuilt as in v3, its rowids (the
+            # arrival order a prune follows) kept, and its indexes made again.
+            """CREATE TABLE inbox_v10(
+                event_id TEXT PRIMARY KEY,
+                flow_id TEXT NOT NULL,
+                seq INTEGER NOT NULL CHECK (seq >= 1),
+                body TEXT NOT NULL,
+                state TEXT NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending','blocked','applied','skipped','replaced','superseded')),
+                reason TEXT,
+                detail TEXT,
+                received_at REAL,
+                blocked_at REAL,
+                live INTEGER DEFAULT 1 CHECK ((live IS 1) = (state <> 'replaced')),
+                UNIQUE (flow_id, seq, live)
+            )""",
+            (
+                "INSERT INTO inbox_v10(rowid, event_id, flow_id, seq, body, state, reason, detail, received_at, "
+                "blocked_at, live) SELECT rowid, event_id, flow_id, seq, body, state, reason, detail, received_at, "
+                "blocked_at, live FROM inbox"
+            ),
+            "DROP TABLE inbox",
+            "ALTER TABLE inbox_v10 RENAME TO inbox",
+            "CREATE INDEX inbox_open ON inbox(flow_id, seq) WHERE state IN ('pending','blocked')",
+            (
+                "CREATE INDEX inbox_correlation ON inbox(json_extract(body, '$.meta.correlation_id'), flow_id) "
+                "WHERE json_extract(body, '$.meta.correlation_id') IS NOT NULL"
+            ),
+        ),
     ),
 )
