@@ -72,7 +72,7 @@ def test_snapshot_reads_postgres_and_mixed_pairs_as_it_reads_files(
 ) -> None:
     got = snapshot(*pair)
     assert set(got["producer"]) == {"protocol", "flows", "outbox", "operator_actions"}
-    assert set(got["consumer"]) == {"protocol", "name", "projections", "inbox", "effects", "effect_outbox",
+    assert set(got["consumer"]) == {"protocol", "name", "order", "projections", "inbox", "effects", "effect_outbox",
                                     "effect_actions", "schedules", "schedule_actions"}
     assert _stable(got) == _stable(snapshot(*sqlite_pair))
     assert snapshot(*pair) == got  # read only: a second look sees the same
