@@ -414,7 +414,7 @@ def _all_migration_sql(kind: Any) -> list[str]:
 STATE_ENUMS: dict[str, type] = {
     "delivery": statuses.DeliveryState, "delivery_v2": statuses.DeliveryState,
     "inbox": statuses.InboxState, "effect_outbox": statuses.EffectState,
-    "inbox_v3": statuses.InboxState, "inbox_v9": statuses.InboxState,
+    "inbox_v3": statuses.InboxState, "inbox_v10": statuses.InboxState,
     "consumer_action": statuses.InboxState,  # its previous_state
 }
 _TABLE = re.compile(r"(?:CREATE TABLE|ALTER TABLE|\bON|UPDATE|FROM)\s+(\w+)")

@@ -187,19 +187,12 @@ PRODUCER = StoreKind(
 
 # Recurring effect schedules: one row per schedule name (issue 33, item 2).
 _SCHEDULE_TABLE = """CREATE TABLE effect_schedule(
-                schedule TEXT COLLATE "C" PRIMARY KEY,
-                name TEXT COLLATE "C" NOT NULL,
-                payload TEXT NOT NULL,
-                interval_seconds DOUBLE PRECISION,
-                cron TEXT,
-                tz TEXT NOT NULL,
+                schedule TEXT COLLATE "C" PRIMARY KEY, name TEXT COLLATE "C" NOT NULL, payload TEXT NOT NULL,
+                interval_seconds DOUBLE PRECISION, cron TEXT, tz TEXT NOT NULL,
                 missed TEXT NOT NULL CHECK (missed IN ('one','all','skip')),
                 paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
-                next_at DOUBLE PRECISION NOT NULL,
-                last_tick DOUBLE PRECISION,
-                skipped INTEGER NOT NULL DEFAULT 0,
-                created_at DOUBLE PRECISION NOT NULL,
-                updated_at DOUBLE PRECISION NOT NULL,
+                next_at DOUBLE PRECISION NOT NULL, last_tick DOUBLE PRECISION, skipped INTEGER NOT NULL DEFAULT 0,
+                created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
                 CHECK ((interval_seconds IS NULL) <> (cron IS NULL))
             )"""
 _SCHEDULE_ACTION = """CREATE TABLE schedule_action(
