@@ -375,6 +375,8 @@ def test_inspect_and_the_metrics_show_the_schedules(ticks: Ticks, capsys: pytest
     ({}, ValueError, "exactly one of interval"),
     ({"interval": 60, "cron": "* * * * *"}, ValueError, "exactly one of interval"),
     ({"cron": "61 * * * *"}, CronError, "minute field"),
+    ({"cron": "\u0663 * * * *"}, CronError, "minute field"),  # an Arabic-Indic 3: a digit to str.isdigit
+    ({"cron": "0 \u00b2 * * *"}, CronError, "hour field"),  # a superscript 2
     ({"cron": "0 8 * * mon-xyz"}, CronError, "day-of-week field"),
     ({"cron": "0 8 * *"}, CronError, "five are needed"),
     ({"cron": "0 0 30 2 *"}, CronError, "no tick"),

@@ -147,6 +147,8 @@ HOT_QUERIES = [
      ("accepted", "default", 7), "USING PRIMARY KEY (consumer=? AND pos=?)"),
     ("consumer.NEXT_ROW", "consumer", NEXT_ROW, ("F7", 2), "(flow_id=? AND seq>?)"),
     ("consumer.OPEN_FLOWS", "consumer", SqliteInboxSql.OPEN_FLOWS, (), "INDEX inbox_open"),
+    ("consumer.OLDEST_PENDING", "consumer", SqliteInboxSql.OLDEST_PENDING, ("F7",), "INDEX inbox_open (flow_id=?)"),
+    ("consumer.NEWEST_WAITING", "consumer", SqliteInboxSql.NEWEST_WAITING, ("F7",), "INDEX inbox_open (flow_id=?)"),
     ("inbox_by_event_id", "consumer", "SELECT body FROM inbox WHERE event_id = ?", ("F7-1",), "(event_id=?)"),
     ("inbox_by_flow_and_seq", "consumer", "SELECT event_id FROM inbox WHERE flow_id = ? AND seq = ?", ("F7", 1),
      "(flow_id=? AND seq=?)"),

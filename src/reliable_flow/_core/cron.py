@@ -68,7 +68,7 @@ def _value(field: str, text: str, low: int, high: int, names: dict[str, int]) ->
     word = text.lower()
     if word in names:
         return names[word]
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # "²" or "٣" are digits to str.isdigit
         raise CronError(f"cron: {field} field: {text!r} is not a number" +
                         (f" or a name ({', '.join(names)})" if names else ""))
     value = int(text)

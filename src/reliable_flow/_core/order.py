@@ -81,16 +81,14 @@ def applies_on_arrival(order: str, env: Envelope, last: int) -> bool:
     return env.previous <= last < env.seq
 
 
-def late_arrival_in(unit: InboxUnit, order: str, env: Envelope, last: int, now: float | None) -> bool:
-    """An event new to the inbox whose seq is at or before the flow's last
-    applied seq ``last``: a ``strict`` consumer cannot take it (False: the
-    caller answers as before); a ``latest`` one stores it superseded by
-    ``last``; an ``any`` one stores it pending, to apply.  True if stored."""
-    if order == STRICT or env.seq > last:
+def late_arrival_in(unit: InboxUnit, env: Envelope, last: int, now: float | None) -> bool:
+    """A ``latest`` consumer's event new to the inbox whose seq is at or
+    before the flow's last applied seq ``last``: stored superseded by
+    ``last`` (True); a newer one is left to the caller (False)."""
+    if env.seq > last:
         return False
     unit.insert(env, now)
-    if order == LATEST:
-        unit.supersede(env.flow_id, last + 1, superseded_detail(last))
+    unit.supersede(env.flow_id, last + 1, superseded_detail(last))
     return True
 
 

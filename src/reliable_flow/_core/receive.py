@@ -100,7 +100,7 @@ def _refused(
             f"seq {env.seq} of flow {env.flow_id!r} is already held by event {other!r}",
         )
     last = unit.last_seq(env.flow_id)
-    if order == LATEST and late_arrival_in(unit, order, env, last, now):
+    if order == LATEST and late_arrival_in(unit, env, last, now):
         crash_point("receive.after_inbox_insert")
         return ReceiveResult(ReceiveStatus.ACCEPTED, env.event_id, env.flow_id, env.seq, superseded_detail(last))
     if env.seq <= last and order == STRICT:

@@ -244,9 +244,11 @@ class InboxSql(SideSql):
         "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND state IN ('pending','blocked') "
         "AND live = 1 ORDER BY seq DESC LIMIT 1"
     )
+    # The partial index inbox_open's own condition spelled out, so SQLite
+    # searches it (applied rows left out) rather than the flow's whole history.
     OLDEST_PENDING = (
-        "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND state IN ('pending') "
-        "AND live = 1 ORDER BY seq LIMIT 1"
+        "SELECT seq, event_id, body FROM inbox WHERE flow_id = ? AND state IN ('pending','blocked') "
+        "AND state = 'pending' AND live = 1 ORDER BY seq LIMIT 1"
     )
     SUPERSEDE = (
         "UPDATE inbox SET state = 'superseded', reason = NULL, detail = ? "
